@@ -1,0 +1,135 @@
+"""Pure metric functions (fp32) and streaming, token-weighted dataset reductions.
+
+Formulas follow METHOD §3–4 (paper Fig. 2): relative denominators are clamped at 1e-6, cosines use eps 1e-8,
+and every activation is cast to fp32 *before* the norm, cosine or difference (the authors' code did these in
+bf16; see the chapters' "Differences from the paper").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+REL_EPS = 1e-6
+COS_EPS = 1e-8
+
+#: Rows of :func:`residual_token_metrics`, as (metric, component) pairs of the tidy results table.
+RESIDUAL_METRICS: tuple[tuple[str, str], ...] = (
+    ("relative_contribution", "attention"),  # ||a_l|| / ||h_l||
+    ("relative_contribution", "mlp"),  # ||m_l|| / ||h_l + a_l||
+    ("relative_contribution", "layer"),  # ||a_l + m_l|| / ||h_l||
+    ("cosine", "attention"),  # cos(a_l, h_l)
+    ("cosine", "mlp"),  # cos(m_l, h_l + a_l)
+    ("cosine", "layer"),  # cos(a_l + m_l, h_l)
+    ("cosine", "io"),  # cos(h_{l+1}, h_l)
+    ("norm", "residual"),  # ||h_l||
+    ("norm", "attention"),  # ||a_l||
+    ("norm", "mlp"),  # ||m_l||
+    ("norm", "layer"),  # ||a_l + m_l||
+)
+
+
+def relative_norm(x: torch.Tensor, ref: torch.Tensor, eps: float = REL_EPS) -> torch.Tensor:
+    """||x|| / max(||ref||, eps) over the last dimension, in fp32. [..., d] → [...]."""
+    return x.float().norm(dim=-1) / ref.float().norm(dim=-1).clamp_min(eps)
+
+
+def cosine(x: torch.Tensor, y: torch.Tensor, eps: float = COS_EPS) -> torch.Tensor:
+    """Cosine similarity over the last dimension, in fp32. [..., d] → [...]."""
+    return F.cosine_similarity(x.float(), y.float(), dim=-1, eps=eps)
+
+
+def residual_token_metrics(h: torch.Tensor, a: torch.Tensor, m: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """All per-token residual metrics of one layer (rows in :data:`RESIDUAL_METRICS` order).
+
+    Args:
+        h: [..., d] residual entering the layer, h_l.
+        a: [..., d] attention contribution a_l.
+        m: [..., d] MLP contribution m_l.
+        o: [..., d] residual leaving the layer, h_{l+1}.
+
+    Returns:
+        [11, ...] fp32 metrics per token.
+    """
+    h, a, m, o = h.float(), a.float(), m.float(), o.float()
+    mid = h + a
+    delta = a + m
+    return torch.stack(
+        [
+            relative_norm(a, h),
+            relative_norm(m, mid),
+            relative_norm(delta, h),
+            cosine(a, h),
+            cosine(m, mid),
+            cosine(delta, h),
+            cosine(o, h),
+            h.norm(dim=-1),
+            a.norm(dim=-1),
+            m.norm(dim=-1),
+            delta.norm(dim=-1),
+        ]
+    )
+
+
+@dataclass
+class PromptStats:
+    """Token reductions of one prompt: what is kept instead of its activations.
+
+    Attributes:
+        sum: [metrics, layers] sum over the prompt's tokens.
+        max: [metrics, layers] max over the prompt's tokens.
+        count: number of tokens reduced.
+    """
+
+    sum: np.ndarray
+    max: np.ndarray
+    count: int
+
+    @classmethod
+    def from_tokens(cls, values: np.ndarray | torch.Tensor) -> "PromptStats":
+        """values: [metrics, layers, tokens] → per-prompt sums (float64) and maxima."""
+        v = np.asarray(values, dtype=np.float64)
+        return cls(sum=v.sum(-1), max=v.max(-1), count=int(v.shape[-1]))
+
+
+@dataclass
+class DatasetStats:
+    """Token-weighted mean and max over a data set, from per-prompt :class:`PromptStats` (streamed).
+
+    The mean is Σ over all tokens of all prompts / total token count (METHOD §1.5), i.e. *not* a mean of
+    per-prompt means; the authors' accumulator bug (METHOD §3) is not reproduced.
+    """
+
+    prompts: list[PromptStats] = field(default_factory=list)
+
+    def add(self, stats: PromptStats) -> None:
+        self.prompts.append(stats)
+
+    @property
+    def count(self) -> int:
+        return sum(p.count for p in self.prompts)
+
+    def mean(self) -> np.ndarray:
+        """[metrics, layers] token-weighted mean."""
+        return sum(p.sum for p in self.prompts) / self.count
+
+    def max(self) -> np.ndarray:
+        """[metrics, layers] max over all tokens of all prompts."""
+        return np.max(np.stack([p.max for p in self.prompts]), axis=0)
+
+    def bootstrap_mean_ci(self, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Percentile bootstrap over prompts of the token-weighted mean.
+
+        Returns:
+            (low, high), each [metrics, layers]. With one prompt both equal the mean.
+        """
+        sums = np.stack([p.sum for p in self.prompts])  # [P, M, L]
+        counts = np.array([p.count for p in self.prompts], dtype=float)  # [P]
+        rng = np.random.default_rng(seed)
+        idx = rng.integers(0, len(counts), size=(n_boot, len(counts)))
+        boots = sums[idx].sum(1) / counts[idx].sum(1)[:, None, None]  # [B, M, L]
+        alpha = (1 - level) / 2
+        return np.quantile(boots, alpha, axis=0), np.quantile(boots, 1 - alpha, axis=0)

@@ -1,0 +1,58 @@
+"""What every chapter does in its hidden setup cell, and small display helpers for computed prose."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from .runtime import seed_everything
+
+
+def setup(seed: int = 0) -> None:
+    """Offline chart renderer, quiet library logging, seeds.
+
+    Progress bars of transformers are turned off when ``LMDEPTH_PROGRESS=0`` (book builds), because carriage
+    returns in stored stream output make executed notebooks large and unreadable.
+    """
+    from . import vega_offline
+
+    vega_offline.enable()
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    if os.environ.get("LMDEPTH_PROGRESS", "1") == "0":
+        transformers.utils.logging.disable_progress_bar()
+    pd.set_option("display.precision", 3)
+    seed_everything(seed)
+
+
+def md(text: str) -> None:
+    """Display Markdown computed from results (numbers in prose always come from the run)."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))
+
+
+@dataclass
+class Claim:
+    """One testable statement of the paper, its operational criterion, and what a model showed."""
+
+    claim: str
+    criterion: str
+    model: str
+    measured: str
+    holds: bool
+
+    def row(self) -> dict[str, Any]:
+        return {"claim": self.claim, "criterion": self.criterion, "model": self.model,
+                "measured": self.measured, "agrees with paper": "yes" if self.holds else "NO"}
+
+
+def claims_table(claims: list[Claim]) -> pd.DataFrame:
+    return pd.DataFrame([c.row() for c in claims])

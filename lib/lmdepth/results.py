@@ -1,0 +1,129 @@
+"""Results on disk: a tidy long table plus a JSON sidecar per run, cached, resumable, written atomically.
+
+Layout::
+
+    <results_dir>/<analysis>/<model-slug>/<key>/table.csv    tidy: model, metric, component, stat, layer, value, …
+    <results_dir>/<analysis>/<model-slug>/<key>/meta.json    parameters, provenance, data selection, versions, wall time
+    <results_dir>/<analysis>/<model-slug>/<key>.partial/     per-item checkpoints of an unfinished run
+
+``key`` hashes the parameters that change the numbers plus :data:`lmdepth.COMPUTE_VERSION`. A finished run
+directory appears in one ``os.replace``, so an interrupted run never looks complete; its ``.partial`` items are
+reused by the next run with the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import COMPUTE_VERSION
+
+
+def slug(name: str) -> str:
+    """A filesystem-safe name for a model id or path."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name.strip("/")) or "model"
+
+
+def cache_key(params: dict[str, Any]) -> str:
+    """Stable hash of the parameters that change a result, and of the compute version."""
+    blob = json.dumps({**params, "compute_version": COMPUTE_VERSION}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same directory and ``os.replace``: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class RunResult:
+    """A finished run: its tidy table, its sidecar and where they live."""
+
+    table: pd.DataFrame
+    meta: dict[str, Any]
+    path: Path
+    from_cache: bool = False
+
+
+class RunStore:
+    """Cache entry of one (analysis, model, parameters) run, with per-item checkpoints for resuming."""
+
+    def __init__(self, results_dir: str | Path, analysis: str, model: str, params: dict[str, Any]):
+        self.params = params
+        self.key = cache_key({"analysis": analysis, "model": model, **params})
+        self.dir = Path(results_dir) / analysis / slug(model) / self.key
+        self.partial = self.dir.with_name(self.key + ".partial")
+
+    @property
+    def complete(self) -> bool:
+        return (self.dir / "meta.json").exists() and (self.dir / "table.csv").exists()
+
+    def load(self) -> RunResult:
+        meta = json.loads((self.dir / "meta.json").read_text())
+        return RunResult(pd.read_csv(self.dir / "table.csv"), meta, self.dir, from_cache=True)
+
+    def clear(self) -> None:
+        """Forget both the finished result and any checkpoints (``use_cache=False``)."""
+        for d in (self.dir, self.partial):
+            shutil.rmtree(d, ignore_errors=True)
+
+    # ---- per-item checkpoints -------------------------------------------------------------------------
+    def _item_path(self, item: str) -> Path:
+        return self.partial / f"{hashlib.sha1(item.encode()).hexdigest()[:16]}.npz"
+
+    def load_item(self, item: str) -> dict[str, np.ndarray] | None:
+        p = self._item_path(item)
+        if not p.exists():
+            return None
+        with np.load(p) as z:
+            return {k: z[k] for k in z.files}
+
+    def save_item(self, item: str, arrays: dict[str, np.ndarray]) -> None:
+        p = self._item_path(item)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".item-", suffix=".npz")
+        os.close(fd)
+        np.savez(tmp, **arrays)
+        os.replace(tmp, p)
+
+    # ---- finishing ------------------------------------------------------------------------------------
+    def finalize(self, table: pd.DataFrame, meta: dict[str, Any]) -> RunResult:
+        """Write table and sidecar into a temporary directory, then move it into place in one step."""
+        self.dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=self.dir.parent, prefix=f".{self.key}-"))
+        try:
+            table.to_csv(tmp / "table.csv", index=False)
+            meta = {**meta, "cache_key": self.key, "compute_version": COMPUTE_VERSION}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+            if self.dir.exists():
+                shutil.rmtree(self.dir)
+            os.replace(tmp, self.dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(self.partial, ignore_errors=True)
+        return RunResult(table, meta, self.dir)
+
+
+def load_all(results_dir: str | Path, analysis: str) -> pd.DataFrame:
+    """Concatenate the tables of every finished run of an analysis (for cross-model pages)."""
+    frames = [pd.read_csv(p) for p in sorted(Path(results_dir, analysis).glob("*/*/table.csv"))]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

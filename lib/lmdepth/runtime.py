@@ -1,0 +1,76 @@
+"""Runtime helpers: seeds, devices, progress bars, and the environment report every run records."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from . import __version__
+
+T = TypeVar("T")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str) -> str:
+    """``"auto"`` → cuda if available, else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def progress(items: Iterable[T], desc: str, total: int | None = None) -> Iterator[T]:
+    """A text progress bar on stderr (never a widget: executed notebooks must not carry widget state).
+
+    Disabled with ``LMDEPTH_PROGRESS=0`` (the book build sets it; papermill shows cell progress instead).
+    """
+    if os.environ.get("LMDEPTH_PROGRESS", "1") == "0":
+        yield from items
+        return
+    from tqdm.std import tqdm
+
+    yield from tqdm(items, desc=desc, total=total, file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return (out.stdout.strip() + ("-dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Versions and machine facts for a run's sidecar and the chapters' environment section."""
+    versions = {}
+    for pkg in ("torch", "transformers", "nnsight", "numpy", "pandas", "altair"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "lmdepth": __version__,
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        **versions,
+    }

@@ -1,0 +1,157 @@
+"""Altair charts that draw without network: offline book HTML, JupyterLab, Colab.
+
+Altair's default renderer loads vega from a CDN, so charts in a book built
+offline show "Error loading script". Here:
+
+* :func:`write_vega_bundle` writes one classic script defining
+  ``window.vegaEmbed``/``vega``/``vegaLite``, built by vl-convert from the copies
+  it ships (no network). Classic, not an ES module: Chrome refuses module
+  scripts from ``file://``.
+* :func:`enable` turns on the ``"lmdepth"`` renderer. Its output carries the
+  spec under the Vega-Lite mimetype (JupyterLab/VS Code draw it with their
+  built-in vega) plus a small HTML snippet that calls ``window.vegaEmbed`` when
+  the page has the bundle and otherwise imports vega-embed from jsdelivr.
+* :func:`setup` makes the module a Sphinx extension that ships the bundle with
+  every HTML build and loads it on every page.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+
+BUNDLE_NAME = "vega-bundle.js"
+RENDERER_NAME = "lmdepth"
+# JupyterLab (vega5-extension, up to 4.6) and VS Code only know the v5 key; they
+# draw the v6 spec with their vega-lite 5 (a console warning, same chart).
+# Altair 6's own key "application/vnd.vegalite.v6.json" is drawn by no frontend.
+VEGALITE_MIMETYPE = "application/vnd.vegalite.v5+json"
+CDN_VEGA_EMBED = f"https://cdn.jsdelivr.net/npm/vega-embed@{alt.VEGAEMBED_VERSION}/+esm"
+
+_MODULE_SYNTAX = re.compile(r"(?:^|[;}\n])\s*(?:import|export)\s*[\w{*]")
+_ids = itertools.count(1)
+
+# One line, no blank lines: safe both as raw HTML and inside a markdown html block.
+_SNIPPET = (
+    '<div id="{id}" class="lmdepth-vega"></div><script>(function(){{'
+    'var el=document.getElementById("{id}"),spec={spec},opt={opt};'
+    "function draw(){{(window.vegaEmbed?Promise.resolve(window.vegaEmbed):"
+    '(window.lmdepthVegaCdn=window.lmdepthVegaCdn||import("{cdn}")'
+    ".then(function(m){{return m.default;}})))"
+    ".then(function(embed){{return embed(el,spec,opt);}})"
+    '.catch(function(e){{el.textContent="Chart failed to render: "+e;}});}}'
+    'if(window.vegaEmbed||document.readyState==="complete")draw();'
+    'else window.addEventListener("load",draw);}})();</script>'
+)
+
+
+@functools.cache
+def bundle_js() -> str:
+    """Vega + Vega-Lite (altair's schema minor version) + vega-embed as one classic script.
+
+    vl-convert's default snippet sets ``window.vega``/``vegaLite`` to null (those
+    packages have no default export), so import vega-embed's namespace, which
+    re-exports both; the URL is only a key into vl-convert's embedded copies.
+    The whole bundle is wrapped in a function so its minified top-level names
+    do not leak into, or clash with, the page's globals.
+    """
+    import vl_convert as vlc
+
+    vl_version = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+    url = f"https://cdn.jsdelivr.net/npm/vega-embed@{vlc.get_vega_embed_version()}/+esm"
+    snippet = (
+        f'import * as ve from "{url}";\n'
+        "window.vegaEmbed=ve.default;window.vega=ve.vega;window.vegaLite=ve.vegaLite;\n"
+    )
+    code = vlc.javascript_bundle(snippet=snippet, vl_version=vl_version)
+    if _MODULE_SYNTAX.search(code):
+        raise RuntimeError("vl-convert returned an ES module; cannot use it as a classic script")
+    header = (
+        f"/* vega {vlc.get_vega_version()}, vega-lite {vl_version}, vega-embed "
+        f"{vlc.get_vega_embed_version()}; built by lmdepth.vega_offline with "
+        f"vl-convert {vlc.__version__} */\n"
+    )
+    return f'{header}(function(){{"use strict";\n{code}\n}})();\n'
+
+
+def write_vega_bundle(static_dir: Path) -> Path:
+    """Write :data:`BUNDLE_NAME` into ``static_dir``; leave the file alone if unchanged."""
+    path = Path(static_dir) / BUNDLE_NAME
+    text = bundle_js()
+    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _script_json(obj: Any) -> str:
+    """JSON that cannot close the surrounding <script> element."""
+    text = json.dumps(obj, separators=(",", ":"))
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def chart_html(spec: dict[str, Any], embed_options: dict[str, Any] | None = None) -> str:
+    """A div plus an inline classic script that draws ``spec`` into it (no require.js)."""
+    digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    return _SNIPPET.format(
+        id=f"lmdepth-vega-{digest}-{next(_ids)}",
+        spec=_script_json(spec),
+        opt=_script_json(embed_options or {}),
+        cdn=CDN_VEGA_EMBED,
+    )
+
+
+def _render(
+    spec: dict[str, Any],
+    embed_options: dict[str, Any] | None = None,
+    html_mimetype: str = "text/html",
+    **_: Any,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Altair renderer: the spec for Jupyter frontends plus HTML for the book and Colab."""
+    html = chart_html(spec, embed_options)
+    if "google.colab" in sys.modules:  # Colab draws only HTML.
+        return {"text/html": html, "text/plain": "<altair chart>"}, {}
+    bundle = {VEGALITE_MIMETYPE: spec, html_mimetype: html, "text/plain": "<altair chart>"}
+    return bundle, {VEGALITE_MIMETYPE: {"embed_options": embed_options or {}}}
+
+
+def enable(
+    *,
+    renderer: str = "svg",
+    actions: bool | dict[str, bool] = False,
+    max_rows: int | None = 5000,
+    html_mimetype: str = "text/html",
+) -> None:
+    """Register and enable the ``"lmdepth"`` altair renderer.
+
+    ``renderer`` is vega's ("svg" or "canvas"); ``actions`` is vega-embed's
+    export/source menu. Data stay inline in the spec (altair's default data
+    transformer); more than ``max_rows`` rows raise ``MaxRowsError``.
+    """
+    alt.renderers.register(RENDERER_NAME, _render)
+    alt.renderers.enable(
+        RENDERER_NAME,
+        embed_options={"renderer": renderer, "actions": actions},
+        html_mimetype=html_mimetype,
+    )
+    alt.data_transformers.enable("default", max_rows=max_rows)
+
+
+def setup(app: Any) -> dict[str, Any]:
+    """Sphinx extension: write the bundle into the HTML output and load it on every page."""
+
+    def _write(app: Any) -> None:
+        if app.builder.format == "html":
+            write_vega_bundle(Path(app.outdir) / "_static")
+
+    app.connect("builder-inited", _write)
+    app.add_js_file(BUNDLE_NAME)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
