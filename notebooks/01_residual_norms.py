@@ -48,6 +48,7 @@ n_examples: int = 20  # number of problems (the paper: 10–20 GSM8K problems)
 seed: int = 0  # seed of the example selection and the bootstrap
 selection: str = "random"  # "random" (the paper's wording) or "first" (the authors' code: first N in file order)
 include_bos: bool = True  # include position 0 (BOS / attention sink) in the averages, as the paper does
+n_boot: int = 1000  # bootstrap resamples over problems for the 95 % intervals of the means
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
 device: str = "cpu"  # "cpu", "cuda", "auto"
 dtype: str = "float32"  # "float32", "bfloat16", "float16"
@@ -64,7 +65,7 @@ from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
 check_type("compare_models", compare_models, list)
-run_kw = dict(dataset=dataset, n_examples=n_examples, seed=seed, selection=selection, include_bos=include_bos,
+run_kw = dict(dataset=dataset, n_examples=n_examples, seed=seed, selection=selection, include_bos=include_bos, n_boot=n_boot,
               device=resolve_device(device), dtype=dtype, remote=remote, results_dir=results_dir, use_cache=use_cache)
 
 # %% [markdown]
@@ -93,8 +94,8 @@ md(f"**{model_name}**: {meta['model']['n_layers']} layers, d_model {meta['model'
 # computed per token in fp32 (denominators clamped at $10^{-6}$), then averaged over all tokens of all problems
 # (token-weighted) or maximised over them. The MLP is normalised by the residual at its own accumulation point.
 
-# %% mystnb={"figure": {"caption": "Relative contribution of each layer's attention, MLP and whole layer to the residual stream (bars overlap, the shortest in front; black rules: bootstrap 95 % interval of the mean over problems). Switch mean/max with the radio buttons; click the legend to isolate a component.", "name": "fig-norms-relative"}}
-layer_bars(table, "relative_contribution", "Relative contribution", ["attention", "mlp", "layer"])
+# %% mystnb={"figure": {"caption": "Mean relative contribution of each layer's attention, MLP and whole layer to the residual stream (bars overlap, the shortest in front; black rules: bootstrap 95 % interval of the mean over problems). As in the paper the axis stops at 1.5; hover an off-scale bar for its value. Click the legend to isolate a component.", "name": "fig-norms-relative"}}
+layer_bars(table, "relative_contribution", "Mean relative contribution", ["attention", "mlp", "layer"], y_max=1.5)
 
 # %% tags=["hide-input"]
 rel = {c: residual.select(table, "relative_contribution", c) for c in ("attention", "mlp", "layer")}
@@ -103,6 +104,13 @@ md("Mean relative contribution, first half vs second half of the layers: "
    + "; ".join(f"{c} {a:.3f} → {b:.3f} (×{b / a:.2f})" for c, (a, b) in halves.items()) + ". "
    + f"Largest attention contribution after layer 1: layer {int(rel['attention'].iloc[2:].idxmax())} "
    + f"({rel['attention'].iloc[2:].max():.3f}).")
+
+# %% [markdown]
+# The maximum over all tokens (paper appendix) shows whether a layer ever writes a lot, e.g. at a few special
+# positions, even when its mean contribution is small.
+
+# %% mystnb={"figure": {"caption": "Maximum over all tokens of all problems of the relative contribution of attention and MLP (axis clipped at 2 as in the paper's appendix).", "name": "fig-norms-max"}}
+layer_bars(table, "relative_contribution", "Max relative contribution", ["attention", "mlp"], stats=("max",), y_max=2.0)
 
 # %% [markdown]
 # The first layers write a lot relative to the (small) embedding they start from. Whether the contributions then
@@ -129,8 +137,8 @@ models = [model_name] + [m for m in compare_models if m != model_name]
 all_tables, all_meta = residual.run_many(models, **run_kw)
 md(", ".join(f"**{m}**: {all_meta[m]['model']['n_layers']} layers, {all_meta[m]['n_tokens']:,} tokens" for m in models))
 
-# %% mystnb={"figure": {"caption": "Mean relative contribution of attention, MLP and the whole layer for each model, on relative depth. Click a model in the legend to highlight it.", "name": "fig-norms-models"}}
-across_models(all_tables, "relative_contribution", "Mean relative contribution", ["attention", "mlp", "layer"])
+# %% mystnb={"figure": {"caption": "Mean relative contribution of attention, MLP and the whole layer for each model, on relative depth (axis clipped at 1.5). Click a model in the legend to highlight it.", "name": "fig-norms-models"}}
+across_models(all_tables, "relative_contribution", "Mean relative contribution", ["attention", "mlp", "layer"], y_max=1.5)
 
 # %% [markdown]
 # ## Does the claim hold here?

@@ -44,11 +44,16 @@ def _theme() -> alt.theme.ThemeConfig:
     }
 
 
+_CHART_COLUMNS = ["model", "component", "label", "stat", "layer", "n_layers", "rel_depth", "value", "abs_value",
+                  "ci_low", "ci_high"]
+
+
 def _labelled(table: pd.DataFrame) -> pd.DataFrame:
+    """Only the columns charts use, rounded: the data is embedded in every chart (and notebook) as JSON."""
     t = table.copy()
     t["label"] = [COMPONENT_LABELS.get((m, c), f"{m}/{c}") for m, c in zip(t.metric, t.component)]
     t["abs_value"] = t["value"].abs()
-    return t
+    return t[[c for c in _CHART_COLUMNS if c in t.columns]].round(4)
 
 
 def _component_scale(table: pd.DataFrame) -> alt.Scale:
@@ -62,13 +67,15 @@ def layer_bars(
     metric: str,
     y_title: str,
     components: list[str],
-    stats: tuple[str, ...] = ("mean", "max"),
+    stats: tuple[str, ...] = ("mean",),
+    y_max: float | None = None,
     width: int = 600,
 ) -> alt.Chart:
     """Overlapping (not stacked) bars per layer, the paper's Fig. 2 layout, for one model.
 
-    Each layer draws its shortest bar in front. Click legend entries to toggle components; a radio button
-    switches mean/max; error bars show the bootstrap 95 % interval of the mean.
+    Each layer draws its shortest bar in front. Click legend entries to toggle components; with several
+    ``stats`` a radio button switches them; rules show the bootstrap 95 % interval of the mean. Like the paper,
+    ``y_max`` clips the axis when early layers would flatten the rest (the tooltip keeps the true value).
     """
     t = _labelled(table[(table.metric == metric) & table.component.isin(components) & table.stat.isin(stats)])
     t = t.sort_values("layer")
@@ -80,9 +87,10 @@ def layer_bars(
     base = alt.Chart(t).properties(width=width)
     if stat is not None:
         base = base.add_params(stat).transform_filter(alt.datum.stat == stat)
-    bars = base.mark_bar(opacity=0.9).encode(
+    bars = base.mark_bar(opacity=0.9, clip=True).encode(
         x=x,
-        y=alt.Y("value:Q", title=y_title, stack=None),
+        y=alt.Y("value:Q", title=y_title, stack=None,
+                scale=alt.Scale(domain=[0, y_max], clamp=True) if y_max and t["value"].max() > y_max else alt.Undefined),
         color=color,
         order=alt.Order("abs_value:Q", sort="descending"),
         opacity=alt.condition(pick, alt.value(0.9), alt.value(0.08)),
@@ -91,7 +99,7 @@ def layer_bars(
                  alt.Tooltip("ci_low:Q", format=".3f", title="95% CI low"),
                  alt.Tooltip("ci_high:Q", format=".3f", title="95% CI high")],
     ).add_params(pick)
-    errs = base.mark_rule(color="black", opacity=0.6).encode(
+    errs = base.mark_rule(color="black", opacity=0.6, clip=True).encode(
         x=x, y="ci_low:Q", y2="ci_high:Q", detail="label:N",
         opacity=alt.condition(pick, alt.value(0.6), alt.value(0.0)),
     ).transform_filter("isValid(datum.ci_low)")
@@ -123,11 +131,13 @@ def across_models(
     components: list[str],
     stat: str = "mean",
     zero_line: bool = False,
+    y_max: float | None = None,
     width: int = 250,
 ) -> alt.Chart:
     """One panel per component, one line per model, on relative depth so models of different depth align.
 
     Relative depth of layer l in an L-layer model is (l + 0.5) / L. Click a model in the legend to highlight it.
+    ``y_max`` clips the axis (early layers can be off-scale; the tooltip keeps the value).
     """
     t = _labelled(table[(table.metric == metric) & table.component.isin(components) & (table.stat == stat)])
     models = list(dict.fromkeys(t["model"]))
@@ -136,9 +146,10 @@ def across_models(
     for comp in components:
         sub = t[t.component == comp]
         title = COMPONENT_LABELS.get((metric, comp), comp)
-        line = alt.Chart(sub).mark_line(point=alt.OverlayMarkDef(size=18)).encode(
+        line = alt.Chart(sub).mark_line(point=alt.OverlayMarkDef(size=18), clip=True).encode(
             x=alt.X("rel_depth:Q", title="Relative depth (l + 0.5) / L", scale=alt.Scale(domain=[0, 1])),
-            y=alt.Y("value:Q", title=y_title),
+            y=alt.Y("value:Q", title=y_title,
+                    scale=alt.Scale(domain=[0, y_max], clamp=True) if y_max and t["value"].max() > y_max else alt.Undefined),
             color=alt.Color("model:N", scale=alt.Scale(domain=models, range=MODEL_PALETTE[: len(models)]),
                             legend=alt.Legend(orient="top", title="Model")),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.12)),

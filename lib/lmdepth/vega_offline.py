@@ -8,11 +8,19 @@ offline show "Error loading script". Here:
   it ships (no network). Classic, not an ES module: Chrome refuses module
   scripts from ``file://``.
 * :func:`enable` turns on the ``"lmdepth"`` renderer. Its output carries the
-  spec under the Vega-Lite mimetype (JupyterLab/VS Code draw it with their
-  built-in vega) plus a small HTML snippet that calls ``window.vegaEmbed`` when
-  the page has the bundle and otherwise imports vega-embed from jsdelivr.
+  spec under the Vega-Lite mimetype, which JupyterLab draws offline with its
+  built-in vega, plus a small HTML snippet (a div and an inline script calling
+  ``window.vegaEmbed``, or importing vega-embed from jsdelivr where the page
+  lacks the bundle) for the book and Colab.
 * :func:`setup` makes the module a Sphinx extension that ships the bundle with
   every HTML build and loads it on every page.
+
+The snippet goes under ``text/markdown``, not ``text/html``: JupyterLab ranks
+``text/html`` (50) above its vega renderer (57) and would show the snippet
+instead, which is blank in an untrusted notebook and needs the CDN otherwise;
+``text/markdown`` (60) ranks below vega. myst-nb has no renderer for the
+Vega-Lite mimetype and falls back to ``text/markdown``, whose raw HTML it
+passes through unchanged. Colab draws only HTML, so there it is ``text/html``.
 """
 
 from __future__ import annotations
@@ -75,7 +83,7 @@ def bundle_js() -> str:
     if _MODULE_SYNTAX.search(code):
         raise RuntimeError("vl-convert returned an ES module; cannot use it as a classic script")
     header = (
-        f"/* vega {vlc.get_vega_version()}, vega-lite {vl_version}, vega-embed "
+        f"/* vega {vlc.get_vega_version()}, vega-lite {vl_version}.x, vega-embed "
         f"{vlc.get_vega_embed_version()}; built by lmdepth.vega_offline with "
         f"vl-convert {vlc.__version__} */\n"
     )
@@ -93,9 +101,8 @@ def write_vega_bundle(static_dir: Path) -> Path:
 
 
 def _script_json(obj: Any) -> str:
-    """JSON that cannot close the surrounding <script> element."""
-    text = json.dumps(obj, separators=(",", ":"))
-    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+    """Compact JSON with every ``<`` escaped, so it cannot end the enclosing <script>."""
+    return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def chart_html(spec: dict[str, Any], embed_options: dict[str, Any] | None = None) -> str:
@@ -112,15 +119,16 @@ def chart_html(spec: dict[str, Any], embed_options: dict[str, Any] | None = None
 def _render(
     spec: dict[str, Any],
     embed_options: dict[str, Any] | None = None,
-    html_mimetype: str = "text/html",
+    html_mimetype: str = "text/markdown",
     **_: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Altair renderer: the spec for Jupyter frontends plus HTML for the book and Colab."""
+    embed_options = {"renderer": "svg", "actions": False, **(embed_options or {})}
     html = chart_html(spec, embed_options)
     if "google.colab" in sys.modules:  # Colab draws only HTML.
         return {"text/html": html, "text/plain": "<altair chart>"}, {}
     bundle = {VEGALITE_MIMETYPE: spec, html_mimetype: html, "text/plain": "<altair chart>"}
-    return bundle, {VEGALITE_MIMETYPE: {"embed_options": embed_options or {}}}
+    return bundle, {VEGALITE_MIMETYPE: {"embed_options": embed_options}}
 
 
 def enable(
@@ -128,13 +136,16 @@ def enable(
     renderer: str = "svg",
     actions: bool | dict[str, bool] = False,
     max_rows: int | None = 5000,
-    html_mimetype: str = "text/html",
+    html_mimetype: str = "text/markdown",
 ) -> None:
     """Register and enable the ``"lmdepth"`` altair renderer.
 
     ``renderer`` is vega's ("svg" or "canvas"); ``actions`` is vega-embed's
     export/source menu. Data stay inline in the spec (altair's default data
-    transformer); more than ``max_rows`` rows raise ``MaxRowsError``.
+    transformer); past ``max_rows`` rows altair prints ``MaxRowsError`` instead of
+    drawing (it does not raise, so a notebook run still "passes").
+    ``html_mimetype="text/html"`` favours Colab showing saved outputs over
+    JupyterLab drawing the Vega-Lite mimetype (see the module docstring).
     """
     alt.renderers.register(RENDERER_NAME, _render)
     alt.renderers.enable(
@@ -146,12 +157,20 @@ def enable(
 
 
 def setup(app: Any) -> dict[str, Any]:
-    """Sphinx extension: write the bundle into the HTML output and load it on every page."""
+    """Sphinx extension: write the bundle into the HTML output and load it on every page.
+
+    Also silences myst-nb's "skipping unknown output mime type" warning, raised
+    once per chart for the Vega-Lite mimetype, so ``-W`` builds pass.
+    """
+
+    def _silence(app: Any, config: Any) -> None:
+        config.suppress_warnings = [*config.suppress_warnings, "mystnb.unknown_mime_type"]
 
     def _write(app: Any) -> None:
         if app.builder.format == "html":
             write_vega_bundle(Path(app.outdir) / "_static")
 
+    app.connect("config-inited", _silence)
     app.connect("builder-inited", _write)
     app.add_js_file(BUNDLE_NAME)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,119 @@
+"""Build the book: execute changed chapters into ``book/`` with a profile, clean them, render HTML offline.
+
+Execution is this module's job; jupyter-book only renders (``execute_notebooks: off``). A chapter is
+re-executed only when its source, the library, the profile or the pinned requirements changed since the
+executed copy was made (the hash is stored in the notebook's metadata), or with ``force=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+from .chapters import CHAPTERS, chapter_source, execute_chapter, profile_params, profiles_dir
+from .runtime import REPO_ROOT
+
+BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/references.md")
+
+
+def build_hash(chapter: str, profile: str) -> str:
+    """Hash of everything that can change a chapter's executed output."""
+    h = hashlib.sha256()
+    files = [chapter_source(chapter), profiles_dir() / f"{profile}.yaml", REPO_ROOT / "requirements.txt"]
+    files += sorted((REPO_ROOT / "lib" / "lmdepth").glob("*.py"))
+    for f in files:
+        if f.exists():
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def clean_notebook(path: Path) -> list[str]:
+    """Drop widget state and papermill noise; return the error outputs found (must be none to publish)."""
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.pop("widgets", None)
+    errors = []
+    for cell in nb.cells:
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            cell.metadata["tags"] = cell.metadata["tags"] + ["hide-input"]  # shown folded: the profile used
+        cell.metadata.pop("papermill", None)
+        cell.metadata.pop("execution", None)
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                errors.append(f"{out.get('ename')}: {out.get('evalue')}")
+            if "application/vnd.jupyter.widget-view+json" in out.get("data", {}):
+                out["data"].pop("application/vnd.jupyter.widget-view+json")
+        # stderr from model loading (warnings, progress) is not part of the chapter
+        cell["outputs"] = [o for o in cell.get("outputs", []) if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+    nbformat.write(nb, path)
+    return errors
+
+
+def execute_book(profile: str = "default", force: bool = False, book_dir: Path | None = None,
+                 results_dir: Path | None = None) -> dict[str, float]:
+    """Execute every chapter whose inputs changed into ``book_dir``. Returns wall seconds per executed chapter."""
+    book_dir = book_dir or REPO_ROOT / "book"
+    results_dir = results_dir or REPO_ROOT / "results"
+    os.environ["LMDEPTH_PROGRESS"] = "0"  # inherited by the kernels: no carriage-return progress in outputs
+    times: dict[str, float] = {}
+    for i, (chapter, stem) in enumerate(CHAPTERS.items(), 1):
+        out = book_dir / f"{stem}.ipynb"
+        digest = build_hash(chapter, profile)
+        if out.exists() and not force:
+            meta = nbformat.read(out, as_version=4).metadata.get("lmdepth", {})
+            if meta.get("build_hash") == digest and meta.get("profile") == profile:
+                print(f"[{i}/{len(CHAPTERS)}] {chapter}: up to date", flush=True)
+                continue
+        print(f"[{i}/{len(CHAPTERS)}] {chapter}: executing ({profile} profile) …", flush=True)
+        t0 = time.time()
+        # Relative to the repository (the kernel's cwd), so the published notebook names no local path.
+        params = {**profile_params(profile, chapter), "results_dir": os.path.relpath(results_dir, REPO_ROOT)}
+        execute_chapter(chapter, params, out, cwd=REPO_ROOT)
+        errors = clean_notebook(out)
+        if errors:
+            out.rename(out.with_suffix(".failed.ipynb"))
+            raise RuntimeError(f"{chapter}: executed notebook has error outputs: {errors}")
+        nb = nbformat.read(out, as_version=4)
+        # The results path is machine-specific; the book shows it relative to the repository.
+        nb.metadata["lmdepth"] = {"build_hash": digest, "profile": profile}
+        nbformat.write(nb, out)
+        times[chapter] = time.time() - t0
+        print(f"[{i}/{len(CHAPTERS)}] {chapter}: done in {times[chapter]:.0f} s", flush=True)
+    return times
+
+
+def render_html(root: Path = REPO_ROOT, strict: bool = True) -> Path:
+    """Run jupyter-book (1.x) on ``root``; the vega bundle ships through the lmdepth.vega_offline extension."""
+    cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(root), "--path-output", str(root)]
+    if strict:
+        cmd += ["-W", "-n", "--keep-going"]
+    t0 = time.time()
+    subprocess.run(cmd, check=True)
+    print(f"HTML rendered in {time.time() - t0:.0f} s: {root / '_build' / 'html' / 'index.html'}", flush=True)
+    return root / "_build" / "html" / "index.html"
+
+
+def stage_book(target: Path) -> Path:
+    """Copy the book's configuration and front matter to ``target`` (for builds outside the repository)."""
+    for rel in BOOK_FILES:
+        src = REPO_ROOT / rel
+        if src.exists():
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target / rel)
+    return target
+
+
+def build_book(profile: str = "default", force: bool = False, html: bool = True) -> None:
+    t0 = time.time()
+    times = execute_book(profile=profile, force=force)
+    if html:
+        render_html()
+    print(json.dumps({"executed_s": {k: round(v) for k, v in times.items()}, "total_s": round(time.time() - t0)}))
