@@ -1,0 +1,75 @@
+"""The CLI and papermill parameter checks (no kernel is started for bad input)."""
+
+import pytest
+
+from lmdepth.chapters import check_parameters, declared_parameters, parse_cli_value, profile_params
+from lmdepth.cli import main
+from lmdepth.errors import ParameterError
+
+
+def test_declared_parameters_come_from_the_notebook():
+    spec = declared_parameters("norms")
+    assert spec["n_examples"].type_name == "int" and spec["n_examples"].default == "20"
+    assert spec["compare_models"].type_name == "list"
+    assert "packaged short name" in spec["model_name"].help
+
+
+def test_both_chapters_share_the_parameter_vocabulary():
+    assert set(declared_parameters("norms")) == set(declared_parameters("cosine"))
+
+
+def test_default_profile_matches_notebook_defaults():
+    """The committed notebooks' defaults are the default profile (the book shows what a plain run computes)."""
+    spec = declared_parameters("norms")
+    for name, value in profile_params("default", "norms").items():
+        if name != "profile":
+            assert parse_cli_value(spec[name].default) == value, name
+
+
+def test_cli_values_are_yaml():
+    assert parse_cli_value("5") == 5 and parse_cli_value("true") is True
+    assert parse_cli_value("[a, b]") == ["a", "b"] and parse_cli_value("gemma3-270m") == "gemma3-270m"
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"n_exampels": 5}, "has no parameter 'n_exampels'. Parameters: model_name"),
+        ({"n_examples": "many"}, "'n_examples' of chapter 'norms' must be int"),
+        ({"compare_models": "gemma3-270m"}, "'compare_models' of chapter 'norms' must be list"),
+        ({"n_examples": -1}, "'n_examples' must be between 1"),
+    ],
+)
+def test_bad_parameters_fail_before_execution(params, message):
+    with pytest.raises(ParameterError, match=message):
+        check_parameters("norms", params)
+
+
+def test_cli_reports_errors_without_traceback(capsys, tmp_path):
+    assert main(["run", "norms", "-p", "n_examples", "0", "--results-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "lmdepth: error: Parameter 'n_examples' must be between 1" in err and "Traceback" not in err
+    assert main(["run", "attention-sinks", "--results-dir", str(tmp_path)]) == 2
+    assert "Unknown chapter 'attention-sinks'" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.ipynb"))
+
+
+def test_cli_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "norms" in out and "smollm2-135m" in out and "olmo2" in out
+
+
+@pytest.mark.slow
+def test_cli_runs_a_chapter_on_a_local_model(tiny_dirs, tmp_path):
+    """`lmdepth run` executes the notebook, saves it beside the results, and writes the tidy table."""
+    rc = main(["run", "cosine", "--model", str(tiny_dirs["olmo2"]), "-p", "n_examples", "2", "-p", "compare_models", "[]",
+               "-p", "n_boot", "10", "--results-dir", str(tmp_path)])
+    assert rc == 0
+    notebooks = list((tmp_path / "notebooks").glob("cosine-*.ipynb"))
+    tables = list((tmp_path / "residual_stream").rglob("table.csv"))
+    assert len(notebooks) == 1 and len(tables) == 1
+    import nbformat
+
+    nb = nbformat.read(notebooks[0], as_version=4)
+    assert not [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]

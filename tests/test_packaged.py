@@ -1,0 +1,42 @@
+"""The real packaged model (SmolLM2-135M from PyPI): slow, but what the book actually runs."""
+
+import pytest
+import torch
+
+from lmdepth import residual
+from lmdepth.registry import PACKAGED, load_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load_model("smollm2-135m")
+
+
+def test_packaged_smollm2_is_the_real_model(smol):
+    assert smol.n_layers == 30 and smol.adapter.d_model == 576 and smol.adapter.family.name == "llama"
+    assert smol.file_sha256 == PACKAGED["smollm2-135m"].sha256
+    ids = smol.encode("The capital of France is")
+    with torch.no_grad():
+        probs = smol.model(ids).logits[0, -1].softmax(-1)
+    top = smol.tokenizer.decode(probs.argmax())
+    assert top == " Paris" and probs.max() > 0.5
+
+
+def test_packaged_model_is_additive_and_lens_matches(smol):
+    from lmdepth.capture import hooked_residuals
+
+    assert smol.additivity_error < 1e-4
+    ids = smol.encode("Natalia sold clips to 48 of her friends.")
+    r = hooked_residuals(smol.adapter, ids)
+    with torch.no_grad():
+        torch.testing.assert_close(smol.adapter.unembed(r["resid_post"][-1]), smol.model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_residual_run_on_gsm8k(tmp_path):
+    r = residual.run("smollm2-135m", n_examples=2, results_dir=tmp_path, n_boot=20)
+    assert r.meta["model"]["file_sha256"] == PACKAGED["smollm2-135m"].sha256
+    assert r.meta["data"]["dataset"] == "gsm8k" and len(r.meta["data"]["ids"]) == 2
+    att = residual.select(r.table, "relative_contribution", "attention")
+    assert len(att) == 30 and att.notna().all() and (att > 0).all()

