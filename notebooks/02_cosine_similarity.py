@@ -55,7 +55,7 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 
 # %% tags=["remove-cell"]
 from lmdepth import residual
-from lmdepth.notebook import Claim, claims_table, md, setup
+from lmdepth.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.params import check_type
 from lmdepth.plots import across_models, layer_bars
 from lmdepth.runtime import environment, resolve_device
@@ -137,7 +137,7 @@ for m in models:
         Claim("second half reinforces", "layer cosine 2nd half > 1st half", m, f"{a:+.3f} → {b:+.3f}", b > a),
     ]
 claims_df = claims_table(claims)
-claims_df
+show_table(claims_df)
 
 # %% tags=["remove-cell"]
 import numpy as np

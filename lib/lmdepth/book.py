@@ -51,8 +51,9 @@ def clean_notebook(path: Path) -> list[str]:
                 errors.append(f"{out.get('ename')}: {out.get('evalue')}")
             if "application/vnd.jupyter.widget-view+json" in out.get("data", {}):
                 out["data"].pop("application/vnd.jupyter.widget-view+json")
-        # stderr from model loading (warnings, progress) is not part of the chapter
-        cell["outputs"] = [o for o in cell.get("outputs", []) if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+        # stderr (warnings) and progress bars (carriage returns) from model loading are not part of the chapter
+        cell["outputs"] = [o for o in cell.get("outputs", []) if not (
+            o.get("output_type") == "stream" and (o.get("name") == "stderr" or "\r" in o.get("text", "")))]
     nbformat.write(nb, path)
     return errors
 

@@ -56,3 +56,8 @@ class Claim:
 
 def claims_table(claims: list[Claim]) -> pd.DataFrame:
     return pd.DataFrame([c.row() for c in claims])
+
+
+def show_table(df: pd.DataFrame):
+    """A table without its integer index, for display."""
+    return df.style.hide(axis="index")

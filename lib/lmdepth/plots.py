@@ -132,7 +132,7 @@ def across_models(
     stat: str = "mean",
     zero_line: bool = False,
     y_max: float | None = None,
-    width: int = 250,
+    width: int = 150,
 ) -> alt.Chart:
     """One panel per component, one line per model, on relative depth so models of different depth align.
 

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -211,6 +212,8 @@ def _convert_gguf(spec: PackagedModel, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"lmdepth: converting the packaged {spec.name} once to a plain copy in {target} (up to a minute)",
+          file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".tmp-") as tmp:
         tmp = Path(tmp)
         gguf = spec.locate(tmp)

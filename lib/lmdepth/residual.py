@@ -144,10 +144,20 @@ def select(table: pd.DataFrame, metric: str, component: str, stat: str = "mean",
     return t.set_index("layer")["value"].sort_index()
 
 
-def half_means(values: pd.Series) -> tuple[float, float]:
-    """Mean over the first and over the second half of the layers (the middle layer of an odd L goes to neither)."""
+def half_means(values: pd.Series, skip_first: int = 0) -> tuple[float, float]:
+    """Mean over the first and over the second half of the layers (the middle layer of an odd L goes to neither).
+
+    ``skip_first`` leaves the first layers out of the first half: their large *relative* writes reflect the small
+    embedding norm they start from, not the mid-depth drop the paper describes.
+    """
     n = len(values)
-    return float(values.iloc[: n // 2].mean()), float(values.iloc[(n + 1) // 2 :].mean())
+    return float(values.iloc[skip_first : n // 2].mean()), float(values.iloc[(n + 1) // 2 :].mean())
+
+
+def half_ratio(values: pd.Series, skip_first: int = 0) -> float:
+    """Second-half mean / first-half mean (see :func:`half_means`)."""
+    first, second = half_means(values, skip_first)
+    return second / first
 
 
 def cosine_transition_layer(table: pd.DataFrame, model: str | None = None) -> int | None:
