@@ -1,0 +1,126 @@
+"""Layer skipping: exact identities, and the fast path against the naive one-pass-per-intervention loop."""
+
+import numpy as np
+import pytest
+import torch
+
+from lmdepth import skip_analysis
+from lmdepth.adapters import ModelAdapter
+from lmdepth.skipping import PARTS, Row, clean_pass, draw_cuts, naive_effect, prompt_effects, prompt_effects_naive, run_rows
+from lmdepth.testing import FAMILY_CONFIGS, tiny_model
+
+FAMILIES = list(FAMILY_CONFIGS)
+TEXT = "Natalia sold 48 clips in April, and then she sold half as many clips in May."
+
+
+@pytest.fixture(scope="module")
+def ids(tok):
+    return tok(TEXT, return_tensors="pt").input_ids
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fast_path_equals_naive_loop(family, ids):
+    adapter = ModelAdapter.for_model(tiny_model(family))
+    kw = dict(cuts=[9, 24, 40], parts=PARTS, local=True, current=True)
+    fast, naive = prompt_effects(adapter, ids, **kw), prompt_effects_naive(adapter, ids, **kw)
+    assert set(fast) == set(naive) == {(a, v) for a in ("current", "future") for v in ("layer", "attention", "mlp", "local")}
+    for k in naive:
+        assert (naive[k][0] > 0).any(), k  # a real effect is being compared
+        torch.testing.assert_close(fast[k][0], naive[k][0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(fast[k][1], naive[k][1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_future_only_uses_the_last_cut_as_lead(family, ids):
+    adapter = ModelAdapter.for_model(tiny_model(family))
+    kw = dict(cuts=[16, 33], parts=("layer",), local=False, current=False)
+    fast, naive = prompt_effects(adapter, ids, **kw), prompt_effects_naive(adapter, ids, **kw)
+    assert set(fast) == {("future", "layer")}
+    torch.testing.assert_close(fast["future", "layer"][0], naive["future", "layer"][0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_cut_at_one_intervenes_nowhere(part, ids):
+    """t = 1: positions 1..0 are empty, so every effect is exactly zero (same batch shape as the clean pass)."""
+    adapter = ModelAdapter.for_model(tiny_model("qwen2"))
+    clean = clean_pass(adapter, ids, with_probs=True)
+    for s in range(adapter.n_layers):
+        e, o = naive_effect(adapter, ids, clean, Row(s, part, t=1))
+        assert torch.count_nonzero(e) == 0 and o == 0.0
+    E, O, _ = run_rows(adapter, ids, clean, [Row(2, part, t=1)])
+    assert torch.count_nonzero(E) == 0 and torch.count_nonzero(O) == 0
+
+
+def test_skipping_a_layer_that_writes_nothing_has_no_effect(ids):
+    model = tiny_model("llama")
+    with torch.no_grad():  # layer 1 adds nothing to the residual: skipping it is a no-op
+        model.model.layers[1].self_attn.o_proj.weight.zero_()
+        model.model.layers[1].mlp.down_proj.weight.zero_()
+    adapter = ModelAdapter.for_model(model)
+    res = prompt_effects(adapter, ids, cuts=[20], parts=PARTS, local=False, current=True)
+    for (analysis, part), (E, O) in res.items():
+        assert E[1, 2:].abs().max() == 0 and O[1] == 0, (analysis, part)
+        assert E[0].abs().max() > 0  # while skipping layer 0 does change things
+
+
+def test_all_tokens_identities(ids):
+    adapter = ModelAdapter.for_model(tiny_model("olmo2"))
+    E, O = prompt_effects(adapter, ids, parts=("layer",), local=True, current=True)["current", "layer"]
+    L = adapter.n_layers
+    torch.testing.assert_close(E.diag(), torch.ones(L))  # a skipped layer's own contribution is gone entirely
+    assert all(E[s, j] == 0 for s in range(L) for j in range(s))  # earlier layers cannot change
+    assert (O > 0).all() and (O <= 2 ** 0.5).all()  # ||P − P'||₂ of two distributions lies in [0, √2]
+
+
+def test_local_variant_pins_the_intervened_positions(ids):
+    """Current + local: every later layer sees exactly its clean input at intervened positions, so only the
+    skipped layer itself changes (E = identity)."""
+    adapter = ModelAdapter.for_model(tiny_model("llama"))
+    E, _ = prompt_effects(adapter, ids, parts=("layer",), local=True, current=True)["current", "local"]
+    torch.testing.assert_close(E, torch.eye(adapter.n_layers), atol=1e-5, rtol=0)
+
+
+def test_cut_points_follow_the_paper_and_are_seeded():
+    cuts = draw_cuts(200, 4, seed=0, key="gsm8k/test/1")
+    assert cuts == sorted(cuts) and len(cuts) == 4
+    assert all(c % 8 == 0 and 8 <= c < 196 for c in cuts)
+    assert cuts == draw_cuts(200, 4, seed=0, key="gsm8k/test/1") != draw_cuts(200, 4, seed=1, key="gsm8k/test/1")
+    assert draw_cuts(20, 4, 0, "x") == [8]  # short texts have fewer candidates
+
+
+def test_cutoff_layer_and_interval():
+    E = np.zeros((6, 6))
+    E[0, 1:] = 0.9
+    E[2, 3] = 0.5  # layer 2 still feeds layer 3
+    E[3, 4] = 0.05  # below the threshold
+    assert skip_analysis.later_effect(E).tolist() == [0.9, 0.0, 0.5, 0.05, 0.0, 0.0]
+    assert skip_analysis.cutoff_layer(E, threshold=0.1) == 3
+    assert skip_analysis.cutoff_layer(np.zeros((4, 4)), 0.1) == 0
+    per_problem = np.stack([E, E * 0.0])
+    ci = skip_analysis.cutoff_with_ci(per_problem, 0.1, n_boot=200)
+    assert ci["cutoff"] == 3 and 0 <= ci["ci_low"] <= 3 == ci["ci_high"] and ci["rel_depth"] == 0.5
+
+
+def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
+    p = jsonl([f'{{"text": "Problem {i}: {TEXT}"}}' for i in range(3)])
+    kw = dict(analysis="future", dataset=str(p), n_examples=3, selection="first", parts=["layer", "mlp"],
+              local=False, n_cuts=2, results_dir=tmp_path, n_boot=20)
+    calls = {"n": 0}
+    real = skip_analysis.prompt_effects
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(skip_analysis, "prompt_effects", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        skip_analysis.run(str(tiny_dirs["llama"]), **kw)
+    r = skip_analysis.run(str(tiny_dirs["llama"]), **kw)
+    assert calls["n"] == 4  # 1 before the interruption, then only the 2 missing problems
+    assert set(r.table.variant) == {"layer", "mlp"} and set(r.table.stat) == {"max", "mean"}
+    assert r.meta["summary"]["layer"]["n_layers"] == 4 and len(r.meta["data"]["cuts"]) == 3
+    E = skip_analysis.matrix(r.table, "future", "layer")
+    assert E.shape == (4, 4) and np.allclose(np.tril(E), 0)  # the future effect on layers ≤ s is zero
+    assert skip_analysis.run(str(tiny_dirs["llama"]), **kw).from_cache
