@@ -20,6 +20,7 @@ from .runtime import REPO_ROOT
 CHAPTERS: dict[str, str] = {
     "norms": "01_residual_norms",
     "cosine": "02_cosine_similarity",
+    "skipping": "03_layer_skipping",
 }
 PROFILES = ("smoke", "default", "paper")
 

@@ -113,7 +113,8 @@ def run(
     examples = load_examples(dataset, n_examples=n_examples, seed=seed, selection=selection)
     data_id = dataset if dataset in ("gsm8k", "math") else f"{Path(dataset).name}:{sha256_file(Path(dataset))[:16]}"
     key = dict(analysis=analysis, dataset=data_id, n_examples=n_examples, seed=seed, selection=selection,
-               parts=parts, local=local, dtype=dtype, **({"n_cuts": n_cuts, "cut_stride": cut_stride} if analysis == "future" else {}))
+               parts=parts, local=local, dtype=dtype, threshold=threshold, n_boot=n_boot,
+               **({"n_cuts": n_cuts, "cut_stride": cut_stride} if analysis == "future" else {}))
     store = RunStore(results_dir, ANALYSIS, model_name, key)
     if use_cache and store.complete:
         return store.load()
@@ -142,7 +143,7 @@ def run(
     summary = {n: cutoff_with_ci(E[analysis, n], threshold, n_boot, seed) for n in names} if analysis == "future" else {}
     meta = {
         "analysis": ANALYSIS,
-        "parameters": {"model_name": model_name, **key, "threshold": threshold, "device": device},
+        "parameters": {"model_name": model_name, **key, "device": device},
         "model": lm.provenance(),
         "data": {**selection_record(dataset, selection, seed, examples), "cuts": cuts_used},
         "summary": summary,
