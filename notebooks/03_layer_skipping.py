@@ -43,9 +43,9 @@ if "google.colab" in sys.modules:  # pragma: no cover
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
 compare_models: list = ["gemma3-270m", "qwen2.5-coder-0.5b"]  # compared on relative depth; [] to skip
 dataset: str = "gsm8k"  # "gsm8k", "math", or a .jsonl file with {"text"} or {"prompt", "answer"} lines
-n_examples: int = 4  # problems for the future-token analysis of model_name (the paper: 10)
-n_examples_current: int = 4  # problems for the all-token analysis of model_name (the paper: 20)
-n_examples_compare: int = 2  # problems per analysis for each comparison model (CPU budget)
+n_examples: int = 3  # problems for the future-token analysis of model_name (the paper: 10)
+n_examples_current: int = 3  # problems for the all-token analysis of model_name (the paper: 20)
+n_examples_compare: int = 1  # problems per analysis for each comparison model (CPU budget)
 seed: int = 0  # seed of the example selection, the cut points and the bootstrap
 selection: str = "random"  # "random" (the paper's wording) or "first" (the authors' code: first N in file order)
 parts: list = ["layer", "attention", "mlp"]  # what is skipped: the whole layer, its attention, its MLP
@@ -253,8 +253,9 @@ if benchmark:
 #
 # - **Models and sample.** Small PyPI-packaged models in fp32 instead of Llama 3.1 70B in bf16. The analysis costs
 #   one forward pass per (problem, cut point, skipped layer, part) — 480 passes per problem for SmolLM2 — so on a
-#   2-core CPU the default profile uses 4 problems for each analysis of the main model (the paper: 10 for future
-#   tokens, 20 for all tokens) and 2 for each comparison model. Max-aggregated effects can only grow with more
+#   2-core CPU the default profile uses 3 problems for each analysis of the main model (the paper: 10 for future
+#   tokens, 20 for all tokens) and 1 for each comparison model. Runs with more problems reuse the per-problem
+#   results already computed. Max-aggregated effects can only grow with more
 #   problems; the bootstrap intervals say how much the cutoffs could move. The `paper` profile restores the
 #   paper's sizes for a GPU.
 # - **Cut points** are drawn per problem with a seed derived from the problem id, and are the same for every part

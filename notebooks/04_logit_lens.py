@@ -52,7 +52,7 @@ seed: int = 0  # seed of the example selection, the evaluated positions, the tun
 selection: str = "random"  # "random" (the paper's wording) or "first" (the authors' code: first N in file order)
 include_bos: bool = True  # include position 0 (BOS / attention sink) in the averages, as the paper does
 n_boot: int = 1000  # bootstrap resamples over problems for the 95 % intervals of the means
-positions_per_example: int = 32  # positions evaluated per problem (seeded uniform sample); 0 = every position
+positions_per_example: int = 32  # positions evaluated per problem (a seeded uniform sample), or 0 for every position
 lens_dtype: str = "bfloat16"  # dtype of the unembedding matmul ("float32" is exact and ~6x slower on CPU)
 tuned_lens: bool = True  # also train (cached) and evaluate the tuned lens
 n_train_tokens: int = 2048  # tuned-lens training tokens per model (GSM8K train split; never the evaluated problems)

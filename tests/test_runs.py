@@ -66,7 +66,11 @@ def test_interrupted_run_resumes_from_checkpoints(tiny_dirs, texts, tmp_path, mo
     resumed = residual.run(model, results_dir=tmp_path / "run", **kw)
     assert calls["n"] == 102  # only the two missing problems were computed
     pd.testing.assert_frame_equal(resumed.table, reference)
-    assert not list((tmp_path / "run").rglob("*.partial"))
+    # the per-problem checkpoints stay: a larger run (more examples) reuses them
+    assert len(list((tmp_path / "run").rglob("*.partial/*.npz"))) == 5
+    calls["n"] = 0
+    residual.run(model, results_dir=tmp_path / "run", **{**kw, "n_examples": 6})  # only 5 lines in the file
+    assert calls["n"] == 0
 
 
 def test_use_cache_false_recomputes(tiny_dirs, texts, tmp_path, monkeypatch):

@@ -409,7 +409,11 @@ def collect_residuals(lm: LoadedModel, examples: list[Example], n_tokens: int) -
     for ex in examples:
         if n >= n_tokens:
             break
-        r = hooked_residuals(lm.adapter, lm.encode(ex.text, label=f"Example {ex.id}"), logits_to_keep=1)
+        try:
+            ids = lm.encode(ex.text, label=f"Example {ex.id}")
+        except DataError:  # longer than the context: training text is ours to choose, skip it
+            continue
+        r = hooked_residuals(lm.adapter, ids, logits_to_keep=1)
         parts.append(torch.cat([r["resid_pre"][:, 0], r["resid_post"][-1:, 0]]).transpose(0, 1).float())  # [T, L+1, d]
         n += parts[-1].shape[0]
     if n < n_tokens:

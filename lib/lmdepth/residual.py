@@ -92,7 +92,8 @@ def run(
     data_id = dataset if dataset in ("gsm8k", "math") else f"{Path(dataset).name}:{sha256_file(Path(dataset))[:16]}"
     key_params = dict(dataset=data_id, n_examples=n_examples, seed=seed, selection=selection,
                       include_bos=include_bos, dtype=dtype, n_boot=n_boot)
-    store = RunStore(results_dir, ANALYSIS, model_name, key_params)
+    per_item = {k: v for k, v in key_params.items() if k not in ("n_examples", "n_boot")}
+    store = RunStore(results_dir, ANALYSIS, model_name, key_params, item_params=per_item)
     if use_cache and store.complete:
         return store.load()
     if not use_cache:

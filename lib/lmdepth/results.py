@@ -4,11 +4,12 @@ Layout::
 
     <results_dir>/<analysis>/<model-slug>/<key>/table.csv    tidy: model, metric, component, stat, layer, value, …
     <results_dir>/<analysis>/<model-slug>/<key>/meta.json    parameters, provenance, data selection, versions, wall time
-    <results_dir>/<analysis>/<model-slug>/<key>.partial/     per-item checkpoints of an unfinished run
+    <results_dir>/<analysis>/<model-slug>/<item-key>.partial/  per-item checkpoints, shared by runs that differ only in
+                                                           parameters that do not change an item (e.g. n_examples)
 
 ``key`` hashes the parameters that change the numbers plus :data:`lmdepth.COMPUTE_VERSION`. A finished run
 directory appears in one ``os.replace``, so an interrupted run never looks complete; its ``.partial`` items are
-reused by the next run with the same key.
+reused by the next run (and by larger runs) with the same per-item parameters.
 """
 
 from __future__ import annotations
@@ -66,11 +67,15 @@ class RunResult:
 class RunStore:
     """Cache entry of one (analysis, model, parameters) run, with per-item checkpoints for resuming."""
 
-    def __init__(self, results_dir: str | Path, analysis: str, model: str, params: dict[str, Any]):
+    def __init__(self, results_dir: str | Path, analysis: str, model: str, params: dict[str, Any],
+                 item_params: dict[str, Any] | None = None):
+        """``item_params``: the parameters that change one item's result (default: all). Leaving out e.g.
+        ``n_examples`` lets a larger run reuse the per-problem checkpoints of a smaller one."""
         self.params = params
         self.key = cache_key({"analysis": analysis, "model": model, **params})
         self.dir = Path(results_dir) / analysis / slug(model) / self.key
-        self.partial = self.dir.with_name(self.key + ".partial")
+        item_key = self.key if item_params is None else cache_key({"analysis": analysis, "model": model, **item_params})
+        self.partial = self.dir.with_name(item_key + ".partial")
 
     @property
     def complete(self) -> bool:
@@ -119,7 +124,6 @@ class RunStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        shutil.rmtree(self.partial, ignore_errors=True)
         return RunResult(table, meta, self.dir)
 
 

@@ -115,7 +115,8 @@ def run(
     key = dict(analysis=analysis, dataset=data_id, n_examples=n_examples, seed=seed, selection=selection,
                parts=parts, local=local, dtype=dtype, threshold=threshold, n_boot=n_boot,
                **({"n_cuts": n_cuts, "cut_stride": cut_stride} if analysis == "future" else {}))
-    store = RunStore(results_dir, ANALYSIS, model_name, key)
+    per_item = {k: v for k, v in key.items() if k not in ("n_examples", "threshold", "n_boot")}
+    store = RunStore(results_dir, ANALYSIS, model_name, key, item_params=per_item)
     if use_cache and store.complete:
         return store.load()
     if not use_cache:
