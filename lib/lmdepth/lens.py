@@ -198,14 +198,16 @@ class Unembedding:
         """Logits of already-normed residuals (differentiable). x: [..., d]; ``rows``: optional vocabulary subset
         → [..., |rows|] fp32."""
         if self.weight is None:
-            return self._cap(self.head(x).float())
+            return self.softcapped(self.head(x).float())
         w = self.weight if rows is None else self.weight[rows]
         z = F.linear(x.to(w.dtype), w).float()
         if self.bias is not None:
             z = z + (self.bias if rows is None else self.bias[rows])
-        return self._cap(z)
+        return self.softcapped(z)
 
-    def _cap(self, z: torch.Tensor) -> torch.Tensor:
+    def softcapped(self, z: torch.Tensor) -> torch.Tensor:
+        """The model's logit soft-capping (Gemma 2: 30·tanh(z/30)) on raw ``lm_head`` logits, in fp32."""
+        z = z.float()
         return torch.tanh(z / self.softcap) * self.softcap if self.softcap else z
 
     def __call__(self, h: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
@@ -326,15 +328,10 @@ def prompt_lens(
         h_last = _layer_output(resolve(nn_model, adapter.layer_path(adapter.n_layers - 1)).output)[0]
         hs.append(h_last[positions])
         model_logits = resolve(nn_model, adapter.family.lm_head).output[0, -1:]
-        check = kl_divergence(torch.log_softmax(unembed(h_last[-1:]), -1), torch.log_softmax(_softcap(lm, model_logits), -1))
+        check = kl_divergence(torch.log_softmax(unembed(h_last[-1:]), -1), torch.log_softmax(unembed.softcapped(model_logits), -1))
         saved.append(lens_stats(hs, unembed, translators, k).save())
         saved.append(check.save())
     return torch.as_tensor(saved[0]).cpu(), float(torch.as_tensor(saved[1]).max())
-
-
-def _softcap(lm: LoadedModel, logits: torch.Tensor) -> torch.Tensor:
-    cap = getattr(lm.model.config, "final_logit_softcapping", None)
-    return torch.tanh(logits.float() / cap) * cap if cap else logits.float()
 
 
 def sample_positions(n_tokens: int, n: int, key: str, include_bos: bool = True) -> torch.Tensor:
@@ -445,12 +442,6 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
             p.requires_grad_(flag)
 
 
-@dataclass
-class _Batch:
-    h: torch.Tensor  # [tokens, layers+1, d]
-    lse: torch.Tensor  # [tokens]
-
-
 def _candidates(head: torch.Tensor, tail: torch.Tensor, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Vocabulary subset S = head ∪ n uniform tail samples, with log importance weights."""
     neg = tail[torch.randint(len(tail), (n,), generator=gen)]
@@ -458,13 +449,16 @@ def _candidates(head: torch.Tensor, tail: torch.Tensor, n: int, gen: torch.Gener
     return torch.cat([head, neg]), log_w
 
 
-def _batch_kl(tr: Translators, unembed: Unembedding, batch: _Batch, cand: torch.Tensor, log_w: torch.Tensor) -> torch.Tensor:
-    """[tokens, layers] sampled KL(P_final ‖ P_tuned) of a batch, differentiable in the translators."""
-    n_layers = tr.A.shape[0]
+def _batch_kl(tr: Translators, unembed: Unembedding, h: torch.Tensor, lse_final: torch.Tensor,
+              cand: torch.Tensor, log_w: torch.Tensor) -> torch.Tensor:
+    """Sampled KL(P_final ‖ P_tuned) of a batch, differentiable in the translators.
+
+    h: [tokens, layers + 1, d] residuals; lse_final: [tokens] → [tokens, layers].
+    """
     with torch.no_grad():
-        z_final = unembed.logits_of_normed(unembed.norm(batch.h[:, -1]), cand)
-    z_lens = unembed.logits_of_normed(unembed.norm(tr(batch.h[:, :n_layers])), cand)
-    return sampled_kl(z_lens, z_final, batch.lse, log_w)
+        z_final = unembed.logits_of_normed(unembed.norm(h[:, -1]), cand)
+    z_lens = unembed.logits_of_normed(unembed.norm(tr(h[:, :-1])), cand)
+    return sampled_kl(z_lens, z_final, lse_final, log_w)
 
 
 def train_translators(
@@ -514,7 +508,7 @@ def train_translators(
 
     def held_out(step: int) -> None:
         with torch.no_grad():
-            log("held-out", step, _batch_kl(tr, unembed, _Batch(val_h, lse_val), *val_cand).mean(0))
+            log("held-out", step, _batch_kl(tr, unembed, val_h, lse_val, *val_cand).mean(0))
 
     t0 = time.time()
     held_out(0)
@@ -524,7 +518,7 @@ def train_translators(
             if (step - 1) % steps_per_epoch == 0:
                 order = torch.randperm(len(train_h), generator=gen)
             pick = order[((step - 1) % steps_per_epoch) * cfg.batch_tokens :][: cfg.batch_tokens]
-            kl = _batch_kl(tr, unembed, _Batch(train_h[pick], lse_tr[pick]), *_candidates(head, tail, n_neg, gen))
+            kl = _batch_kl(tr, unembed, train_h[pick], lse_tr[pick], *_candidates(head, tail, n_neg, gen))
             per_layer = kl.mean(0)
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / total))
@@ -703,7 +697,9 @@ def run(
     key_params = dict(dataset=data_id, n_examples=n_examples, seed=seed, selection=selection, include_bos=include_bos,
                       dtype=dtype, n_boot=n_boot, positions_per_example=positions_per_example, lens_dtype=lens_dtype,
                       top_k=TOP_K, tuned_lens=tuned_key)
-    store = RunStore(results_dir, ANALYSIS, model_name, key_params)
+    # A problem's numbers do not depend on which other problems are in the sample: share its checkpoint.
+    item_params = {k: v for k, v in key_params.items() if k not in ("n_examples", "selection", "n_boot")}
+    store = RunStore(results_dir, ANALYSIS, model_name, key_params, item_params=item_params)
     if use_cache and store.complete:
         return store.load()
     if not use_cache:

@@ -139,26 +139,25 @@ def training_curves(curve: pd.DataFrame, width: int = 220) -> alt.HConcatChart:
 
 
 def settling_chart(summary: pd.DataFrame, width: int = 520) -> alt.LayerChart:
-    """Where each model's prediction settles, on relative depth: one mark per (lens, criterion), and a gray tick
-    at the cosine phase transition.
+    """Where each model's prediction settles, on relative depth: one row per (model, lens), one mark per
+    criterion, and a gray tick at the model's cosine phase transition on each of its rows.
 
     Args:
-        summary: ``model, lens, criterion, layer, rel_depth`` rows (criterion e.g. "KL < 10 % of max",
-            "top-5 overlap > 0.2", "cosine transition").
+        summary: :func:`lmdepth.lens.settling_summary` rows (``model, lens, criterion, layer, rel_depth``).
     """
-    s = summary.dropna(subset=["rel_depth"]).copy()
-    s["lens_label"] = s["lens"].map(LENS_LABELS).fillna(s["lens"])
-    points = s[s.lens.isin(LENS_LABELS)]
-    cos = s[~s.lens.isin(LENS_LABELS)]
-    y = alt.Y("model:N", title=None)
-    x = alt.X("rel_depth:Q", title="Relative depth", scale=alt.Scale(domain=[0, 1]))
-    dots = alt.Chart(points).mark_point(size=110, filled=True, opacity=0.85).encode(
-        x=x, y=y, yOffset=alt.YOffset("lens_label:N"),
-        color=alt.Color("lens_label:N", title=None, legend=alt.Legend(orient="top"),
-                        scale=alt.Scale(domain=list(LENS_LABELS.values()), range=list(LENS_COLORS.values()))),
-        shape=alt.Shape("criterion:N", title=None, legend=alt.Legend(orient="top")),
-        tooltip=["model:N", "lens_label:N", "criterion:N", "layer:Q", alt.Tooltip("rel_depth:Q", format=".2f")],
+    s = summary.dropna(subset=["rel_depth"])
+    points = s[s.lens.isin(LENS_LABELS)].assign(row=lambda d: d.model + " · " + d.lens.map(LENS_LABELS).str.lower())
+    rows = list(dict.fromkeys(points["row"]))
+    cos = s[s.lens == "cosine"].merge(points[["model", "row"]].drop_duplicates(), on="model")
+    y = alt.Y("row:N", title=None, sort=rows)
+    x = alt.X("rel_depth:Q", title="Relative depth (lens: l / L; cosine transition: (t + 0.5) / L)",
+              scale=alt.Scale(domain=[0, 1]))
+    dots = alt.Chart(points).mark_point(size=120, filled=True, opacity=0.8).encode(
+        x=x, y=y,
+        color=alt.Color("lens:N", legend=None, scale=alt.Scale(domain=list(LENS_COLORS), range=list(LENS_COLORS.values()))),
+        shape=alt.Shape("criterion:N", title=None, legend=alt.Legend(orient="top", columns=2)),
+        tooltip=["model:N", "lens:N", "criterion:N", "layer:Q", alt.Tooltip("rel_depth:Q", format=".2f")],
     )
-    ticks = alt.Chart(cos).mark_tick(color="gray", thickness=3, size=30).encode(
+    ticks = alt.Chart(cos).mark_tick(color="gray", thickness=3).encode(
         x=x, y=y, tooltip=["model:N", "criterion:N", "layer:Q", alt.Tooltip("rel_depth:Q", format=".2f")])
-    return alt.layer(ticks, dots).properties(width=width, height=alt.Step(44))
+    return alt.layer(ticks, dots).properties(width=width, height=alt.Step(26))
