@@ -54,6 +54,13 @@ def test_lens_metrics_equal_the_pure_functions(with_scratch):
     torch.testing.assert_close(got[0], lens.kl_divergence(lp, lpf), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got[1], lens.kl_divergence(lpf, lp), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got[2], lens.topk_overlap(z, zf))
+    # several readings (e.g. layers) of the same tokens share one final distribution
+    many = torch.stack([z, 2 * z, zf])  # [3, tokens, vocab]
+    got3 = lens.lens_metrics(many, final, lens.Scratch(18, 300) if with_scratch else None)
+    assert got3.shape == (3, 3, 6)
+    torch.testing.assert_close(got3[:, 0], got, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got3[:, 2], torch.stack([torch.zeros(6), torch.zeros(6), torch.ones(6)]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(got3[0, 1], lens.kl_divergence((2 * z).log_softmax(-1), lpf), rtol=1e-4, atol=1e-5)
 
 
 def test_sampled_kl_is_exact_on_the_full_vocabulary_and_unbiased_on_a_sample():

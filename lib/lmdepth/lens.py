@@ -131,26 +131,29 @@ def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def lens_metrics(logits: torch.Tensor, final: FinalDistribution, scratch: Scratch | None = None) -> torch.Tensor:
-    """Reduce one layer's lens logits to per-token metrics (rows in :data:`METRICS` order).
+    """Reduce lens logits to per-token metrics (rows in :data:`METRICS` order).
 
     Equal to :func:`kl_divergence` in both directions and :func:`topk_overlap` (tested), computed with shared
     intermediate buffers: log p_lens − log p_final is formed once and dotted with p_lens and with p_final.
 
     Args:
-        logits: [tokens, vocab] fp32 lens logits of one layer (finite).
-        final: the output distribution at the same tokens.
-        scratch: reusable buffers with at least ``tokens`` rows (allocated here when None).
+        logits: [..., tokens, vocab] fp32 lens logits (finite); leading dims, e.g. several layers, share ``final``.
+        final: the output distribution at the same tokens ([tokens, vocab]).
+        scratch: reusable buffers with at least ``logits.numel() / vocab`` rows (allocated here when None).
 
     Returns:
-        [3, tokens]: KL(P_lens‖P_final), KL(P_final‖P_lens), top-k overlap.
+        [3, ..., tokens]: KL(P_lens‖P_final), KL(P_final‖P_lens), top-k overlap.
     """
-    n = logits.shape[0]
-    logp, p, diff = (scratch or Scratch(n, logits.shape[-1])).view(n)
+    shape, vocab = logits.shape[:-1], logits.shape[-1]
+    n = logits.numel() // vocab
+    logp, p, diff = (t.view(*shape, vocab) for t in (scratch or Scratch(n, vocab)).view(n))
     torch.sub(logits, torch.logsumexp(logits, dim=-1, keepdim=True), out=logp)
     torch.exp(logp, out=p)
     torch.sub(logp, final.logp, out=diff)
+    kl = _rowdot(p.view(n, vocab), diff.view(n, vocab)).view(shape)
+    kl_final = -torch.mul(diff, final.p, out=p).sum(-1)  # p is free again: reuse it for the product
     overlap = index_overlap(logits.topk(final.top.shape[-1], dim=-1).indices, final.top)
-    return torch.stack([_rowdot(p, diff), -_rowdot(final.p, diff), overlap])
+    return torch.stack([kl, kl_final, overlap])
 
 
 # ---- the unembedding and the translators ---------------------------------------------------------------------
@@ -211,7 +214,10 @@ class Unembedding:
         return torch.tanh(z / self.softcap) * self.softcap if self.softcap else z
 
     def __call__(self, h: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
-        """[tokens, d] raw residual → [tokens, vocab] fp32 logits; written into ``scratch.z`` when given."""
+        """[tokens, d] raw residual → [tokens, vocab] fp32 logits; written into ``scratch.z`` when given.
+
+        The final norm is applied with the residual's own dtype; the matmul runs in the lens dtype.
+        """
         x = self.norm(h)
         if scratch is None or self.weight is None:
             return self.logits_of_normed(x)
@@ -269,31 +275,41 @@ def lens_stats(
     unembed: Unembedding,
     translators: Translators | None = None,
     k: int = TOP_K,
-    chunk: int = 32,
+    max_logits: int = 1 << 24,
 ) -> torch.Tensor:
-    """Both lenses on the residuals of one problem, one layer at a time.
+    """Both lenses on the residuals of one problem, reduced block by block.
+
+    A block is as many (lens, layer) readings of a group of positions as fit in ``max_logits`` logits; it goes
+    through one unembedding matmul and is reduced to per-token metrics at once. Memory is O(max_logits)
+    (≈ 5 × 64 MB by default) whatever the number of layers, and small vocabularies get few, large operations.
 
     Args:
         hs: L+1 tensors [positions, d]: h_0..h_{L-1} (layer inputs) and h_L (the last layer's output).
         unembed: final norm + unembedding.
         translators: tuned-lens translators; None computes the logit lens only.
         k: top-k of the overlap.
-        chunk: positions per block; memory is O(chunk × vocab), whatever the number of layers.
+        max_logits: logits per block.
 
     Returns:
         [lenses, metrics, layers, positions] fp32 (lenses: logit, then tuned if given).
     """
-    n_layers, n_pos = len(hs) - 1, hs[0].shape[0]
+    n_layers, n_pos, vocab = len(hs) - 1, hs[0].shape[0], unembed.vocab
     lenses = 1 if translators is None else 2
+    readings = [(l, i) for l in range(n_layers) for i in range(lenses)]  # (layer, lens)
+    pos_chunk = max(1, min(n_pos, max_logits // vocab))
+    per_block = max(1, max_logits // (pos_chunk * vocab))
+    scratch = Scratch(per_block * pos_chunk, vocab, unembed.dtype) if unembed.weight is not None else None
     out = torch.zeros(lenses, len(METRICS), n_layers, n_pos)
-    scratch = Scratch(min(chunk, n_pos), unembed.vocab, unembed.dtype) if unembed.weight is not None else None
-    for s in range(0, n_pos, chunk):
-        rows = slice(s, s + chunk)
+    for s in range(0, n_pos, pos_chunk):
+        rows = slice(s, s + pos_chunk)
         final = FinalDistribution.from_logits(unembed(hs[-1][rows]), k)
-        for l in range(n_layers):
-            out[0, :, l, rows] = lens_metrics(unembed(hs[l][rows], scratch), final, scratch)
-            if translators is not None:
-                out[1, :, l, rows] = lens_metrics(unembed(translators(hs[l][rows], l), scratch), final, scratch)
+        for b in range(0, len(readings), per_block):
+            block = readings[b : b + per_block]
+            x = torch.stack([hs[l][rows].float() if i == 0 else translators(hs[l][rows], l) for l, i in block])  # [G, P, d]
+            z = unembed(x.flatten(0, 1), scratch).view(*x.shape[:2], -1)
+            m = lens_metrics(z, final, scratch)  # [3, G, P]
+            for j, (l, i) in enumerate(block):
+                out[i, :, l, rows] = m[:, j]
     return out
 
 
