@@ -55,8 +55,8 @@ n_boot: int = 1000  # bootstrap resamples over problems for the 95 % intervals o
 positions_per_example: int = 32  # positions evaluated per problem (a seeded uniform sample), or 0 for every position
 lens_dtype: str = "bfloat16"  # dtype of the unembedding matmul ("float32" is exact and ~6x slower on CPU)
 tuned_lens: bool = True  # also train (cached) and evaluate the tuned lens
-n_train_tokens: int = 2048  # tuned-lens training tokens per model (GSM8K train split; never the evaluated problems)
-train_epochs: int = 4  # passes over the training tokens
+n_train_tokens: int = 3072  # tuned-lens training tokens per model (GSM8K train split; never the evaluated problems)
+train_epochs: int = 2  # passes over the training tokens
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
 device: str = "cpu"  # "cpu", "cuda", "auto"
 dtype: str = "float32"  # "float32", "bfloat16", "float16"
@@ -104,9 +104,10 @@ LENSES = [l for l in lens.LENSES if tuned_lens or l == "logit_lens"]
 # bootstrap 95 % intervals over problems.
 #
 # **What makes this cheap enough for a CPU.** The unembedding is the expensive part: Gemma 3 has a 262k-token
-# vocabulary, so one layer's logits for 200 tokens are 200 MB. Every layer is reduced to per-token KL and overlap
-# inside the nnsight trace, right after its logits are computed (one block of positions at a time), so only
-# [lenses × metrics × layers × positions] numbers leave the trace — the same code runs on NDIF for the logit lens.
+# vocabulary, so one layer's logits for 200 tokens are 200 MB. Inside the nnsight trace, the lens readings are
+# unembedded in blocks of at most 8M logits (32 MB) and each block is reduced to per-token KL and overlap at once,
+# so memory does not grow with depth and only [lenses × metrics × layers × positions] numbers leave the trace (the
+# logit lens is written to run on NDIF this way; that is not tested here, without network).
 # The matmul runs in bf16 (like the paper's bf16 models; log-softmax stays fp32), and each problem is evaluated at
 # a seeded uniform sample of `positions_per_example` positions, which keeps the per-problem mean over positions
 # unbiased (`positions_per_example=0` evaluates every position, as the paper does).
@@ -117,16 +118,22 @@ LENSES = [l for l in lens.LENSES if tuned_lens or l == "logit_lens"]
 # \mathbb{R}^d$, both initialised to zero so training starts from the logit lens; $s_l$ is the mean RMS of $h_l$, a
 # constant that makes the bias step scale-free), trained to minimise $\mathrm{KL}(P^{\text{final}} \,\|\,
 # P^{\text{tuned}}_l)$ as in Belrose et al. Training uses `n_train_tokens` tokens of GSM8K **train**-split problems
-# (the evaluated problems come from the test split), with Adam (cosine-decayed learning rate), 64 tokens per step,
-# and all layers' translators trained in the same pass over the cached residuals. A held-out set of other
-# train-split problems gives the dashed curves below. The translators are cached in the results directory,
-# keyed by the model and every setting of the recipe.
+# (the evaluated problems come from the test split), with Adam and a cosine-decayed learning rate, all layers'
+# translators trained in the same pass over cached residuals. Held-out train-split problems give the dashed curves
+# below. The translators are cached in the results directory, keyed by the model and every setting of the recipe.
 #
 # A full-vocabulary softmax for every (token, layer) pair is what makes this expensive (about 30 ns per logit
-# forward and backward on this CPU: minutes per epoch for Gemma). So training uses a **sampled softmax**: each step
-# computes logits only on the union of the top-16 output tokens of all training tokens (the tokens that carry the
-# output's probability mass; exact) plus 2,048 uniform samples of the remaining vocabulary, importance-weighted so
-# that the loss estimates the full-vocabulary KL. The evaluation below always uses the full vocabulary.
+# forward and backward on this CPU: minutes per epoch for Gemma's 262k tokens). So training uses a **sampled
+# softmax**: each step computes logits only on the union of the top output tokens of all training tokens (where
+# the output's probability mass is; exact) plus uniform samples of the rest of the vocabulary, importance-weighted
+# so that the loss estimates the full-vocabulary KL. The evaluation below always uses the full vocabulary.
+
+# %% tags=["hide-input"]
+recipe = lens.TrainConfig(n_tokens=n_train_tokens, epochs=train_epochs, seed=seed)
+md(f"Recipe: {recipe.n_tokens:,} training tokens × {recipe.epochs} epochs, {recipe.batch_tokens} tokens per step, peak "
+   f"learning rate {recipe.lr:g}; vocabulary head = the top {recipe.head_k} output tokens of every training token, "
+   f"plus {recipe.n_negatives:,} uniform negatives per step; held-out tokens: {recipe.val_fraction:.1%} of the "
+   "training count." if tuned_lens else "Tuned lens switched off (`tuned_lens=False`).")
 
 # %% tags=["hide-input"]
 all_tables, all_meta, curves = lens.run_many(models, **lens_kw)
@@ -174,10 +181,15 @@ if tuned_lens and not curves.empty:
 
 # %% [markdown]
 # ## Per layer, for the main model (Fig. 4)
+#
+# The dashed line marks the cosine phase-transition layer of {doc}`02_cosine_similarity` (read from that chapter's
+# cached run of the same problems).
 
-# %% mystnb={"figure": {"caption": "Logit lens and tuned lens per layer: KL divergence to the model's output distribution (left, log scale; the radio button switches the direction — the paper uses KL(P_lens ‖ P_final)) and top-5 overlap with the output's top 5 (right; dotted: the 0.2 threshold). x = l is the residual entering layer l (0 = embeddings). Bands: bootstrap 95 % intervals over problems. Dashed gray: where the cosine phase-transition layer of chapter 02 writes.", "name": "fig-lens-layers"}}
+# %% tags=["hide-input"]
 res_tables, _ = residual.run_many(models, **common_kw)
 transitions = {m: residual.cosine_transition_layer(res_tables, model=m) for m in models}
+
+# %% mystnb={"figure": {"caption": "Logit lens and tuned lens per layer: KL divergence to the model's output distribution (left, log scale; the radio button switches the direction — the paper uses KL(P_lens ‖ P_final)) and top-5 overlap with the output's top 5 (right; dotted: the 0.2 threshold). x = l is the residual entering layer l (0 = embeddings). Bands: bootstrap 95 % intervals over problems. Dashed gray: where the cosine phase-transition layer of chapter 02 writes.", "name": "fig-lens-layers"}}
 lens_layers(all_tables, model_name, transitions[model_name])
 
 # %% tags=["hide-input"]
@@ -188,18 +200,18 @@ L = main_meta["model"]["n_layers"]
 def at(m: str, lens_name: str, criterion: str) -> str:
     d = lens.settled_depth(summary, m, lens_name, criterion)
     n = all_meta[m]["model"]["n_layers"]
-    return "never before the output" if d is None or round(d * n) >= n else f"layer {round(d * n)} (l/L = {d:.2f})"
+    return "at no layer before the output" if d is None or round(d * n) >= n else f"at layer {round(d * n)} (l/L = {d:.2f})"
 
 
 ov = {name: lens.select(all_tables, "top5_overlap", name, model=model_name) for name in LENSES}
 kl = {name: lens.select(all_tables, "kl", name, model=model_name) for name in LENSES}
 text = (f"**{model_name}.** Logit lens: top-5 overlap {ov['logit_lens'].iloc[0]:.2f} at the embeddings, "
         f"{ov['logit_lens'].iloc[L // 2]:.2f} at mid-depth (l = {L // 2}), {ov['logit_lens'].iloc[-1]:.2f} entering the "
-        f"last layer; it first exceeds 0.2 at {at(model_name, 'logit_lens', lens.OVERLAP_CRITERION)}, and KL first "
-        f"falls below 10 % of its maximum at {at(model_name, 'logit_lens', lens.KL_CRITERION)}.")
+        f"last layer; it first exceeds 0.2 {at(model_name, 'logit_lens', lens.OVERLAP_CRITERION)}, and KL first "
+        f"falls below 10 % of its maximum {at(model_name, 'logit_lens', lens.KL_CRITERION)}.")
 if tuned_lens:
     text += (f" Tuned lens: top-5 overlap {ov['tuned_lens'].iloc[0]:.2f} → {ov['tuned_lens'].iloc[L // 2]:.2f} → "
-             f"{ov['tuned_lens'].iloc[-1]:.2f}; above 0.2 from {at(model_name, 'tuned_lens', lens.OVERLAP_CRITERION)}. "
+             f"{ov['tuned_lens'].iloc[-1]:.2f}; it first exceeds 0.2 {at(model_name, 'tuned_lens', lens.OVERLAP_CRITERION)}. "
              f"At mid-depth its KL(P_lens ‖ P_final) is {kl['tuned_lens'].iloc[L // 2]:.2f} nats against "
              f"{kl['logit_lens'].iloc[L // 2]:.2f} for the logit lens.")
 tr = transitions[model_name]

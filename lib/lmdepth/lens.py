@@ -169,6 +169,8 @@ class Unembedding:
         weight: [vocab, d_model] unembedding in the lens dtype.
         bias: [vocab] or None.
         softcap: the model's ``final_logit_softcapping`` or None.
+        head: remote models only: the ``lm_head`` envoy (weight is None then; the matmul runs on the server).
+        remote_vocab: remote models only: the vocabulary size.
     """
 
     norm: Callable[[torch.Tensor], torch.Tensor]
@@ -176,6 +178,7 @@ class Unembedding:
     bias: torch.Tensor | None = None
     softcap: float | None = None
     head: Callable[[torch.Tensor], torch.Tensor] | None = None
+    remote_vocab: int = 0
 
     @classmethod
     def of(cls, lm: LoadedModel, dtype: str = "bfloat16", traced: bool = True) -> "Unembedding":
@@ -183,7 +186,8 @@ class Unembedding:
         softcap = getattr(lm.model.config, "final_logit_softcapping", None) or None
         if lm.remote:  # the weights live on the server: call its lm_head (in the model's dtype) inside the trace
             fam = lm.adapter.family
-            return cls(resolve(lm.nn, fam.final_norm), None, softcap=softcap, head=resolve(lm.nn, fam.lm_head))
+            return cls(resolve(lm.nn, fam.final_norm), None, softcap=softcap, head=resolve(lm.nn, fam.lm_head),
+                       remote_vocab=int(lm.model.config.vocab_size))
         head = lm.adapter.lm_head
         norm = resolve(lm.nn, lm.adapter.family.final_norm) if traced else lm.adapter.final_norm
         bias = getattr(head, "bias", None)
@@ -191,7 +195,7 @@ class Unembedding:
 
     @property
     def vocab(self) -> int:
-        return int(self.weight.shape[0])
+        return int(self.weight.shape[0]) if self.weight is not None else self.remote_vocab
 
     @property
     def dtype(self) -> torch.dtype:
@@ -275,13 +279,13 @@ def lens_stats(
     unembed: Unembedding,
     translators: Translators | None = None,
     k: int = TOP_K,
-    max_logits: int = 1 << 24,
+    max_logits: int = 1 << 23,
 ) -> torch.Tensor:
     """Both lenses on the residuals of one problem, reduced block by block.
 
     A block is as many (lens, layer) readings of a group of positions as fit in ``max_logits`` logits; it goes
     through one unembedding matmul and is reduced to per-token metrics at once. Memory is O(max_logits)
-    (≈ 5 × 64 MB by default) whatever the number of layers, and small vocabularies get few, large operations.
+    (≈ 5 × 32 MB by default) whatever the number of layers, and small vocabularies get few, large operations.
 
     Args:
         hs: L+1 tensors [positions, d]: h_0..h_{L-1} (layer inputs) and h_L (the last layer's output).
@@ -379,8 +383,8 @@ class TrainConfig:
         seed: seed of the problem selection, shuffling and negatives.
     """
 
-    n_tokens: int = 2048
-    epochs: int = 4
+    n_tokens: int = 3072
+    epochs: int = 2
     batch_tokens: int = 64
     lr: float = 2e-3
     head_k: int = 16
@@ -408,7 +412,9 @@ def sampled_kl(z_lens: torch.Tensor, z_final: torch.Tensor, lse_final: torch.Ten
     logp_f = z_final - lse_final[:, None]
     wp_f = (logp_f + log_w).exp()  # w_v · p_final(v)
     log_z = torch.logsumexp(z_lens + log_w, dim=-1)  # estimate of the lens' log-normaliser
-    return torch.einsum("ts,tls->tl", wp_f, logp_f[:, None, :] - z_lens) + log_z
+    # Σ w p_f (log p_f − z + log Z): the first term does not depend on the lens, so it is formed per token only.
+    neg_entropy = (wp_f * logp_f).sum(-1, keepdim=True)  # [tokens, 1]
+    return neg_entropy - torch.einsum("ts,tls->tl", wp_f, z_lens) + log_z
 
 
 @torch.no_grad()
@@ -681,8 +687,8 @@ def run(
     positions_per_example: int = 32,
     lens_dtype: str = "bfloat16",
     tuned_lens: bool = True,
-    n_train_tokens: int = 2048,
-    train_epochs: int = 4,
+    n_train_tokens: int = 3072,
+    train_epochs: int = 2,
 ) -> RunResult:
     """Compute (or load from cache) the logit lens and the tuned lens of one model on a data set.
 
