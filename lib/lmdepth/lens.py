@@ -191,7 +191,8 @@ class Unembedding:
         head = lm.adapter.lm_head
         norm = resolve(lm.nn, lm.adapter.family.final_norm) if traced else lm.adapter.final_norm
         bias = getattr(head, "bias", None)
-        return cls(norm, head.weight.detach().to(DTYPES[dtype]), None if bias is None else bias.detach().float(), softcap)
+        weight = head.weight.detach().to(DTYPES[dtype])
+        return cls(norm, weight, None if bias is None else bias.detach().float(), softcap)
 
     @property
     def vocab(self) -> int:
@@ -309,7 +310,8 @@ def lens_stats(
         final = FinalDistribution.from_logits(unembed(hs[-1][rows]), k)
         for b in range(0, len(readings), per_block):
             block = readings[b : b + per_block]
-            x = torch.stack([hs[l][rows].float() if i == 0 else translators(hs[l][rows], l) for l, i in block])  # [G, P, d]
+            # [G, P, d]: the residuals themselves (logit lens) or translated (tuned lens)
+            x = torch.stack([hs[l][rows].float() if i == 0 else translators(hs[l][rows], l) for l, i in block])
             z = unembed(x.flatten(0, 1), scratch).view(*x.shape[:2], -1)
             m = lens_metrics(z, final, scratch)  # [3, G, P]
             for j, (l, i) in enumerate(block):
@@ -348,7 +350,8 @@ def prompt_lens(
         h_last = _layer_output(resolve(nn_model, adapter.layer_path(adapter.n_layers - 1)).output)[0]
         hs.append(h_last[positions])
         model_logits = resolve(nn_model, adapter.family.lm_head).output[0, -1:]
-        check = kl_divergence(torch.log_softmax(unembed(h_last[-1:]), -1), torch.log_softmax(unembed.softcapped(model_logits), -1))
+        check = kl_divergence(torch.log_softmax(unembed(h_last[-1:]), -1),
+                              torch.log_softmax(unembed.softcapped(model_logits), -1))
         saved.append(lens_stats(hs, unembed, translators, k).save())
         saved.append(check.save())
     return torch.as_tensor(saved[0]).cpu(), float(torch.as_tensor(saved[1]).max())
@@ -441,11 +444,18 @@ def collect_residuals(lm: LoadedModel, examples: list[Example], n_tokens: int) -
 
 
 @torch.no_grad()
-def final_targets(unembed: Unembedding, h_final: torch.Tensor, k: int, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact log-normaliser and top-k of the output distribution. h_final: [tokens, d] → ([tokens], [tokens, k])."""
+def final_targets(
+    unembed: Unembedding, h_final: torch.Tensor, k: int, max_logits: int = 1 << 23
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact log-normaliser and top-k of the output distribution, in blocks of ``max_logits`` logits.
+
+    h_final: [tokens, d] → ([tokens], [tokens, k]).
+    """
+    chunk = max(1, max_logits // unembed.vocab)
+    scratch = Scratch(min(chunk, len(h_final)), unembed.vocab, unembed.dtype)
     lse, top = [], []
     for s in range(0, len(h_final), chunk):
-        z = unembed(h_final[s : s + chunk])
+        z = unembed(h_final[s : s + chunk], scratch)
         lse.append(torch.logsumexp(z, -1))
         top.append(z.topk(k, -1).indices)
     return torch.cat(lse), torch.cat(top)
@@ -464,7 +474,9 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
             p.requires_grad_(flag)
 
 
-def _candidates(head: torch.Tensor, tail: torch.Tensor, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _candidates(
+    head: torch.Tensor, tail: torch.Tensor, n: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Vocabulary subset S = head ∪ n uniform tail samples, with log importance weights."""
     neg = tail[torch.randint(len(tail), (n,), generator=gen)]
     log_w = torch.cat([torch.zeros(len(head)), torch.full((n,), math.log(len(tail) / n))])
@@ -684,7 +696,7 @@ def run(
     results_dir: str | Path = "results",
     use_cache: bool = True,
     n_boot: int = 1000,
-    positions_per_example: int = 32,
+    positions_per_example: int = 16,
     lens_dtype: str = "bfloat16",
     tuned_lens: bool = True,
     n_train_tokens: int = 3072,
@@ -807,7 +819,8 @@ def settling_layers(table: pd.DataFrame, model: str, lens: str, kl_fraction: flo
     relative threshold with an absolute one (to compare two lenses at the same KL)."""
     kl = select(table, "kl", lens, model=model)
     thr = kl_fraction * float(kl.max()) if kl_threshold is None else kl_threshold
-    return {"kl": first_layer_below(kl, thr), "overlap": first_layer_above(select(table, "top5_overlap", lens, model=model), overlap)}
+    ov = select(table, "top5_overlap", lens, model=model)
+    return {"kl": first_layer_below(kl, thr), "overlap": first_layer_above(ov, overlap)}
 
 
 KL_CRITERION = "KL < 10 % of max"
@@ -846,7 +859,8 @@ def settling_summary(table: pd.DataFrame, transitions: dict[str, int | None] | N
             add(lens, KL_CRITERION, s["kl"])
             add(lens, OVERLAP_CRITERION, s["overlap"])
         if "tuned_lens" in lenses:
-            add("tuned_lens", SHARED_KL_CRITERION, settling_layers(t, model, "tuned_lens", kl_threshold=0.1 * logit_max)["kl"])
+            shared = settling_layers(t, model, "tuned_lens", kl_threshold=0.1 * logit_max)
+            add("tuned_lens", SHARED_KL_CRITERION, shared["kl"])
         if transitions is not None:
             tr = transitions.get(model)
             rows.append(dict(model=model, lens="cosine", criterion=COSINE_CRITERION, layer=tr, n_layers=n_layers,
@@ -864,7 +878,8 @@ def summary_wide(summary: pd.DataFrame) -> pd.DataFrame:
             return "output"
         return f"{int(r['layer'])} ({r['rel_depth']:.2f})"
 
-    s = summary.assign(column=summary["lens"].str.replace("_", " ") + ": " + summary["criterion"], text=summary.apply(cell, axis=1))
+    s = summary.assign(column=summary["lens"].str.replace("_", " ") + ": " + summary["criterion"],
+                       text=summary.apply(cell, axis=1))
     wide = s.pivot(index="model", columns="column", values="text")
     wide = wide.reindex(index=list(dict.fromkeys(s["model"])), columns=list(dict.fromkeys(s["column"])))
     layers = s.groupby("model", sort=False)["n_layers"].first()

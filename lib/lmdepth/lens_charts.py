@@ -65,7 +65,8 @@ def lens_layers(table: pd.DataFrame, model: str, transition: int | None = None, 
     kl = alt.Chart(t[t.metric != METRIC_LABELS["top5_overlap"]]).transform_filter(alt.datum.metric == direction)
     kl_y = alt.Y("value:Q", title="KL divergence (nats, log scale)", scale=alt.Scale(type="log"))
     kl_panel = alt.layer(
-        kl.mark_area(opacity=0.2).encode(x=x, y=alt.Y("ci_low:Q", scale=alt.Scale(type="log"), title=None), y2="ci_high:Q", color=color),
+        kl.mark_area(opacity=0.2).encode(x=x, y=alt.Y("ci_low:Q", scale=alt.Scale(type="log"), title=None),
+                                         y2="ci_high:Q", color=color),
         kl.mark_line(point=alt.OverlayMarkDef(size=20)).encode(x=x, y=kl_y, color=color, tooltip=_tooltip()),
         *_transition_rule(transition),
     ).add_params(direction).properties(width=width, height=240)

@@ -183,7 +183,7 @@ def effect_heatmaps(table: pd.DataFrame, analysis: str, variants: list[str], tit
         tooltip=[alt.Tooltip("part:N"), alt.Tooltip("s:O", title="skipped"), alt.Tooltip("j:O", title="affected"),
                  alt.Tooltip("v:Q", format=".3f", title="relative change")],
     ).properties(width=size, height=size).facet(
-        column=alt.Column("part:N", title=None, sort=[title_by_variant[v] for v in variants])
+        facet=alt.Facet("part:N", title=None, sort=[title_by_variant[v] for v in variants]), columns=2
     )
 
 
