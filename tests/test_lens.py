@@ -176,6 +176,11 @@ def test_training_reduces_the_tuned_lens_loss(tiny_dirs):
     held = curve[curve.split == "held-out"].groupby("step")["value"].mean()
     assert train.iloc[-1] < 0.7 * train.iloc[0] and held.iloc[-1] < held.iloc[0]
     assert info["head_size"] + info["n_negatives"] <= info["vocab"] + 16
+    # each layer keeps the translator of its lowest held-out point (step 0 = the identity)
+    best = curve[curve.split == "held-out"].loc[lambda c: c.groupby("layer")["value"].idxmin()].sort_values("layer")
+    assert info["selected_step"] == best["step"].tolist()
+    for l, step in enumerate(info["selected_step"]):
+        assert (step == 0) == bool((tr.A[l] == 0).all() and (tr.b[l] == 0).all())
     # the full-vocabulary KL(P_final ‖ P_tuned) on the training tokens goes down at every layer
     un = lens.Unembedding.of(lm, "float32", traced=False)
     with torch.no_grad():

@@ -383,6 +383,9 @@ class TrainConfig:
         head_k: the top-``head_k`` final tokens of every training token form the always-included vocabulary head.
         n_negatives: uniform negatives from the rest of the vocabulary per step (importance-weighted).
         val_fraction: extra held-out tokens (other train-split problems), as a fraction of n_tokens.
+        select_on_held_out: per layer, keep the translator of the epoch with the lowest held-out loss (the
+            identity, i.e. the logit lens, if no epoch beats it): early stopping against overfitting, on
+            train-split problems only.
         seed: seed of the problem selection, shuffling and negatives.
     """
 
@@ -393,6 +396,7 @@ class TrainConfig:
     head_k: int = 16
     n_negatives: int = 2048
     val_fraction: float = 0.125
+    select_on_held_out: bool = True
     seed: int = 0
 
 
@@ -508,7 +512,7 @@ def train_translators(
     Args:
         lm: loaded model (its final norm and unembedding are used, frozen).
         train_h: [tokens, layers + 1, d] training residuals (:func:`collect_residuals`).
-        val_h: [tokens', layers + 1, d] held-out residuals for the held-out curve.
+        val_h: [tokens', layers + 1, d] held-out residuals (the held-out curve and the per-layer selection).
         cfg: the recipe.
         lens_dtype: dtype of the unembedding matmul.
         log_every: steps per logged point of the training curve.
@@ -535,14 +539,22 @@ def train_translators(
     steps_per_epoch = math.ceil(len(train_h) / cfg.batch_tokens)
     total = cfg.epochs * steps_per_epoch
     rows: list[dict[str, Any]] = []
+    best_kl, best_step = torch.full((n_layers,), math.inf), torch.zeros(n_layers, dtype=torch.long)
+    best_A, best_b = tr.A.detach().clone(), tr.b.detach().clone()
 
     def log(split: str, step: int, values: torch.Tensor) -> None:
         for l, v in enumerate(values.tolist()):
             rows.append({"split": split, "step": step, "tokens": step * cfg.batch_tokens, "layer": l, "value": v})
 
     def held_out(step: int) -> None:
-        with torch.no_grad():
-            log("held-out", step, _batch_kl(tr, unembed, val_h, lse_val, *val_cand).mean(0))
+        with torch.no_grad():  # in training-sized batches: memory stays O(batch × layers × |S|)
+            kl = [_batch_kl(tr, unembed, val_h[s : s + cfg.batch_tokens], lse_val[s : s + cfg.batch_tokens], *val_cand)
+                  for s in range(0, len(val_h), cfg.batch_tokens)]
+            value = torch.cat(kl).mean(0)
+        log("held-out", step, value)
+        better = value < best_kl  # per layer: remember the translator with the lowest held-out loss so far
+        best_kl[better], best_step[better] = value[better], step
+        best_A[better], best_b[better] = tr.A.detach()[better], tr.b.detach()[better]
 
     t0 = time.time()
     held_out(0)
@@ -565,8 +577,14 @@ def train_translators(
                 acc, n_acc = torch.zeros(n_layers), 0
             if step % steps_per_epoch == 0:
                 held_out(step)
+    if cfg.select_on_held_out:
+        with torch.no_grad():
+            tr.A.copy_(best_A)
+            tr.b.copy_(best_b)
     info = {"head_size": len(head), "n_negatives": n_neg, "vocab": vocab, "steps": total,
-            "train_tokens": len(train_h), "held_out_tokens": len(val_h), "train_time_s": round(time.time() - t0, 2)}
+            "train_tokens": len(train_h), "held_out_tokens": len(val_h), "train_time_s": round(time.time() - t0, 2),
+            "selected_step": best_step.tolist() if cfg.select_on_held_out else None,
+            "layers_kept_identity": int((best_step == 0).sum()) if cfg.select_on_held_out else 0}
     return tr.eval(), pd.DataFrame(rows), info
 
 
@@ -887,13 +905,14 @@ def summary_wide(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def curve_ends(curve: pd.DataFrame) -> pd.DataFrame:
-    """Per model, the layer-mean training-curve value at the start (held-out) and end (held-out and training)."""
-    m = curve.groupby(["model", "split", "step"], as_index=False)["value"].mean()
+    """Per model, layer means of the training curve: held-out at the start (the logit lens), held-out of the
+    selected translators (each layer's lowest held-out point), and the last logged training batches."""
     out = {}
-    for model, c in m.groupby("model", sort=False):
-        ho, trn = c[c.split == "held-out"].sort_values("step"), c[c.split == "train"].sort_values("step")
-        out[model] = {"held-out start": ho["value"].iloc[0], "held-out end": ho["value"].iloc[-1],
-                      "train end": trn["value"].iloc[-1] if len(trn) else float("nan")}
+    for model, c in curve.groupby("model", sort=False):
+        ho, trn = c[c.split == "held-out"], c[c.split == "train"]
+        out[model] = {"held-out start": ho[ho.step == 0]["value"].mean(),
+                      "held-out selected": ho.groupby("layer")["value"].min().mean(),
+                      "train end": trn[trn.step == trn.step.max()]["value"].mean() if len(trn) else float("nan")}
     return pd.DataFrame.from_dict(out, orient="index")
 
 
