@@ -831,13 +831,14 @@ def first_layer_above(values: pd.Series, threshold: float) -> int | None:
 
 
 def settling_layers(table: pd.DataFrame, model: str, lens: str, kl_fraction: float = 0.1, overlap: float = 0.2,
-                    kl_threshold: float | None = None) -> dict[str, int | None]:
+                    kl_threshold: float | None = None, stat: str = "mean") -> dict[str, int | None]:
     """Where a lens' prediction settles (arXiv 2512.14064): the first layer with KL < ``kl_fraction`` × max KL
     (of the same lens), and the first layer with top-5 overlap > ``overlap``. ``kl_threshold`` overrides the
-    relative threshold with an absolute one (to compare two lenses at the same KL)."""
-    kl = select(table, "kl", lens, model=model)
+    relative threshold with an absolute one (to compare two lenses at the same KL). ``stat``: "mean" (per-problem
+    means, the paper's script) or "token_mean" ([NB])."""
+    kl = select(table, "kl", lens, stat=stat, model=model)
     thr = kl_fraction * float(kl.max()) if kl_threshold is None else kl_threshold
-    ov = select(table, "top5_overlap", lens, model=model)
+    ov = select(table, "top5_overlap", lens, stat=stat, model=model)
     return {"kl": first_layer_below(kl, thr), "overlap": first_layer_above(ov, overlap)}
 
 
@@ -847,7 +848,8 @@ SHARED_KL_CRITERION = "KL < 10 % of the logit lens' max"
 COSINE_CRITERION = "cosine transition"
 
 
-def settling_summary(table: pd.DataFrame, transitions: dict[str, int | None] | None = None) -> pd.DataFrame:
+def settling_summary(table: pd.DataFrame, transitions: dict[str, int | None] | None = None,
+                     stat: str = "mean") -> pd.DataFrame:
     """Per model: where each lens settles, and the cosine phase-transition layer, on one relative-depth axis.
 
     A lens reads h_l (l = 0..L-1), placed at l / L. "Never below the threshold before the output" is reported as
@@ -857,6 +859,7 @@ def settling_summary(table: pd.DataFrame, transitions: dict[str, int | None] | N
     Args:
         table: :func:`run` tables (one or more models).
         transitions: model → :func:`lmdepth.residual.cosine_transition_layer` (None: no sign change).
+        stat: which average of the table to summarise (see :func:`settling_layers`).
 
     Returns:
         ``model, lens, criterion, layer, n_layers, rel_depth`` rows.
@@ -865,7 +868,7 @@ def settling_summary(table: pd.DataFrame, transitions: dict[str, int | None] | N
     for model, t in table.groupby("model", sort=False):
         n_layers = int(t["n_layers"].iloc[0])
         lenses = [lens for lens in LENSES if lens in set(t.component)]
-        logit_max = float(select(t, "kl", "logit_lens").max())
+        logit_max = float(select(t, "kl", "logit_lens", stat=stat).max())
 
         def add(lens: str, criterion: str, layer: int | None) -> None:
             layer = n_layers if layer is None else layer
@@ -873,11 +876,11 @@ def settling_summary(table: pd.DataFrame, transitions: dict[str, int | None] | N
                              rel_depth=layer / n_layers))
 
         for lens in lenses:
-            s = settling_layers(t, model, lens)
+            s = settling_layers(t, model, lens, stat=stat)
             add(lens, KL_CRITERION, s["kl"])
             add(lens, OVERLAP_CRITERION, s["overlap"])
         if "tuned_lens" in lenses:
-            shared = settling_layers(t, model, "tuned_lens", kl_threshold=0.1 * logit_max)
+            shared = settling_layers(t, model, "tuned_lens", kl_threshold=0.1 * logit_max, stat=stat)
             add("tuned_lens", SHARED_KL_CRITERION, shared["kl"])
         if transitions is not None:
             tr = transitions.get(model)
@@ -925,5 +928,6 @@ def settled_depth(summary: pd.DataFrame, model: str, lens: str, criterion: str) 
 __all__ = [
     "ANALYSIS", "LENSES", "METRICS", "kl_divergence", "topk_overlap", "lens_metrics", "lens_stats", "prompt_lens",
     "Unembedding", "Translators", "TrainConfig", "sampled_kl", "train_translators", "fit_tuned_lens", "run",
-    "run_many", "training_curve", "select", "settling_layers", "settling_summary", "settled_depth",
+    "run_many", "training_curve", "select", "settling_layers", "settling_summary", "settled_depth", "summary_wide",
+    "curve_ends", "STATS", "KL_CRITERION", "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
 ]

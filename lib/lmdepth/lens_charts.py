@@ -41,7 +41,7 @@ def _tooltip() -> list:
             alt.Tooltip("ci_high:Q", format=".3f", title="95% CI high")]
 
 
-def _transition_rule(transition: int | None, y_field: str = "y") -> list[alt.Chart]:
+def _transition_rule(transition: int | None) -> list[alt.Chart]:
     """Dashed rule between h_t and h_(t+1): where the cosine phase-transition layer t writes."""
     if transition is None:
         return []
