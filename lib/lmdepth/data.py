@@ -165,6 +165,15 @@ def load_examples(
     raise DataError(f"selection must be 'random' or 'first', got {selection!r}.")
 
 
+def dataset_id(dataset: str) -> str:
+    """What identifies a data set in a cache key: its name, or a user file's name plus its content hash."""
+    if dataset in NAMED_DATASETS:
+        return dataset
+    from .registry import sha256_file
+
+    return f"{Path(dataset).name}:{sha256_file(Path(dataset))[:16]}"
+
+
 def selection_record(dataset: str, selection: str, seed: int, examples: list[Example]) -> dict[str, Any]:
     """What a results sidecar stores about the data: enough to rebuild the exact selection."""
     return {"dataset": dataset, "selection": selection, "seed": seed, "n": len(examples), "ids": [e.id for e in examples]}

@@ -44,11 +44,11 @@ from torch import nn
 
 from .adapters import resolve
 from .capture import hooked_residuals
-from .data import Example, load_examples, selection_record
+from .data import dataset_id, Example, load_examples, selection_record
 from .errors import DataError, ParameterError
 from .metrics import DatasetStats, PromptStats
 from .params import check_choice, check_common, check_range, check_type
-from .registry import DTYPES, LoadedModel, load_model, sha256_file
+from .registry import DTYPES, LoadedModel, load_model
 from .results import RunResult, RunStore
 from .runtime import environment, progress
 
@@ -743,7 +743,7 @@ def run(
     if tuned_lens and remote:
         raise ParameterError("The tuned lens is trained locally: use remote=False, or tuned_lens=False on NDIF.")
     examples = load_examples(dataset, n_examples=n_examples, seed=seed, selection=selection)
-    data_id = dataset if dataset in ("gsm8k", "math") else f"{Path(dataset).name}:{sha256_file(Path(dataset))[:16]}"
+    data_id = dataset_id(dataset)
     cfg = TrainConfig(n_tokens=n_train_tokens, epochs=train_epochs, seed=seed)
     tuned_key = tuned_store(model_name, cfg, dataset, dtype, lens_dtype, results_dir).key if tuned_lens else None
     key_params = dict(dataset=data_id, n_examples=n_examples, seed=seed, selection=selection, include_bos=include_bos,

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from .capture import trace_layer_reductions
-from .data import Example, load_examples, selection_record
+from .data import dataset_id, Example, load_examples, selection_record
 from .metrics import RESIDUAL_METRICS, DatasetStats, PromptStats, residual_token_metrics
 from .params import check_common, check_type
-from .registry import LoadedModel, load_model, sha256_file
+from .registry import LoadedModel, load_model
 from .results import RunResult, RunStore
 from .runtime import environment, progress
 
@@ -89,7 +89,7 @@ def run(
     check_type("include_bos", include_bos, bool)
     check_type("n_boot", n_boot, int)
     examples = load_examples(dataset, n_examples=n_examples, seed=seed, selection=selection)
-    data_id = dataset if dataset in ("gsm8k", "math") else f"{Path(dataset).name}:{sha256_file(Path(dataset))[:16]}"
+    data_id = dataset_id(dataset)
     key_params = dict(dataset=data_id, n_examples=n_examples, seed=seed, selection=selection,
                       include_bos=include_bos, dtype=dtype, n_boot=n_boot)
     per_item = {k: v for k, v in key_params.items() if k not in ("n_examples", "n_boot")}

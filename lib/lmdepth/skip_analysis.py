@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .data import load_examples, selection_record
+from .data import dataset_id, load_examples, selection_record
 from .params import check_choice, check_common, check_range, check_type
-from .registry import load_model, sha256_file
+from .registry import load_model
 from .results import RunResult, RunStore
 from .runtime import environment, progress
 from .skipping import PARTS, draw_cuts, prompt_effects, variants
@@ -111,7 +111,7 @@ def run(
     check_range("threshold", threshold, 0.0, 10.0)
     parts = [p for p in PARTS if p in parts]
     examples = load_examples(dataset, n_examples=n_examples, seed=seed, selection=selection)
-    data_id = dataset if dataset in ("gsm8k", "math") else f"{Path(dataset).name}:{sha256_file(Path(dataset))[:16]}"
+    data_id = dataset_id(dataset)
     key = dict(analysis=analysis, dataset=data_id, n_examples=n_examples, seed=seed, selection=selection,
                parts=parts, local=local, dtype=dtype, threshold=threshold, n_boot=n_boot,
                **({"n_cuts": n_cuts, "cut_stride": cut_stride} if analysis == "future" else {}))
