@@ -21,6 +21,7 @@ CHAPTERS: dict[str, str] = {
     "norms": "01_residual_norms",
     "cosine": "02_cosine_similarity",
     "skipping": "03_layer_skipping",
+    "lens": "04_logit_lens",
 }
 PROFILES = ("smoke", "default", "paper")
 
