@@ -36,7 +36,7 @@ import sys
 if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
-    REPO = "https://github.com/lmdepth/lmdepth-book"  # the repository URL set in _config.yml
+    REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
     subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
                    shell=True, check=False)
 
@@ -163,7 +163,7 @@ for m in models:
         Claim("attention drops most", "attention ratio < MLP ratio (without layers 0–1)", m,
               f"att {ratio['attention']:.2f}, mlp {ratio['mlp']:.2f}", ratio["attention"] < ratio["mlp"]),
     ]
-claims_df = claims_table(claims)
+claims_df = claims_table(claims, chapter="norms", results_dir=results_dir)
 show_table(claims_df)
 
 # %% tags=["remove-cell"]

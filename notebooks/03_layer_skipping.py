@@ -35,7 +35,7 @@ import sys
 if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
-    REPO = "https://github.com/lmdepth/lmdepth-book"  # the repository URL set in _config.yml
+    REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
     subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
                    shell=True, check=False)
 
@@ -207,7 +207,7 @@ for m in models:
     f1, f2 = halves(skip_analysis.later_effect(skip_analysis.matrix(everything, "future", "layer", model=m)))
     claims.append(Claim("future tokens: 2nd half feeds little forward", "later effect 2nd/1st half < 0.5", m,
                         f"{f1:.2f} → {f2:.2f}", f2 < 0.5 * f1))
-claims_df = claims_table(claims)
+claims_df = claims_table(claims, chapter="skipping", results_dir=results_dir)
 show_table(claims_df)
 
 # %% tags=["remove-cell"]

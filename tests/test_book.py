@@ -11,12 +11,17 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 
+from lmdepth.atlas import CHAPTER_KEYS
 from lmdepth.book import execute_book, render_html, stage_book
 from lmdepth.chapters import CHAPTERS
 from lmdepth.runtime import REPO_ROOT
 
 MAX_NOTEBOOK_BYTES = 2_000_000
+CLAIM_CHAPTERS = set(CHAPTER_KEYS)  # chapters that check the paper's claims per model
+MIN_CHARTS = {"90_across_models": 1, "91_explorer": 1, "92_reproducibility": 0}
+NO_MATH = {"91_explorer", "92_reproducibility"}
 
 
 def notebook_problems(path: Path) -> list[str]:
@@ -40,6 +45,11 @@ def test_committed_notebooks_are_publishable(stem):
 
 
 def chromium_dom(html: Path) -> str:
+    return chromium(html)[0]
+
+
+def chromium(html: Path) -> tuple[str, str]:
+    """Load a page in headless Chromium with every host name unresolvable: (DOM after scripts ran, console log)."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     assert exe, "headless Chromium is needed for this test: scripts/setup_env.sh installs Debian's chromium"
     with tempfile.TemporaryDirectory() as profile:
@@ -48,10 +58,12 @@ def chromium_dom(html: Path) -> str:
              "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}",
              # no name resolves: a page that needed a CDN would fail here even on a machine with internet
              "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+             "--enable-logging=stderr", "--v=0",  # page console messages go to stderr as "CONSOLE(…)" lines
              "--virtual-time-budget=8000", "--dump-dom", html.as_uri()],
             capture_output=True, text=True, timeout=120,
         )
-    return out.stdout
+    console = "\n".join(line for line in out.stderr.splitlines() if "CONSOLE" in line)
+    return out.stdout, console
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +86,9 @@ def test_smoke_executed_chapters_are_clean(smoke_book, stem):
     assert len(injected) == 1 and 'profile = "smoke"' in injected[0].source
     # the claim table is computed, not written: it names the model that ran
     text = json.dumps([o for c in nb.cells for o in c.get("outputs", [])])
-    assert "smollm2-135m" in text and "agrees with paper" in text
+    assert "smollm2-135m" in text
+    if stem in CLAIM_CHAPTERS:
+        assert "agrees with paper" in text
 
 
 @pytest.mark.slow
@@ -83,12 +97,13 @@ def test_smoke_executed_chapters_are_clean(smoke_book, stem):
 def test_charts_draw_offline_in_chromium(smoke_book, stem):
     page = smoke_book / "_build" / "html" / "book" / f"{stem}.html"
     n_charts = page.read_text().count('class="lmdepth-vega"')
-    assert n_charts >= 3
+    assert n_charts >= MIN_CHARTS.get(stem, 3)
     dom = chromium_dom(page)
     assert dom.count('class="lmdepth-vega vega-embed"') == n_charts  # vega-embed took every chart
     assert len(re.findall(r'class="marks"', dom)) >= n_charts  # and drew its marks
     assert ">Chart failed to render" not in dom and "Error loading script" not in dom
-    assert "<mjx-container" in dom  # MathJax (shipped with the book) typeset the formulas
+    if stem not in NO_MATH:
+        assert "<mjx-container" in dom  # MathJax (shipped with the book) typeset the formulas
 
 
 @pytest.mark.slow
@@ -99,3 +114,64 @@ def test_book_pages_link_each_other(smoke_book):
         assert f"{stem}.html" in intro
     assert (html / "_static" / "vega-bundle.js").stat().st_size > 500_000
     assert (html / "_static" / "mathjax" / "tex-chtml.js").exists()
+
+
+PAGES = [*CHAPTERS.values()]
+
+
+def _html_pages(root: Path) -> list[Path]:
+    return [p for p in (root / "_build" / "html").rglob("*.html") if "_static" not in p.parts]
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.parametrize("stem", ["intro", *PAGES])
+def test_pages_load_without_console_errors_or_network(smoke_book, stem):
+    page = smoke_book / "_build" / "html" / "book" / f"{stem}.html"
+    dom, console = chromium(page)
+    assert "</html>" in dom or "</body>" in dom
+    bad = [line for line in console.splitlines()
+           if any(k in line for k in ("Uncaught", "Error", "Failed to load resource", "ERR_NAME_NOT_RESOLVED"))]
+    assert bad == [], bad
+    # nothing on the page is fetched from another host (links to other sites are fine; resources are not)
+    html = page.read_text()
+    remote = re.findall(r'<(?:script|link|img|iframe)[^>]+(?:src|href)="(https?:)?//[^"]+"', html)
+    assert remote == [], remote
+
+
+@pytest.mark.slow
+def test_internal_links_resolve(smoke_book):
+    html_root = smoke_book / "_build" / "html"
+    broken = []
+    for page in _html_pages(smoke_book):
+        for target in re.findall(r'(?:href|src)="([^"#?]+)[^"]*"', page.read_text()):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("//"):
+                continue  # another site, mailto:, data: …
+            path = (page.parent / target).resolve()
+            if not path.exists():
+                broken.append(f"{page.relative_to(html_root)} → {target}")
+    assert broken == []
+
+
+@pytest.mark.slow
+def test_colab_buttons_point_to_committed_notebooks(smoke_book):
+    url = yaml.safe_load((REPO_ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    repo = url.removeprefix("https://github.com/")
+    for stem in PAGES:
+        html = (smoke_book / "_build" / "html" / "book" / f"{stem}.html").read_text()
+        links = set(re.findall(r'href="https://colab\.research\.google\.com/github/([^"]+)"', html))
+        assert links, f"{stem}: no Open-in-Colab button"
+        for link in links:
+            assert link.startswith(repo + "/blob/main/"), link
+            rel = link.removeprefix(repo + "/blob/main/")
+            assert (REPO_ROOT / rel).exists(), f"{stem}: Colab button points to {rel}, not a committed notebook"
+
+
+@pytest.mark.parametrize("stem", PAGES)
+def test_committed_colab_cell_uses_the_configured_repository(stem):
+    """The Colab cell installs from repository.url of _config.yml (set there once, written in by lmdepth book)."""
+    url = yaml.safe_load((REPO_ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    nb = nbformat.read(REPO_ROOT / "book" / f"{stem}.ipynb", as_version=4)
+    colab = [c for c in nb.cells if c.cell_type == "code" and "google.colab" in c.source]
+    assert len(colab) == 1 and f'REPO = "{url}"' in colab[0].source
+    assert "torch" not in colab[0].source.split("pip install")[1]  # never reinstalls torch

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import nbformat
 
-from .chapters import CHAPTERS, chapter_source, execute_chapter, profile_params, profiles_dir
+from .chapters import CHAPTERS, chapter_source, declared_parameters, execute_chapter, profile_params, profiles_dir
 from .runtime import REPO_ROOT
 
 BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/references.md")
@@ -36,12 +37,25 @@ def build_hash(chapter: str, profile: str) -> str:
     return h.hexdigest()[:16]
 
 
-def clean_notebook(path: Path) -> list[str]:
-    """Drop widget state and papermill noise; return the error outputs found (must be none to publish)."""
+def repository_url() -> str:
+    """The one place the repository URL is set: ``repository.url`` in ``_config.yml``."""
+    import yaml
+
+    return yaml.safe_load((REPO_ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+
+
+_REPO_LINE = re.compile(r'^(\s*REPO = )"[^"]*"', re.MULTILINE)
+
+
+def clean_notebook(path: Path, repo_url: str | None = None) -> list[str]:
+    """Drop widget state and papermill noise; set the Colab cell's repository URL to ``repo_url``; return the
+    error outputs found (must be none to publish)."""
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)
     errors = []
     for cell in nb.cells:
+        if repo_url and cell.cell_type == "code" and "google.colab" in cell.source:
+            cell.source = _REPO_LINE.sub(lambda m: f'{m.group(1)}"{repo_url}"', cell.source)
         if "injected-parameters" in cell.metadata.get("tags", []):
             cell.metadata["tags"] = cell.metadata["tags"] + ["hide-input"]  # shown folded: the profile used
         cell.metadata.pop("papermill", None)
@@ -64,6 +78,7 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
     book_dir = book_dir or REPO_ROOT / "book"
     results_dir = results_dir or REPO_ROOT / "results"
     os.environ["LMDEPTH_PROGRESS"] = "0"  # inherited by the kernels: no carriage-return progress in outputs
+    os.environ["LMDEPTH_BOOK_BUILD"] = "1"  # the explorer shows its static example instead of a live widget
     times: dict[str, float] = {}
     for i, (chapter, stem) in enumerate(CHAPTERS.items(), 1):
         out = book_dir / f"{stem}.ipynb"
@@ -76,17 +91,22 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
         print(f"[{i}/{len(CHAPTERS)}] {chapter}: executing ({profile} profile) …", flush=True)
         t0 = time.time()
         # Relative to the repository (the kernel's cwd), so the published notebook names no local path.
-        params = {**profile_params(profile, chapter), "results_dir": os.path.relpath(results_dir, REPO_ROOT)}
+        params = profile_params(profile, chapter)
+        declared = declared_parameters(chapter)
+        for name, path in (("results_dir", results_dir), ("book_dir", book_dir)):
+            if name in declared:  # pages that read results or the other executed notebooks
+                params[name] = os.path.relpath(path, REPO_ROOT)
         execute_chapter(chapter, params, out, cwd=REPO_ROOT)
-        errors = clean_notebook(out)
+        errors = clean_notebook(out, repository_url())
         if errors:
             out.rename(out.with_suffix(".failed.ipynb"))
             raise RuntimeError(f"{chapter}: executed notebook has error outputs: {errors}")
         nb = nbformat.read(out, as_version=4)
         # The results path is machine-specific; the book shows it relative to the repository.
-        nb.metadata["lmdepth"] = {"build_hash": digest, "profile": profile}
-        nbformat.write(nb, out)
         times[chapter] = time.time() - t0
+        nb.metadata["lmdepth"] = {"build_hash": digest, "profile": profile, "wall_s": round(times[chapter], 1),
+                                  "executed_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+        nbformat.write(nb, out)
         print(f"[{i}/{len(CHAPTERS)}] {chapter}: done in {times[chapter]:.0f} s", flush=True)
     return times
 

@@ -22,6 +22,9 @@ CHAPTERS: dict[str, str] = {
     "cosine": "02_cosine_similarity",
     "skipping": "03_layer_skipping",
     "lens": "04_logit_lens",
+    "atlas": "90_across_models",
+    "explorer": "91_explorer",
+    "reproducibility": "92_reproducibility",
 }
 PROFILES = ("smoke", "default", "paper")
 
@@ -50,7 +53,11 @@ def profile_params(profile: str, chapter: str) -> dict[str, Any]:
     if not path.exists():
         raise ParameterError(f"Unknown profile {profile!r}: expected {path}. Profiles: {', '.join(PROFILES)}.")
     doc = yaml.safe_load(path.read_text()) or {}
-    return {**(doc.get("common") or {}), **((doc.get("chapters") or {}).get(chapter) or {}), "profile": profile}
+    common = doc.get("common") or {}
+    if common:  # the shared block applies to the chapters that have those parameters (the atlas has no model)
+        declared = declared_parameters(chapter)
+        common = {k: v for k, v in common.items() if k in declared}
+    return {**common, **((doc.get("chapters") or {}).get(chapter) or {}), "profile": profile}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from .errors import LmDepthError
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .chapters import execute_chapter, parse_cli_value, profile_params
+    from .chapters import declared_parameters, execute_chapter, parse_cli_value, profile_params
     from .results import slug
 
     params = profile_params(args.profile, args.chapter) if args.profile else {}
@@ -26,7 +26,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.model:
         params["model_name"] = args.model
     results_dir = Path(args.results_dir).resolve()
-    params["results_dir"] = str(results_dir)
+    if "results_dir" in declared_parameters(args.chapter):  # the explorer and the reproducibility page have none
+        params["results_dir"] = str(results_dir)
     model = str(params.get("model_name", "default"))
     out = Path(args.output) if args.output else results_dir / "notebooks" / f"{args.chapter}-{slug(model)}.ipynb"
     t0 = time.time()

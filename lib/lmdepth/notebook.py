@@ -54,8 +54,18 @@ class Claim:
                 "measured": self.measured, "agrees with paper": "yes" if self.holds else "NO"}
 
 
-def claims_table(claims: list[Claim]) -> pd.DataFrame:
-    return pd.DataFrame([c.row() for c in claims])
+def claims_table(claims: list[Claim], chapter: str | None = None, results_dir: str | None = None) -> pd.DataFrame:
+    """The claims as a table; with ``chapter`` and ``results_dir`` also saved, one file per model, as
+    ``results/claims/<chapter>/<model>.csv`` — the findings table of the atlas chapter reads them."""
+    df = pd.DataFrame([c.row() for c in claims])
+    if chapter is not None and results_dir is not None and len(df):
+        from pathlib import Path
+
+        from .results import atomic_write_text, slug
+
+        for model, rows in df.groupby("model", sort=False):
+            atomic_write_text(Path(results_dir) / "claims" / chapter / f"{slug(model)}.csv", rows.to_csv(index=False))
+    return df
 
 
 def show_table(df: pd.DataFrame):

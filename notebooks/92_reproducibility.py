@@ -1,0 +1,120 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Reproducibility
+#
+# How this book was built, how to rebuild it, and how to rerun any chapter on another model — with the versions
+# and wall times of the build you are reading (read from the executed notebooks, not typed in).
+#
+# ## Two commands
+#
+# ```bash
+# bash scripts/build_book.sh          # install everything, execute changed chapters (default profile), render HTML
+# bash scripts/build_book.sh --force  # re-execute every chapter
+# bash scripts/test.sh                # install everything, run the tests (CI: .ci/run)
+# ```
+#
+# The build executes a chapter only when its source, the library, its profile or the pinned requirements changed
+# since the executed copy under `book/` was made (a hash stored in the notebook's metadata). Results are cached
+# under `results/` by every parameter that changes them, so a re-execution with unchanged parameters reads them
+# back; interrupted runs resume from per-problem checkpoints.
+#
+# ## One chapter, your model
+#
+# ```bash
+# lmdepth list -v                                                     # chapters, parameters, packaged models
+# lmdepth run norms --model meta-llama/Llama-3.1-8B -p device cuda -p dtype bfloat16 -p compare_models "[]"
+# lmdepth run skipping --profile default -p n_examples 10             # a profile, then overrides
+# lmdepth run lens --model meta-llama/Llama-3.1-70B -p remote true -p tuned_lens false   # on NDIF
+# ```
+
+# %% tags=["remove-cell"]
+# Colab only: install the library (never torch) and the packaged models. Safe to run twice.
+import sys
+
+if "google.colab" in sys.modules:  # pragma: no cover
+    import subprocess
+
+    REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
+    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=False)
+
+# %% tags=["parameters"]
+book_dir: str = "book"  # where the executed chapter notebooks are (their build record)
+profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
+
+# %% tags=["remove-cell"]
+import pandas as pd
+import yaml
+
+from lmdepth import atlas
+from lmdepth.chapters import CHAPTERS, profiles_dir
+from lmdepth.notebook import md, setup, show_table
+from lmdepth.runtime import environment
+
+setup(0)
+
+# %% [markdown]
+# ## Profiles
+#
+# A profile is a `common` block of parameters plus one block per chapter (`profiles/*.yaml`); the notebooks'
+# defaults equal the `default` profile. The book you are reading was built with the profile shown in the build
+# record below.
+
+# %% tags=["hide-input"]
+rows = []
+for path in sorted(profiles_dir().glob("*.yaml")):
+    doc = yaml.safe_load(path.read_text()) or {}
+    rows.append({"profile": path.stem, "block": "common", "parameters": yaml.safe_dump(doc.get("common") or {},
+                 default_flow_style=True, width=10_000).strip()})
+    for chapter, params in (doc.get("chapters") or {}).items():
+        rows.append({"profile": path.stem, "block": chapter,
+                     "parameters": yaml.safe_dump(params, default_flow_style=True, width=10_000).strip()})
+show_table(pd.DataFrame(rows))
+
+# %% [markdown]
+# ## Build record
+#
+# When and with which profile each page was executed and how long it took (a chapter whose results were cached
+# takes seconds; the first build on a fresh machine computes everything).
+
+# %% tags=["hide-input"]
+record = atlas.build_record(book_dir)
+record = record[record.chapter != "92_reproducibility"]
+show_table(record)
+known = pd.to_numeric(record["wall time (s)"], errors="coerce")
+md(f"{len(record)} pages executed; their recorded execution times add up to {known.sum() / 60:.1f} min "
+   f"({int(known.isna().sum())} without a record). Chapters: {', '.join(CHAPTERS)}.")
+
+# %% [markdown]
+# ## Versions of this build
+
+# %% tags=["hide-input"]
+env = environment()
+show_table(pd.DataFrame({"package / fact": list(env), "value": [str(v) for v in env.values()]}))
+
+# %% [markdown]
+# ## What differs from the paper, and why
+#
+# Every chapter ends with its own "Differences from the paper" section; the common ones are:
+#
+# - **Models.** The paper studies Llama 3.1 70B (and Qwen 3 models) on NDIF in bf16. The book's default models are
+#   small enough for a CPU and ship inside PyPI packages (SmolLM2-135M-Instruct, Gemma 3 270M,
+#   Qwen2.5-Coder-0.5B-Instruct), de-quantised from GGUF files to fp32. The `paper` profile names the paper's
+#   models; the code path is the same.
+# - **Samples.** Where the paper's sample is affordable on a CPU (20 GSM8K problems for norms, cosines and lenses)
+#   the default uses it; the layer-skipping chapter uses fewer problems by default and says so. Selections are
+#   seeded and their ids recorded in every result's sidecar.
+# - **Numerics.** Metrics are computed in fp32, with the authors' code's known slips (METHOD.md) not reproduced.
+# - **Beyond the paper.** Bootstrap intervals over problems, pass/fail criteria fixed in advance for every claim,
+#   a tuned lens next to the logit lens, and the cross-model atlas.

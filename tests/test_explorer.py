@@ -1,0 +1,70 @@
+"""The live explorer's compute functions, checked against independent computations on tiny models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmdepth import explorer
+from lmdepth.registry import load_model
+
+FAMILIES = ["llama", "gemma3"]
+TEXT = "ab cd ef gh ij"
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def lm(request, tiny_dirs):
+    return load_model(str(tiny_dirs[request.param]))
+
+
+def test_contributions_match_direct_norms(lm):
+    ids = lm.encode(TEXT)
+    got = explorer.contributions(lm, ids)
+    assert set(got.component) == {"attention", "mlp", "layer"} and len(got) == 3 * lm.adapter.n_layers
+    # independent: whole-layer contribution from the residuals entering and leaving each layer
+    with torch.no_grad():
+        hs = lm.model(ids, output_hidden_states=True).hidden_states  # embeddings, then every layer output
+    for l in range(lm.adapter.n_layers - 1):  # the last hidden state is after the final norm in HF: skip it
+        h, o = hs[l][0].float(), hs[l + 1][0].float()
+        want = ((o - h).norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-6)).mean().item()
+        val = got[(got.layer == l) & (got.component == "layer")]["value"].item()
+        assert val == pytest.approx(want, rel=1e-4)
+
+
+def test_lens_at_output_is_the_models_prediction(lm):
+    ids = lm.encode(TEXT)
+    lens = explorer.lens_top_tokens(lm, ids, position=-1, k=3)
+    L = lm.adapter.n_layers
+    assert sorted(set(lens.layer)) == list(range(L + 1))
+    with torch.no_grad():
+        probs = lm.model(ids).logits[0, -1].float().softmax(-1)
+    top = probs.topk(3)
+    out = lens[lens.layer == L].sort_values("rank")
+    assert out.token_id.tolist() == top.indices.tolist()
+    assert out.prob.to_numpy() == pytest.approx(top.values.numpy(), abs=1e-5)
+    # layer 0 reads the embeddings (Gemma's embedding module applies its own scale) through the final norm
+    with torch.no_grad():
+        emb = lm.model.get_input_embeddings()(ids)[0, -1]
+    first = lm.adapter.unembed(emb).float().softmax(-1).topk(3)
+    assert lens[lens.layer == 0].sort_values("rank").token_id.tolist() == first.indices.tolist()
+
+
+def test_skip_effect_structure(lm):
+    ids = lm.encode(TEXT)
+    s = 1
+    eff, out = explorer.skip_effect(lm, ids, s)
+    e = eff.relative_change.to_numpy()
+    assert (e[:s] == 0).all()  # earlier layers cannot change
+    assert e[s] == pytest.approx(1.0, abs=1e-6)  # the skipped layer's own contribution is removed entirely
+    assert out > 0
+    with pytest.raises(ValueError, match="layer must be in"):
+        explorer.skip_effect(lm, ids, lm.adapter.n_layers)
+
+
+def test_explore_and_charts(lm):
+    x = explorer.explore(lm, TEXT, layer=0, position=2)
+    assert x.position == 2 and len(x.tokens) == lm.encode(TEXT).shape[1]
+    spec = explorer.exploration_charts(x).to_dict()
+    assert len(spec["hconcat"]) == 3
+    table = explorer.lens_token_table(x)
+    assert list(table.columns[:2]) == ["layer", "top 1"] and len(table) == lm.adapter.n_layers + 1
