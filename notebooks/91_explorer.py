@@ -39,7 +39,7 @@ if "google.colab" in sys.modules:  # pragma: no cover
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # model of the static example (and the first in the picker)
 compare_models: list = ["gemma3-270m", "qwen2.5-coder-0.5b"]  # further models in the live picker
-prompt: str = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did she sell in May? In May she sold 48 / 2 ="  # example prompt
+prompt: str = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did she sell in May? Half of 48 is"  # example prompt
 skip_layer: int = 3  # layer skipped in the static example
 position: int = -1  # token whose logit lens is shown (-1: the last)
 top_k: int = 5  # logit-lens tokens per layer

@@ -170,7 +170,20 @@ def setup(app: Any) -> dict[str, Any]:
         if app.builder.format == "html":
             write_vega_bundle(Path(app.outdir) / "_static")
 
+    def _dedupe_scripts(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
+        # jupyter-book 1.x registers sphinx-thebe and sphinx-togglebutton twice, so their inline scripts appear
+        # twice on every page and the second `const THEBE_JS_URL` throws a SyntaxError in the console.
+        seen, kept = set(), []
+        for js in context.get("script_files", []):
+            # the second copy is registered with filename '' instead of None: compare by content
+            key = (getattr(js, "filename", str(js)) or "", repr(sorted(getattr(js, "attributes", {}).items())))
+            if key not in seen:
+                seen.add(key)
+                kept.append(js)
+        context["script_files"] = kept
+
     app.connect("config-inited", _silence)
     app.connect("builder-inited", _write)
+    app.connect("html-page-context", _dedupe_scripts, priority=900)
     app.add_js_file(BUNDLE_NAME)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
