@@ -68,3 +68,19 @@ def test_explore_and_charts(lm):
     assert len(spec["hconcat"]) == 3
     table = explorer.lens_token_table(x)
     assert list(table.columns[:2]) == ["layer", "top 1"] and len(table) == lm.adapter.n_layers + 1
+
+
+def test_widget_runs_and_reports_bad_input(tiny_dirs, capsys):
+    pytest.importorskip("ipywidgets")
+    w = explorer.explorer_widget([str(tiny_dirs["llama"])], "ab cd ef", 1)
+    text, row, out = w.children
+    model, layer, position, run = row.children
+    assert layer.max == load_model(str(tiny_dirs["llama"])).adapter.n_layers - 1
+    run.click()  # outside a kernel, displayed objects are printed
+    assert "HConcatChart" in capsys.readouterr().out
+    text.value = "   "  # bad input: the error is shown in the output area, the widget survives
+    run.click()
+    assert "ValueError: The prompt is empty" in capsys.readouterr().out
+    text.value, position.value = "ab", 99
+    run.click()
+    assert "position must be in" in capsys.readouterr().out

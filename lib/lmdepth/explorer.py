@@ -95,8 +95,13 @@ def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int) -> tuple[pd.Data
 
 def explore(lm: LoadedModel, text: str, layer: int, position: int = -1, k: int = 5) -> Exploration:
     """Everything the explorer shows, for one prompt."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("The prompt is empty: type some text.")
     ids = lm.encode(text)
     tokens = [lm.tokenizer.decode([t]) for t in ids[0].tolist()]
+    if not -len(tokens) <= position < len(tokens):
+        raise ValueError(f"position must be in {-len(tokens)}..{len(tokens) - 1} for this prompt of {len(tokens)} "
+                         f"tokens, got {position}")
     pos = position % len(tokens)
     skip, out = skip_effect(lm, ids, layer)
     return Exploration(lm.name, tokens, pos, layer, contributions(lm, ids), lens_top_tokens(lm, ids, pos, k), skip, out)
