@@ -56,7 +56,7 @@ def clean_notebook(path: Path, repo_url: str | None = None) -> list[str]:
     for cell in nb.cells:
         if repo_url and cell.cell_type == "code" and "google.colab" in cell.source:
             cell.source = _REPO_LINE.sub(lambda m: f'{m.group(1)}"{repo_url}"', cell.source)
-        if "injected-parameters" in cell.metadata.get("tags", []):
+        if "injected-parameters" in cell.metadata.get("tags", []) and "hide-input" not in cell.metadata["tags"]:
             cell.metadata["tags"] = cell.metadata["tags"] + ["hide-input"]  # shown folded: the profile used
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)
@@ -87,6 +87,7 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
             meta = nbformat.read(out, as_version=4).metadata.get("lmdepth", {})
             if meta.get("build_hash") == digest and meta.get("profile") == profile:
                 print(f"[{i}/{len(CHAPTERS)}] {chapter}: up to date", flush=True)
+                clean_notebook(out, repository_url())  # a changed repository.url needs no re-execution
                 continue
         print(f"[{i}/{len(CHAPTERS)}] {chapter}: executing ({profile} profile) …", flush=True)
         t0 = time.time()
