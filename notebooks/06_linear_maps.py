@@ -21,7 +21,8 @@
 # This chapter fits those maps in closed form between two packaged models of **different families and
 # tokenizers** — SmolLM2-135M (30 layers) and Gemma 3 270M (18 layers; the same depth ratio, 1.7, as the paper's
 # pair) — in both directions, with three controls: a model mapped onto itself, shuffled token pairs, and the
-# embeddings alone as the source. It takes minutes on a CPU where the paper reports 80 GPU-days of SGD.
+# embeddings alone as the source. One forward pass per model and a closed-form fit of every pair take minutes on a
+# CPU (the speed section reports this run's time), where the paper reports 80 GPU-days of SGD.
 #
 # **Rerun it.** Other pairs, more tokens, a GPU (the executed notebook is saved beside the results):
 #
@@ -54,7 +55,7 @@ n_train_tokens: int = 12000  # aligned positions to fit on (whole texts are adde
 n_val_tokens: int = 4000  # aligned positions to choose the ridge strength on
 n_test_tokens: int = 20000  # held-out aligned positions the errors are reported on
 max_doc_chars: int = 1200  # texts are cut to this many characters
-ridge_alphas: list = [1e-6, 1e-4, 1e-2, 1e-1]  # ridge λ as a multiple of the mean eigenvalue of the source Gram
+ridge_alphas: list = [1e-5, 1e-3, 1e-2, 1e-1, 1.0]  # ridge λ as a multiple of the mean eigenvalue of the source Gram
 layer_stride: int = 1  # main maps: every boundary (1) or every k-th one (and the last)
 control_stride: int = 2  # controls: every k-th boundary (and the last)
 product_dtype: str = "float32"  # dtype of the streamed products ("float64": exact, 2× slower); solves are float64
@@ -148,16 +149,16 @@ rows = []
 for lab in main_labels:
     s = summ[lab]
     e = lmaps.error_matrix(table, lab)
-    rows.append({"map": lab, "source layers": s["n_source_layers"], "target layers": s["n_target_layers"],
-                 "best-match correlation": round(s["corr"], 3), "mean |offset|": round(s["mean_abs_offset"], 3),
-                 "max |offset|": round(s["max_abs_offset"], 3), "lowest error": round(float(e.to_numpy().min()), 3),
-                 "median error": round(float(np.median(e.to_numpy())), 3)})
+    rows.append({"map": lab, "layers (source, target)": f"{s['n_source_layers']}, {s['n_target_layers']}",
+                 "per column: corr": round(s["col_corr"], 3), "per column: mean |offset|": round(s["col_mean_abs_offset"], 3),
+                 "per row: corr": round(s["row_corr"], 3), "per row: mean |offset|": round(s["row_mean_abs_offset"], 3),
+                 "lowest error": round(float(e.to_numpy().min()), 3), "median error": round(float(np.median(e.to_numpy())), 3)})
 summary_df = pd.DataFrame(rows)
 
 # %% [markdown]
 # ## The error heatmap (Fig. 8)
 
-# %% mystnb={"figure": {"caption": "Held-out relative error of the linear map from every source boundary (rows, bottom: embeddings) to every target boundary (columns), both directions. Bottom/left axes: boundary index; top/right axes: relative depth. Dashed white: equal relative depth m/L_source = l/L_target. Red dots: the best target boundary of each source boundary. Hover a cell for its values.", "name": "fig-maps-heatmap"}}
+# %% mystnb={"figure": {"caption": "Held-out relative error (the paper's metric) of the linear map from every source boundary (rows, bottom: embeddings) to every target boundary (columns), both directions. Bottom/left axes: boundary index; top/right axes: relative depth. Dashed white: equal relative depth m/L_source = l/L_target. Red dots: the best target of each row; white diamonds: the best source of each column. Hover a cell for its values.", "name": "fig-maps-heatmap"}}
 lmaps.map_heatmaps(table, main_labels[:2], size=250)
 
 # %% tags=["hide-input"]
@@ -166,22 +167,38 @@ if len(main_labels) > 2:
 
     for k in range(2, len(main_labels), 2):
         display(lmaps.map_heatmaps(table, main_labels[k : k + 2], size=250))
+
+# %% [markdown]
+# **Reading it.** The relative error is measured against the full norm of the target residual, and how much of
+# that norm a map can predict differs from one target boundary to the next: a boundary whose residual is mostly
+# a fixed direction (large mean) gets a low error from *any* source. This shows up as vertical stripes, and it
+# can pull every row's best match (red dots) to the same easy column. Comparing sources *within* one column does
+# not have this problem — every cell of a column shares its denominator — so the **best source of each column**
+# (white diamonds; METHOD's "argmin-m per l") is the primary summary here; the row-wise matches of the paper's
+# overlay are reported beside it. The same heatmap with each column divided by the error of the mean-only
+# predictor, $\sqrt{\text{fraction of variance unexplained}}$, removes the stripes:
+
+# %% mystnb={"figure": {"caption": "The same maps, each cell's error divided by the error of predicting the target boundary's training mean (1 = the source tells nothing about that boundary; 0 = perfect). Markers as above.", "name": "fig-maps-normalized"}}
+lmaps.map_heatmaps(table, main_labels[:2], size=250, normalized=True)
+
+# %% tags=["hide-input"]
 show_table(summary_df)
 
 # %% tags=["hide-input"]
-first = summ[main_labels[0]]
-b0 = pd.DataFrame(lmaps.summarize_map(table, main_labels[0])["best"])
-mid = b0.iloc[(b0.source_depth - 0.5).abs().argmin()]
-md(f"Per source boundary, the best target boundary lies close to the equal-depth line: the correlation between "
-   f"source and best-target relative depth is **{first['corr']:.2f}** for {main_labels[0]} and "
-   f"**{summ[main_labels[1]]['corr']:.2f}** for {main_labels[1]}; the mean absolute offset is "
-   f"**{first['mean_abs_offset']:.2f}** and **{summ[main_labels[1]]['mean_abs_offset']:.2f}** of the depth. "
-   f"For example, {first['source']} boundary {int(mid.source_layer)} (depth {mid.source_depth:.2f}) maps best to "
-   f"{first['target']} boundary {int(mid.best_target_layer)} (depth {mid.target_depth:.2f}).")
+first, second = summ[main_labels[0]], summ[main_labels[1]]
+b0 = pd.DataFrame(lmaps.summarize_map(table, main_labels[0])["best_cols"])
+mid = b0.iloc[(b0.target_depth - 0.5).abs().argmin()]
+md(f"**Best source of each target boundary.** Correlation between target relative depth and the relative depth of "
+   f"its best source: **{first['col_corr']:.2f}** for {main_labels[0]}, **{second['col_corr']:.2f}** for "
+   f"{main_labels[1]}; mean absolute offset from the equal-depth line **{first['col_mean_abs_offset']:.2f}** and "
+   f"**{second['col_mean_abs_offset']:.2f}** of the depth. For example, {first['target']} boundary "
+   f"{int(mid.target_layer)} (depth {mid.target_depth:.2f}) is best predicted by {first['source']} boundary "
+   f"{int(mid.best_source_layer)} (depth {mid.source_depth:.2f}). **Best target of each source boundary** (the "
+   f"paper's row-wise overlay): correlation {first['row_corr']:.2f} and {second['row_corr']:.2f}, mean absolute "
+   f"offset {first['row_mean_abs_offset']:.2f} and {second['row_mean_abs_offset']:.2f}.")
 
 # %% [markdown]
-# The errors are relative to the full residual norm, which in these models includes a large shared (mean)
-# component; the controls below show which part of the error is informative.
+# The controls below show which part of the error is informative.
 #
 # ## Controls
 #
@@ -201,7 +218,7 @@ self_labels = [lab for s in meta["maps"] if s["kind"] == "self" for lab in s["la
 shuf_labels = [lab for s in meta["maps"] if s["kind"] == "shuffled" for lab in s["labels"]]
 control_labels = self_labels + shuf_labels
 
-# %% mystnb={"figure": {"caption": "Controls. Left: a model mapped onto itself (every other boundary): the best match of every row is the same boundary, on the identity line. Right: the main pair fitted on shuffled token pairs: no diagonal; every cell is about as bad as predicting the target's mean.", "name": "fig-maps-controls"}}
+# %% mystnb={"figure": {"caption": "Controls. Left: a model mapped onto itself (every control_stride-th boundary): the best match of every row is the same boundary, on the identity line. Right: the main pair fitted on shuffled token pairs: no diagonal; every cell is about as bad as predicting the target's mean.", "name": "fig-maps-controls"}}
 lmaps.map_heatmaps(table, control_labels, size=220) if control_labels else md("(controls switched off)")
 
 # %% mystnb={"figure": {"caption": "The floor: for each target boundary, the held-out error of the best source boundary, of the source embeddings alone (m = 0), and of the target's training mean (no information from the source). Click the legend to isolate a line.", "name": "fig-maps-floor"}}
@@ -220,9 +237,9 @@ for lab in shuf_labels:
     ratio = (e / base[e.columns].to_numpy()).to_numpy()
     ctrl.append({"control": "shuffled pairs", "map": lab,
                  "measured": f"error / mean-only error: min {ratio.min():.3f}, median {np.median(ratio):.3f}; "
-                 f"best-match correlation {summ[lab]['corr']:.2f}"})
+                 f"best-source correlation {summ[lab]['col_corr']:.2f}"})
 e0 = lmaps.error_matrix(table, main_labels[0])
-floor_gap = (e0.loc[0] - e0.min(0)).to_numpy()
+floor_gap = (e0.loc[0] - e0.min(axis=0)).to_numpy()
 ctrl.append({"control": "embeddings only (floor)", "map": main_labels[0],
              "measured": f"error from m = 0 minus the best error, mean over target boundaries {floor_gap.mean():.3f} "
              f"(largest {floor_gap.max():.3f} at target boundary {int(e0.columns[floor_gap.argmax()])})"})
@@ -231,9 +248,9 @@ show_table(pd.DataFrame(ctrl))
 # %% [markdown]
 # ## Does the claim hold here?
 #
-# Criteria fixed in advance, applied to each direction of each pair: **(a)** the best target boundary of each
-# source boundary follows relative depth — Pearson correlation of $m/L_A$ and $l^*(m)/L_B$ at least 0.9;
-# **(b)** the best matches lie near the equal-depth line — mean $|l^*/L_B - m/L_A|$ at most 0.1. The controls
+# Criteria fixed in advance, applied to each direction of each pair, on the best source of each target boundary
+# (see "Reading it" above): **(a)** it follows relative depth — Pearson correlation of $l/L_B$ and $m^*(l)/L_A$
+# at least 0.9; **(b)** it lies near the equal-depth line — mean $|l/L_B - m^*/L_A|$ at most 0.1. The controls
 # must behave: **(c)** in the self-map every boundary is its own best match with error below 0.01; **(d)** on
 # shuffled pairs no cell beats the mean-only predictor by more than 2 %. (c) and (d) check the method, not the
 # paper. A "NO" in (a) or (b) is a finding about these models.
@@ -243,9 +260,10 @@ claims = []
 for lab in main_labels:
     s = summ[lab]
     claims += [
-        Claim("best matches follow relative depth", "corr(m/L_A, l*/L_B) ≥ 0.9", lab, f"{s['corr']:.2f}", s["corr"] >= 0.9),
-        Claim("best matches lie on the equal-depth line", "mean |l*/L_B − m/L_A| ≤ 0.1", lab,
-              f"{s['mean_abs_offset']:.3f}", s["mean_abs_offset"] <= 0.1),
+        Claim("best matches follow relative depth", "corr(l/L_B, m*/L_A) ≥ 0.9", lab, f"{s['col_corr']:.2f}",
+              bool(s["col_corr"] >= 0.9)),
+        Claim("best matches lie on the equal-depth line", "mean |l/L_B − m*/L_A| ≤ 0.1", lab,
+              f"{s['col_mean_abs_offset']:.3f}", s["col_mean_abs_offset"] <= 0.1),
     ]
 for lab in self_labels:
     e = lmaps.error_matrix(table, lab).to_numpy()
@@ -313,6 +331,9 @@ show_table(tm)
 #   split, instead of SGD (whose optimiser, steps and regularisation the paper does not give). The statistics'
 #   products run in float32 by default (`product_dtype`), accumulated per layer in float64; eigendecompositions
 #   are float64. Both directions (shallow → deep and deep → shallow) come from the same statistics.
+# - **Best matches.** The paper overlays the best target of each source layer (row). Because our targets differ
+#   much in how predictable they are from anything (the stripes of the heatmap), the claim is checked on the best
+#   source of each target layer (column), where all compared errors share a denominator; both are reported.
 # - **Error.** A ratio of sums over test tokens ($\sqrt{\sum\lVert\cdot\rVert^2/\sum\lVert h\rVert^2}$), which
 #   the test statistics give exactly, instead of (presumably) a mean of per-token ratios.
 # - **Data and size.** ~36k aligned tokens of Python documentation and GSM8K problems (the paper's corpus and

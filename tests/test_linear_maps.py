@@ -1,0 +1,226 @@
+"""Cross-model linear maps (chapter 06): alignment, closed-form ridge from streamed statistics, the run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lmdepth import linear_maps as lmaps
+from lmdepth.alignment import align, general_docs, interleave, math_docs, token_ends
+from lmdepth.errors import ParameterError
+
+
+def _splits(n_train: int, n_val: int, n_test: int) -> dict[str, slice]:
+    return {"test": slice(0, n_test), "val": slice(n_test, n_test + n_val),
+            "train": slice(n_test + n_val, n_test + n_val + n_train)}
+
+
+# ---- ridge ------------------------------------------------------------------------------------------------------
+
+def test_ridge_fit_recovers_exact_affine_map():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 6)) * [1, 10, 0.1, 3, 1, 5] + 7.0
+    w, b = rng.normal(size=(6, 4)), rng.normal(size=4) * 5
+    y = x @ w + b
+    w_hat, b_hat = lmaps.ridge_fit(x, y, alpha=0.0)
+    np.testing.assert_allclose(w_hat, w, atol=1e-9)
+    np.testing.assert_allclose(b_hat, b, atol=1e-8)
+    w_small, b_small = lmaps.ridge_fit(x, y, alpha=1e-12)
+    np.testing.assert_allclose(w_small, w, atol=1e-6)
+    np.testing.assert_allclose(b_small, b, atol=1e-5)
+
+
+def _synthetic(n: int = 900, d_s: int = 5, d_t: int = 4, seed: int = 0):
+    """Source with 3 boundaries; target boundary j (j < 3) = source boundary j · W_j + b_j exactly, boundary 3 noise."""
+    rng = np.random.default_rng(seed)
+    src = (rng.normal(size=(n, 3, d_s)) + rng.normal(size=(1, 3, d_s)) * 4).astype(np.float32)
+    tgt = np.empty((n, 4, d_t), np.float32)
+    for j in range(3):
+        tgt[:, j] = src[:, j] @ rng.normal(size=(d_s, d_t)) + rng.normal(size=d_t) * 3
+    tgt[:, 3] = rng.normal(size=(n, d_t)) + 2
+    return src, tgt
+
+
+def test_fit_maps_recovers_exact_maps_on_the_diagonal():
+    src, tgt = _synthetic()
+    rows = _splits(500, 150, 250)
+    fwd, _ = lmaps.fit_maps(src, tgt, rows, alphas=[1e-10, 1e-3], product_dtype="float64", chunk=64)
+    assert fwd.rel_error.shape == (3, 4)
+    assert np.all(np.diag(fwd.rel_error[:, :3]) < 1e-5)
+    assert np.all(fwd.rel_error[~np.eye(3, 4, dtype=bool)] > 0.05)
+    # the noise target cannot be predicted: no better than the training mean, up to overfitting
+    np.testing.assert_allclose(fwd.rel_error[:, 3], fwd.baseline[3], rtol=0.05)
+    best = lmaps.best_matches(fwd.rel_error[:, :3], [0, 1, 2], [0, 1, 2], 2, 2)
+    assert best.best_target_layer.tolist() == [0, 1, 2]
+    s = lmaps.diagonal_summary(best)
+    assert s["corr"] == pytest.approx(1.0) and s["mean_abs_offset"] == 0
+    cols = lmaps.best_sources(fwd.rel_error[:, :3], [0, 1, 2], [0, 1, 2], 2, 2)
+    assert cols.best_source_layer.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_streamed_statistics_equal_direct_per_token_errors(shuffle):
+    """The ratio-of-sums errors from the statistics equal errors computed token by token from a direct fit."""
+    src, tgt = _synthetic(seed=1)
+    tgt = tgt + np.random.default_rng(2).normal(size=tgt.shape).astype(np.float32)  # no exact fits
+    rows = _splits(400, 100, 300)
+    alpha = 1e-2
+    fwd, bwd = lmaps.fit_maps(src, tgt, rows, alphas=[alpha], both_directions=True, product_dtype="float64",
+                              chunk=37, shuffle_seed=5 if shuffle else None)
+
+    def perm(k):
+        n = rows[k].stop - rows[k].start
+        return (np.random.default_rng([5, lmaps.SPLITS.index(k)]).permutation(n) if shuffle else np.arange(n))
+
+    xs = {k: src[rows[k]][perm(k)].astype(np.float64) for k in lmaps.SPLITS}
+    ys = {k: tgt[rows[k]].astype(np.float64) for k in lmaps.SPLITS}
+    for direction, fit, a, b in (("fwd", fwd, xs, ys), ("bwd", bwd, ys, xs)):
+        for i in range(a["train"].shape[1]):
+            for j in range(b["train"].shape[1]):
+                w, c = lmaps.ridge_fit(a["train"][:, i], b["train"][:, j], alpha)
+                resid = b["test"][:, j] - (a["test"][:, i] @ w + c)
+                direct = np.sqrt((resid ** 2).sum() / (b["test"][:, j] ** 2).sum())
+                assert fit.rel_error[i, j] == pytest.approx(direct, rel=1e-7), (direction, i, j)
+        mean_only = np.sqrt(((b["test"] - b["train"].mean(0)) ** 2).sum((0, 2)) / (b["test"] ** 2).sum((0, 2)))
+        np.testing.assert_allclose(fit.baseline, mean_only, rtol=1e-7)
+
+
+def test_memory_bounded_groups_give_the_same_maps():
+    src, tgt = _synthetic(seed=4)
+    rows = _splits(500, 150, 250)
+    kw = dict(alphas=[1e-6, 1e-2], both_directions=True, product_dtype="float64", chunk=128)
+    whole = lmaps.fit_maps(src, tgt, rows, **kw)
+    tiny_budget = 3 * 3 * 5 * 4 * 8 * 1.5 / 2**30  # room for one and a half target boundaries: groups of one
+    grouped = lmaps.fit_maps(src, tgt, rows, max_stats_gb=tiny_budget, **kw)
+    for a, b in zip(whole, grouped):
+        np.testing.assert_allclose(a.rel_error, b.rel_error, rtol=1e-9, atol=1e-7)
+        np.testing.assert_allclose(a.baseline, b.baseline, rtol=1e-12)
+        assert a.tgt_layers == b.tgt_layers
+
+
+def test_self_map_symmetric_path_equals_general_path():
+    src, _ = _synthetic(seed=3)
+    rows = _splits(500, 150, 250)
+    same, _ = lmaps.fit_maps(src, src, rows, alphas=[1e-8, 1e-2], product_dtype="float64", chunk=100)
+    other, _ = lmaps.fit_maps(src, src.copy(), rows, alphas=[1e-8, 1e-2], product_dtype="float64", chunk=100)
+    np.testing.assert_allclose(same.rel_error, other.rel_error, atol=1e-6)  # cancellation noise at 0
+    assert np.all(np.diag(same.rel_error) < 1e-4)
+
+
+# ---- alignment --------------------------------------------------------------------------------------------------
+
+def test_align_rules_on_offsets():
+    ends_a = np.array([-1, 3, 5, 9, 9, 12])  # BOS, …, a character split into two pieces ending at 9
+    ends_b = np.array([2, 5, 7, 9, 12])  # no BOS: position 0 is the attention sink and is dropped
+    offsets, (pa, pb) = align([ends_a, ends_b])
+    assert offsets.tolist() == [5, 9, 12]
+    assert pa.tolist() == [2, 4, 5] and pb.tolist() == [1, 3, 4]
+
+
+def test_identical_tokenizers_align_to_the_identity(tok):
+    text = "Natalia sold 48 clips in April, and half as many in May."
+    ids, ends = token_ends(tok, text)
+    assert ids[0] == tok.bos_token_id and ends[0] == -1
+    offsets, (pa, pb) = align([ends, ends])
+    assert pa.tolist() == pb.tolist() == list(range(1, len(ids)))
+    assert offsets.tolist() == list(range(1, len(text) + 1))
+
+
+def test_corpus_texts_mix_both_sources():
+    g, m = general_docs(800), math_docs("gsm8k", 800)
+    assert len(g) > 200 and len(m) > 1000 and all(len(d.text) <= 800 for d in g[:50])
+    assert not any("Your response should end" in d.text for d in m[:50])
+    mixed = interleave(g, m, 0.5, seed=0)[:200]
+    chars = {s: sum(len(d.text) for d in mixed if d.source == s) for s in ("general", "math")}
+    assert 0.4 < chars["general"] / sum(chars.values()) < 0.6
+
+
+# ---- capture and the run on tiny models -------------------------------------------------------------------------
+
+def test_boundary_residuals_match_hooked_residuals(tiny_dirs):
+    from lmdepth.capture import hooked_residuals
+    from lmdepth.registry import load_model
+
+    lm = load_model(str(tiny_dirs["gemma3"]))
+    ids = lm.encode("The cat sat on the mat.")
+    h = lmaps.boundary_residuals(lm.adapter, ids)[:, 0]
+    r = hooked_residuals(lm.adapter, ids)
+    assert h.shape == (lm.n_layers + 1, ids.shape[1], lm.adapter.d_model)
+    torch.testing.assert_close(h[:-1], r["resid_pre"][:, 0])
+    torch.testing.assert_close(h[-1], r["resid_post"][-1, 0])
+    # right padding with any token changes nothing before it (causal attention)
+    padded = torch.cat([ids, torch.full((1, 5), 7, device=ids.device)], 1)
+    both = torch.cat([padded, torch.cat([ids[:, :4], torch.full((1, ids.shape[1] + 1), 9)], 1)])
+    hb = lmaps.boundary_residuals(lm.adapter, both)
+    torch.testing.assert_close(hb[:, 0, : ids.shape[1]], h, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hb[:, 1, :4], h[:, :4], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("maps")
+    texts = root / "texts.jsonl"
+    rng = np.random.default_rng(0)
+    words = "the a cat dog sat ran on under mat box and then it was warm cold 12 7 plus minus is".split()
+    texts.write_text("\n".join(json.dumps({"text": " ".join(rng.choice(words, 40)) + "."}) for _ in range(80)) + "\n")
+    kw = dict(model_name=str(tiny_dirs["llama"]), compare_models=[str(tiny_dirs["gemma3"])],
+              self_map_model=str(tiny_dirs["llama"]), dataset=str(texts), general_text="none", general_fraction=0.0,
+              n_train_tokens=900, n_val_tokens=200, n_test_tokens=400, max_doc_chars=300, control_stride=2,
+              product_dtype="float64", results_dir=root / "results")
+    return lmaps.run(**kw), kw
+
+
+def test_run_on_tiny_models(tiny_run):
+    res, kw = tiny_run
+    meta, table = res.meta, res.table
+    corpus = meta["corpus"]
+    assert corpus["aligned_tokens"]["test"] >= 400 and corpus["aligned_tokens"]["train"] >= 900
+    assert all(c == pytest.approx(1.0) for c in corpus["coverage"].values())  # same character tokenizer
+    labels = [l for m in meta["maps"] for l in m["labels"]]
+    assert len(labels) == 4 and set(table["map"]) == set(labels)
+    n_layers = meta["models"][kw["model_name"]]["n_layers"]
+    main = lmaps.error_matrix(table, labels[0])
+    assert main.shape == (n_layers + 1, n_layers + 1) and np.isfinite(main.to_numpy()).all()
+    # a model mapped onto itself: the error of a boundary onto itself is ~0, and the best match is the identity
+    self_label = next(l for l in labels if "self-map" in l)
+    e = lmaps.error_matrix(table, self_label)
+    assert list(e.index) == lmaps.boundary_layers(n_layers, 2)
+    assert np.diag(e.to_numpy()).max() < 1e-4
+    s = meta["summaries"][self_label]
+    for k in ("row", "col"):
+        assert s[f"{k}_corr"] == pytest.approx(1.0) and s[f"{k}_mean_abs_offset"] == 0
+    assert set(meta["timings_s"]) >= {"total", "tokenize_and_align"}
+
+
+def test_run_is_cached(tiny_run):
+    res, kw = tiny_run
+    again = lmaps.run(**kw)
+    assert again.from_cache and again.path == res.path
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (dict(compare_models=[]), "compare_models"),
+    (dict(compare_models=["smollm2-135m"], model_name="smollm2-135m"), "compare_models"),
+    (dict(general_text="wikipedia"), "general_text"),
+    (dict(n_test_tokens=0), "n_test_tokens"),
+    (dict(ridge_alphas=[-1.0]), "ridge_alphas"),
+    (dict(product_dtype="float16"), "product_dtype"),
+])
+def test_bad_parameters_fail_before_loading(bad, msg, tmp_path):
+    with pytest.raises(ParameterError, match=msg):
+        lmaps.run(**{"results_dir": tmp_path, **bad})
+
+
+# ---- the packaged tokenizers (slow: loads three tokenizers) ------------------------------------------------------
+
+@pytest.mark.slow
+def test_packaged_tokenizers_align_on_english_and_word_problems():
+    names = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]
+    toks = {n: lmaps._tokenizer(n)[0] for n in names}
+    docs = interleave(general_docs(1200), math_docs("gsm8k", 1200), 0.5, seed=0)
+    plan = lmaps.plan_corpus(toks, docs, {"train": 1000, "val": 200, "test": 1000})
+    cov = plan.coverage()
+    assert all(0.8 < c <= 1.0 for c in cov.values()), cov

@@ -1,0 +1,208 @@
+"""DeepMind-Mathematics data and from-scratch training of chapter 07 (lmdepth.dm_math, lmdepth.training):
+generation with the run-time fixes, tokenizer and masks, the two objectives' loss masks, resume from a checkpoint,
+the cached no-op, loss going down, and the exact-match metric. Tiny sizes, CPU."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lmdepth import dm_math as dm
+from lmdepth import training as tr
+from lmdepth.errors import DataError
+from lmdepth.scratch_models import build_model
+
+MODULES = ("add_or_sub", "add_sub_multiple")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are overhead-bound: one intra-op thread avoids thrashing on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    pytest.importorskip("mathematics_dataset")
+    d = tmp_path_factory.mktemp("dm")
+    dm.load_or_generate(d, MODULES, n_train_per_module=60, n_eval_per_module=6, seed=0)
+    return d
+
+
+def cfg(arch="moeut", objective="lm", **kw):
+    base = dict(modules=MODULES, n_train_per_module=60, n_eval_per_module=6, ckpt_every=2, steps=6, batch_size=4)
+    return tr.run_config("smoke", arch, objective, **{**base, **kw})
+
+
+# ---- data -------------------------------------------------------------------------------------------------------
+
+def test_generation_is_seeded_cached_and_split_correctly(data_dir):
+    data = dm.load_or_generate(data_dir, MODULES, n_train_per_module=60, n_eval_per_module=6, seed=0)
+    assert data.meta["seed"] == 0 and (data.path / "meta.json").exists()
+    assert {e.module for e in data.train} == set(MODULES)
+    assert {e.module for e in data.extrapolate} == {"add_or_sub_big", "add_sub_multiple_longer"}
+    assert len(data.interpolate) == len(data.extrapolate) == 12
+    assert not {e.question for e in data.train} & {e.question for e in data.interpolate + data.extrapolate}
+    again = dm.generate_split("interpolate", MODULES, 6, seed=0)
+    assert again == data.interpolate  # the cache holds what the seed generates
+    assert dm.generate_split("interpolate", MODULES, 6, seed=1) != again
+    longer = [e.n_operations for e in data.extrapolate if e.module == "add_sub_multiple_longer"]
+    shorter = [e.n_operations for e in data.interpolate if e.module == "add_sub_multiple"]
+    assert min(longer) > max(shorter) - 3 and sum(longer) > sum(shorter)
+
+
+def test_training_levels_are_selectable(tmp_path):
+    pytest.importorskip("mathematics_dataset")
+    easy = dm.load_or_generate(tmp_path, ("add_sub_multiple",), 9, 3, seed=0, train_levels=("train-easy",))
+    assert easy.meta["train_levels"] == ["train-easy"] and len(easy.train) == 9
+    assert easy.path != dm.load_or_generate(tmp_path, ("add_sub_multiple",), 9, 3, seed=0).path
+    with pytest.raises(DataError):
+        dm.load_or_generate(tmp_path, ("add_sub_multiple",), 9, 3, train_levels=("train-impossible",))
+
+
+def test_n_operations_on_the_paper_probes():
+    assert [dm.n_operations(q) for q, _ in dm.PROBES] == [3, 5, 4, 5]
+    assert dm.n_operations("Add 3 and 5.") == 1
+
+
+def test_tokenizer_format_and_masks():
+    tok = dm.CharTokenizer()
+    ex = dm.MathExample("What is 2 + 3?", "5", "add_or_sub", "train")
+    ids, a_start = tok.encode_example(ex.question, ex.answer)
+    assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
+    assert tok.decode(ids) == " Q: What is 2 + 3? A: 5"
+    assert tok.decode(ids[1:a_start]) == " Q: What is 2 + 3? A:" and tok.decode(ids[a_start:]) == " 5"
+    b = dm.collate(tok, [ex, dm.MathExample("1+1", "2", "add_or_sub", "train")])
+    assert b.ids.shape == (2, len(ids))
+    assert tok.decode(b.ids[0][b.answer_mask[0]].tolist(), skip_special=False) == " 5</s>"
+    assert b.pad_mask[1].sum() == len(tok.encode_example("1+1", "2")[0]) and not b.answer_mask[1][~b.pad_mask[1]].any()
+
+
+# ---- objectives ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("objective", ["lm", "answer_only"])
+def test_question_tokens_get_no_gradient_under_answer_only(objective):
+    tok = dm.CharTokenizer()
+    c = cfg("transformer", objective)
+    model = build_model(c.model_config(tok.vocab_size))
+    b = dm.collate(tok, [dm.MathExample("What is 12 + 30?", "42", "add_or_sub", "train"),
+                         dm.MathExample("1-7", "-6", "add_or_sub", "train")])
+    grabbed = {}
+
+    def keep(mod, args, out):
+        out.retain_grad()
+        grabbed["logits"] = out
+
+    h = model.lm_head.register_forward_hook(keep)
+    task, _ = tr.lm_loss(model, b, objective)
+    h.remove()
+    task.backward()
+    g = grabbed["logits"].grad[:, :-1].abs().sum(-1)  # [B, T-1]: gradient on the prediction of token t+1
+    predicts_answer = b.answer_mask[:, 1:]
+    predicts_question = b.pad_mask[:, 1:] & ~predicts_answer
+    assert (g[predicts_answer] > 0).all()
+    assert (g[~b.pad_mask[:, 1:]] == 0).all()  # padding never
+    if objective == "answer_only":
+        assert (g[predicts_question] == 0).all()
+    else:
+        assert (g[predicts_question] > 0).all()
+
+
+# ---- training: resume, cache, learning ----------------------------------------------------------------------------
+
+def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
+    c = cfg("moeut", "answer_only", steps=6)
+    straight = tr.train_run(c, tmp_path / "a", data_dir=data_dir, progress=False)
+    assert tr.train_run(c, tmp_path / "b", data_dir=data_dir, stop_after=3, progress=False) is None
+    assert (tr.run_dir(c, tmp_path / "b") / "ckpt.pt").exists()
+    resumed = tr.train_run(c, tmp_path / "b", data_dir=data_dir, progress=False)
+    assert not (resumed.parent / "ckpt.pt").exists()
+    a, b = torch.load(straight, weights_only=False), torch.load(resumed, weights_only=False)
+    assert a["history"] == b["history"] and len(a["history"]) == 6
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+
+
+def test_finished_run_is_a_cached_noop(data_dir, tmp_path):
+    c = cfg("transformer", "lm", steps=2)
+    path = tr.train_run(c, tmp_path, data_dir=data_dir, progress=False)
+    stamp = path.stat().st_mtime_ns
+    assert tr.train_run(c, tmp_path, data_dir=data_dir, progress=False) == path
+    assert path.stat().st_mtime_ns == stamp
+    assert json.loads((path.parent / "meta.json").read_text())["train_config"]["steps"] == 2
+    assert tr.run_dir(c, tmp_path) != tr.run_dir(cfg("transformer", "answer_only", steps=2), tmp_path)
+    model, tok, meta = tr.load_trained(path)
+    assert not model.training and meta["n_parameters"] > 0 and len(meta["history"]) == 2
+
+
+@pytest.mark.parametrize("arch", ["moeut", "transformer"])
+def test_a_few_steps_reduce_the_loss(arch):
+    torch.manual_seed(0)
+    tok = dm.CharTokenizer()
+    c = cfg(arch, "lm", lr=1e-2, warmup=1, steps=15)
+    model = build_model(c.model_config(tok.vocab_size)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
+    b = dm.collate(tok, [dm.MathExample(f"What is {i} + {2 * i}?", str(3 * i), "add_or_sub", "train") for i in range(4)])
+    losses = []
+    for _ in range(15):
+        task, aux = tr.lm_loss(model, b, "lm")
+        opt.zero_grad()
+        (task + aux).backward()
+        opt.step()
+        losses.append(task.item())
+    assert sum(losses[-3:]) / 3 < 0.6 * sum(losses[:3]) / 3
+
+
+def test_batches_and_schedule_are_pure_functions_of_the_step():
+    assert torch.equal(tr.batch_indices(7, 50, 8, 0), tr.batch_indices(7, 50, 8, 0))
+    seen = torch.cat([tr.batch_indices(s, 48, 8, 0) for s in range(6)])
+    assert sorted(seen.tolist()) == list(range(48))  # one epoch visits every example once
+    c = cfg(steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
+    assert tr.lr_at(0, c) == pytest.approx(0.1) and tr.lr_at(9, c) == pytest.approx(1.0)
+    assert tr.lr_at(100, c) == pytest.approx(0.1)
+
+
+# ---- evaluation -------------------------------------------------------------------------------------------------
+
+class Oracle(torch.nn.Module):
+    """Predicts the true next token of fixed sequences (to test the metric, not a model)."""
+
+    def __init__(self, target: torch.Tensor, vocab: int):
+        super().__init__()
+        self.target, self.vocab = target, vocab
+
+    def forward(self, ids, **_):
+        nxt = torch.roll(self.target[: ids.shape[0], : ids.shape[1]], -1, dims=1)
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float())
+
+
+def test_exact_match_counts_answer_tokens_and_eos_only():
+    tok = dm.CharTokenizer()
+    exs = [dm.MathExample("What is 2 + 3?", "5", "add_or_sub", "interpolate")]
+    ids = dm.collate(tok, exs).ids
+    assert tr.exact_match(Oracle(ids, tok.vocab_size), tok, exs).all()
+    wrong_question = ids.clone()
+    wrong_question[0, 5] = tok.stoi["x"]  # the oracle "mispredicts" a question token: still exact
+    assert tr.exact_match(Oracle(wrong_question, tok.vocab_size), tok, exs).all()
+    for pos in (-3, -2, -1):  # the space, the digit, the EOS
+        wrong = ids.clone()
+        wrong[0, pos] = tok.stoi["7"] if pos != -2 else tok.stoi["6"]
+        assert not tr.exact_match(Oracle(wrong, tok.vocab_size), tok, exs).any()
+
+
+def test_evaluate_and_greedy_answer_on_a_tiny_model(data_dir):
+    tok = dm.CharTokenizer()
+    c = cfg("moeut")
+    model = build_model(c.model_config(tok.vocab_size)).eval()
+    data = tr.load_data(c, data_dir)
+    df = tr.evaluate(model, tok, data.interpolate + data.extrapolate)
+    acc = tr.accuracy_table(df)
+    assert set(acc["split"]) == {"interpolate", "extrapolate"} and "all" in set(acc["module"])
+    assert df["n_operations"].notna().all()
+    ans = tr.greedy_answer(model, tok, dm.PROBES[0][0], max_new_tokens=5)
+    assert isinstance(ans, str) and len(ans) <= 5
