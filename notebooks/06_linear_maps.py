@@ -60,9 +60,6 @@ layer_stride: int = 1  # main maps: every boundary (1) or every k-th one (and th
 control_stride: int = 2  # controls: every k-th boundary (and the last)
 product_dtype: str = "float32"  # dtype of the streamed products ("float64": exact, 2× slower); solves are float64
 max_stats_gb: float = 6.0  # memory for the cross-product statistics; above it target layers go in groups (slower)
-n_examples: int = 20  # not used here: the token budgets above size the sample (shared profile vocabulary)
-selection: str = "random"  # not used here: texts are read in a seeded random order
-n_boot: int = 1000  # not used here
 seed: int = 0  # seed of the text order and of the shuffled pairs
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
 device: str = "cpu"  # "cpu", "cuda", "auto" (models and the statistics)
@@ -276,7 +273,7 @@ for lab in shuf_labels:
     r = float((e / base[e.columns].to_numpy()).to_numpy().min())
     claims.append(Claim("control: shuffled pairs carry no information", "error ≥ 0.98 × mean-only error", lab,
                         f"min ratio {r:.3f}", r >= 0.98))
-claims_df = claims_table(claims)
+claims_df = claims_table(claims, chapter="maps", results_dir=results_dir)
 show_table(claims_df)
 
 # %% tags=["remove-cell"]

@@ -122,10 +122,32 @@ def lens_rows(results_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def maps_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+    """Chapter 06: for each fitted pair (rows under the *target* model), how closely the best source layer of each
+    target layer follows equal relative depth — its correlation with relative depth and mean |offset| (values, not
+    depths). Controls are left out."""
+    from . import linear_maps
+
+    rows = []
+    for r in best_runs(finished_runs(results_dir, linear_maps.ANALYSIS), group=lambda p: (
+            p.get("model_name"), tuple(p.get("compare_models") or ()))):
+        sample = f"{r.meta['parameters'].get('n_test_tokens', '?')} held-out aligned tokens"
+        for s in (r.meta.get("summaries") or {}).values():
+            if s.get("kind") != "main":
+                continue
+            src, tgt, L = s["source"], s["target"], int(s["n_target_layers"])
+            rows.append(_row(tgt, L, "06_linear_maps", f"maps from {src}: corr of best source with depth", sample,
+                             value=s["col_corr"]))
+            rows.append(_row(tgt, L, "06_linear_maps", f"maps from {src}: mean |relative-depth offset|", sample,
+                             value=s["col_mean_abs_offset"]))
+    return rows
+
+
 SUMMARIES: dict[str, Callable[[str | Path], list[dict[str, Any]]]] = {
     "residual": residual_rows,
     "skipping": skipping_rows,
     "lens": lens_rows,
+    "maps": maps_rows,
 }
 
 
@@ -154,9 +176,10 @@ FINDINGS = [
     Finding("Skipping a second-half layer barely changes later computation", "Fig. 3a", "03_layer_skipping", "fig-skip-current"),
     Finding("… nor the computation of future tokens", "Fig. 3b", "03_layer_skipping", "fig-skip-future"),
     Finding("The logit-lens prediction settles from mid-depth on", "Fig. 4", "04_logit_lens", "fig-lens-layers"),
+    Finding("A deeper model stretches a shallower one's computation", "Fig. 8", "06_linear_maps", "fig-maps-heatmap"),
 ]
 CHAPTER_KEYS = {"01_residual_norms": "norms", "02_cosine_similarity": "cosine", "03_layer_skipping": "skipping",
-                "04_logit_lens": "lens"}
+                "04_logit_lens": "lens", "06_linear_maps": "maps"}
 
 
 def saved_claims(results_dir: str | Path) -> pd.DataFrame:
@@ -172,7 +195,8 @@ def findings_table(results_dir: str | Path, models: list[str] | None = None) -> 
     """Each chapter's claims with one column per model ("yes 0.27" / "NO 0.91") and how many models agree.
 
     Rows are grouped by the paper figure the chapter reproduces; ``models`` fixes the column order (default: all
-    models that have saved claims, in file order)."""
+    models that have saved claims, in file order); claims about something else than one model (a pair of models in
+    chapter 06) get their own columns after them."""
     claims = saved_claims(results_dir)
     if claims.empty:
         return pd.DataFrame()
@@ -180,8 +204,9 @@ def findings_table(results_dir: str | Path, models: list[str] | None = None) -> 
     figures = {}
     for f in FINDINGS:
         figures.setdefault(f.chapter, []).append(f.paper_figure)
-    models = models or list(dict.fromkeys(claims["model"]))
-    claims = claims[claims.model.isin(models)]
+    pairs = [m for m in dict.fromkeys(claims["model"]) if "→" in m]
+    models = [*(models or [m for m in dict.fromkeys(claims["model"]) if "→" not in m]), *pairs]
+    claims = claims[claims.model.isin(models)].copy()
     claims["cell"] = claims["agrees with paper"] + " · " + claims["measured"]
     wide = claims.pivot_table(index=["chapter", "claim", "criterion"], columns="model", values="cell",
                               aggfunc="first", sort=False).reindex(columns=models)
@@ -245,4 +270,4 @@ def atlas_chart(table: pd.DataFrame, width: int = 520) -> alt.Chart:
 
 
 __all__ = ["ATLAS_COLUMNS", "FINDINGS", "Finding", "finished_runs", "best_runs", "residual_rows", "skipping_rows",
-           "lens_rows", "SUMMARIES", "atlas_table", "saved_claims", "findings_table", "build_record", "atlas_chart"]
+           "lens_rows", "maps_rows", "SUMMARIES", "atlas_table", "saved_claims", "findings_table", "build_record", "atlas_chart"]

@@ -390,9 +390,11 @@ def fit_direction(stats: dict[str, SplitStats], reverse: bool, alphas: tuple[flo
         return syy - 2 * _block_sum(b * c, lt).double() + _block_sum(b * (g @ b), lt).double()
 
     for i in range(ls):
-        s, v64 = torch.linalg.eigh(g_tr[i])
-        s = s.clamp_min(0)
-        scale = s.mean().clamp_min(tiny)
+        # λ is relative to the mean eigenvalue; dividing by it first also keeps LAPACK fast (the raw Grams span
+        # many orders of magnitude, and eigh on them was ~10× slower, likely from denormal intermediates)
+        scale = (torch.diagonal(g_tr[i]).sum() / g_tr[i].shape[0]).clamp_min(tiny)
+        s, v64 = torch.linalg.eigh(g_tr[i] / scale)
+        s = s.clamp_min(0) * scale
         v = v64.to(pdt)
         a = v.T @ c_tr(i).to(pdt)  # [ds, Lt·dt]: Vᵀ X̃ᵀỸ
         cv, gv = v.T @ c_va(i).to(pdt), (v64.T @ g_va[i] @ v64).to(pdt)
