@@ -22,6 +22,7 @@ CHAPTERS: dict[str, str] = {
     "cosine": "02_cosine_similarity",
     "skipping": "03_layer_skipping",
     "lens": "04_logit_lens",
+    "complexity": "05_depth_vs_complexity",
     "maps": "06_linear_maps",
     "atlas": "90_across_models",
     "explorer": "91_explorer",

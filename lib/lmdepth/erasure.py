@@ -258,7 +258,7 @@ def integrated_gradients(stack: ResidualStack, ids: torch.Tensor, a_start: int, 
         batch_size: interpolation steps per forward/backward pass (the paper: 16).
         layers: blocks to attribute (default all; rows of the others stay 0).
         rule: ``"left"`` — r_k = k/N, the authors' left Riemann sum (f(B) is its k = 0 term); ``"midpoint"`` —
-            r_k = (k + ½)/N, a second-order rule that is far more accurate for the same N (f(B) then costs one
+            r_k = (k + ½)/N, a second-order rule, usually more accurate for the same N (f(B) then costs one
             extra batch element).
     """
     if rule not in ("left", "midpoint"):
@@ -418,7 +418,8 @@ __all__ = ["CASE_STUDIES", "token_labels", "run", "ResidualStack", "AdapterStack
 def map_chart(table, method: str, model: str, prompts: Sequence[str] | None = None, cell: int = 16):
     """Token × layer heatmaps, one per case-study prompt (layer 0 at the bottom; the last token, which feeds no
     answer prediction, is dropped as in the paper). Erasure: sequential scale from 0; integrated gradients:
-    diverging scale centred at 0, clipped at the largest |value| outside position 0 (the paper's choice)."""
+    diverging scale centred at 0. Both scales are clipped at the largest |value| outside position 0 (the paper's
+    choice for IG), because erasing the attention-sink token can dwarf every other cell."""
     import altair as alt
 
     t = table[(table.method == method) & (table.model == model)]
@@ -433,8 +434,9 @@ def map_chart(table, method: str, model: str, prompts: Sequence[str] | None = No
             r = float(d[d.position > 0].value.abs().max() or 1e-9)
             scale = alt.Scale(scheme="redblue", domain=[-r, r], reverse=True, clamp=True)
             title = "IG attribution"
-        else:
-            scale = alt.Scale(scheme="viridis", domainMin=0)
+        else:  # position 0 (BOS / attention sink) can dwarf the rest: clip there too, the tooltip keeps the value
+            r = float(d[d.position > 0].value.max() or 1e-9)
+            scale = alt.Scale(scheme="viridis", domain=[0, r], clamp=True)
             title = "‖P − P′‖₂"
         charts.append(alt.Chart(d).mark_rect().encode(
             x=alt.X("token:N", sort=order, title=None, axis=alt.Axis(labelAngle=-60, labelLimit=90, grid=False)),
