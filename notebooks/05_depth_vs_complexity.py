@@ -184,7 +184,11 @@ complexity.depth_vs_level_chart(levels)
 sl = slopes[(slopes.aggregation == "mean")].copy()
 span = sl.source.map(lambda s: max(complexity.LEVELS[s]) - min(complexity.LEVELS[s]))
 sl["rise over all levels (rel. depth)"] = (sl.rel_slope * span).round(3)
-sl["95% CI"] = [f"{lo * sp:+.3f} … {hi * sp:+.3f}" for lo, hi, sp in zip(sl.rel_ci_low, sl.rel_ci_high, span)]
+# with fewer than 3 items per level every bootstrap resample is (nearly) the same item: no usable interval
+min_n = levels[levels.aggregation == "mean"].groupby(["model", "source"])["n"].min()
+sl["items per level"] = [int(min_n.get((m, src), 0)) for m, src in zip(sl.model, sl.source)]
+sl["95% CI"] = [f"{lo * sp:+.3f} … {hi * sp:+.3f}" if n >= 3 else f"n/a ({n} per level)"
+                for lo, hi, sp, n in zip(sl.rel_ci_low, sl.rel_ci_high, span, sl["items per level"])]
 sl["slope (layers/level)"] = sl.slope.round(3)
 show_table(sl[["model", "source", "metric", "slope (layers/level)", "rise over all levels (rel. depth)", "95% CI"]])
 
@@ -232,15 +236,14 @@ for _, r in sl[sl.metric == "layer_effect"].iterrows():
     claims.append(Claim(f"{complexity.SOURCE_TITLES[r.source]}: depth does not grow with difficulty",
                         "rise over all levels < 0.05 of depth", r.model,
                         f"{rise:+.3f} (95% CI {r['95% CI']})", bool(rise < 0.05)))
-claims_df = claims_table(claims)
+claims_df = claims_table(claims, chapter="complexity", results_dir=results_dir)
 show_table(claims_df)
 
 # %% tags=["remove-cell"]
-# Checks of the code (not of the claim): depth scores lie inside the network, intervals contain their point.
+# Checks of the code (not of the claim): depth scores lie inside the network. (A percentile interval of a ratio
+# statistic need not contain its point estimate with so few items, so that is not asserted.)
 for _, r in levels.dropna(subset=["depth_score"]).iterrows():
     assert 0 <= r.depth_score <= r.n_layers - 1
-for _, r in slopes.dropna(subset=["slope"]).iterrows():
-    assert r.ci_low - 1e-9 <= r.slope <= r.ci_high + 1e-9 or r.aggregation == "max"
 
 # %% [markdown]
 # ## Residual erasure (Fig. 6b)
@@ -346,15 +349,17 @@ erasure.map_chart(case[model_name].table, "ig", model_name, prompts=list(ig_meta
 #   which for a one-token answer measures the prediction *after* the answer; by default we measure at the
 #   position that predicts the answer (`hop_cut="predict"`; `"answer"` reproduces the code).
 # - **Sample sizes (CPU budget).** The paper: 20 items per level, 4 cut points, whole solutions, 256 IG steps
-#   (left Riemann sum). The default profile here: 3 MATH/GSM8K items per level and 6 synthetic items per hop for
-#   SmolLM2 (2 and 3 for the comparison models), 2 cut points, the first 64 solution tokens, a 128-token budget
-#   for the greedy answers, erasure on 3 case studies (2 for the comparison models) and integrated gradients with
-#   128 steps (left Riemann sum, as the paper) on one prompt; on SmolLM2 that keeps the completeness error near 3 %
-#   (256 steps: below 1 %; 64 midpoint steps: up to 30 %, measured on three layers). The `paper` profile restores the paper's sizes. Larger runs reuse the items
-#   already computed. The intervals show how little such small samples can rule out; read "no increase" with them.
-# - **Truncated solutions and small generation budget.** Keeping the first 64 solution tokens means the skip
-#   effects are measured on the start of the solution only; a 128-token budget cuts off some long MATH answers
-#   before their `\boxed{}`, which then count as unsolved.
+#   (left Riemann sum). The default profile here uses far fewer items per level (SmolLM2 more than the comparison
+#   models), fewer cut points, the first solution tokens only, a small generation budget for the greedy answers,
+#   fewer erasure case studies and fewer IG steps — the exact values of this build are in the parameters cell at the
+#   top of the page, and the completeness table above shows the integrated-gradients error they leave. The
+#   `paper` profile restores the paper's sizes; larger runs reuse the items already computed. With fewer than 3
+#   items per level no interval is reported ("n/a"), and a "yes" then rests on point estimates only.
+# - **Claim aggregation.** The criterion uses the layer effect aggregated by the *mean* over items; the paper's
+#   figure probably shows the max-aggregated version (both are in the results table and the charts).
+# - **Truncated solutions and small generation budget.** Keeping only the first `max_answer_tokens` solution
+#   tokens means the skip effects are measured on the start of the solution only; a `gen_tokens` budget cuts off
+#   some long MATH answers before their `\boxed{}`, which then count as unsolved.
 # - **Correctness** (solved / unsolved) is new, as are the intervals, the slope and the fixed criterion.
 # - **Integrated gradients** only for the whole layer output (the paper's Fig. 6a); the code also had attention and
 #   MLP variants.

@@ -171,7 +171,7 @@ if len(main_labels) > 2:
 # a fixed direction (large mean) gets a low error from *any* source. This shows up as vertical stripes, and it
 # can pull every row's best match (red dots) to the same easy column. Comparing sources *within* one column does
 # not have this problem — every cell of a column shares its denominator — so the **best source of each column**
-# (white diamonds; METHOD's "argmin-m per l") is the primary summary here; the row-wise matches of the paper's
+# (white diamonds; the argmin over m for each l) is the primary summary here; the row-wise matches of the paper's
 # overlay are reported beside it. The same heatmap with each column divided by the error of the mean-only
 # predictor, $\sqrt{\text{fraction of variance unexplained}}$, removes the stripes:
 
@@ -333,8 +333,9 @@ show_table(tm)
 #   source of each target layer (column), where all compared errors share a denominator; both are reported.
 # - **Error.** A ratio of sums over test tokens ($\sqrt{\sum\lVert\cdot\rVert^2/\sum\lVert h\rVert^2}$), which
 #   the test statistics give exactly, instead of (presumably) a mean of per-token ratios.
-# - **Data and size.** ~36k aligned tokens of Python documentation and GSM8K problems (the paper's corpus and
-#   token count are not stated; the framework default is OpenWebText); 20k held-out tokens.
+# - **Data and size.** `n_train_tokens` + `n_val_tokens` + `n_test_tokens` aligned tokens of Python documentation
+#   and GSM8K problems (the counts of this run are at the top of the page; the paper's corpus and token count are
+#   not stated, the framework default is OpenWebText).
 # - **Beyond the paper:** both directions, three controls, the mean-only baseline, a numerical summary of the
 #   diagonal, and pass/fail criteria.
 #

@@ -74,7 +74,8 @@ live = os.environ.get("LMDEPTH_BOOK_BUILD") != "1"
 if live:
     from IPython.display import display
 
-    display(explorer.explorer_widget([model_name, *compare_models], prompt, skip_layer))
+    display(explorer.explorer_widget([model_name, *compare_models], prompt, skip_layer, device=resolve_device(device),
+                                     dtype=dtype, k=top_k, loaded=lm))
 else:
     md("*Live kernel only: the explorer's form appears here when this notebook runs in Jupyter or Colab. The "
        "static example below was computed when the book was built.*")
@@ -94,10 +95,12 @@ explorer.exploration_charts(x)
 e = x.skip.set_index("layer")["relative_change"]
 later = e.iloc[skip_layer + 1 :]
 final = x.lens[(x.lens.layer == lm.adapter.n_layers) & (x.lens["rank"] == 1)].iloc[0]
-top1 = x.lens[x.lens["rank"] == 1].set_index("layer")["token"]
-settle = next((l for l in top1.index if (top1.loc[l:] == final.token).all()), None)
-md(f"The model's next token is {final.token!r} (p = {final.prob:.2f}); the logit lens' top-1 token equals it from "
-   f"the residual entering layer {settle} on (l/L = {settle / lm.adapter.n_layers:.2f}). "
+L = lm.adapter.n_layers
+top1 = x.lens[(x.lens["rank"] == 1) & (x.lens.layer < L)].set_index("layer")["token_id"]
+settle = next((l for l in top1.index if (top1.loc[l:] == final.token_id).all()), None)
+md(f"The model's next token is {final.token!r} (p = {final.prob:.2f}); "
+   + (f"the logit lens' top-1 token equals it from the residual entering layer {settle} on (l/L = {settle / L:.2f}). "
+      if settle is not None else "the logit lens' top-1 token before the output never settles on it. ")
    + (f"Skipping layer {skip_layer} changes later layers' contributions by up to {later.max():.2f} "
       f"(layer {int(later.idxmax())}) and the output distribution by {x.output_change:.3f}."
       if len(later) else f"Layer {skip_layer} is the last one; skipping it changes the output by {x.output_change:.3f}."))
@@ -110,5 +113,5 @@ show_table(explorer.lens_token_table(x))
 #
 # - One prompt is an anecdote: the chapters average the same quantities over problems and report intervals.
 # - The skip effect here is the largest change over *all* positions ≥ 1 of the prompt (chapter 03's "all tokens"
-#   variant for a single prompt), one forward pass per click.
+#   variant for a single prompt): one intervened forward pass per click, besides the clean ones.
 # - The logit lens reads every residual in the output basis; chapter 04 shows where a tuned lens disagrees.

@@ -86,7 +86,8 @@ def test_smoke_executed_chapters_are_clean(smoke_book, stem):
     assert len(injected) == 1 and 'profile = "smoke"' in injected[0].source
     # the claim table is computed, not written: it names the model that ran
     text = json.dumps([o for c in nb.cells for o in c.get("outputs", [])])
-    assert "smollm2-135m" in text
+    if stem != "92_reproducibility":  # runs no model
+        assert "smollm2-135m" in text
     if stem in CLAIM_CHAPTERS:
         assert "agrees with paper" in text
 

@@ -29,6 +29,16 @@ def test_contributions_match_direct_norms(lm):
         want = ((o - h).norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-6)).mean().item()
         val = got[(got.layer == l) & (got.component == "layer")]["value"].item()
         assert val == pytest.approx(want, rel=1e-4)
+    # attention and MLP parts, from independently hooked sublayer outputs (catches a swap of the two)
+    from lmdepth.capture import hooked_residuals
+
+    taps = {k: v[:, 0].float() for k, v in hooked_residuals(lm.adapter, ids).items()}
+    h, a, m = taps["resid_pre"], taps["attn_out"], taps["mlp_out"]
+    att = (a.norm(dim=-1) / h.norm(dim=-1)).mean(-1)
+    mlp = (m.norm(dim=-1) / (h + a).norm(dim=-1)).mean(-1)
+    for l in range(lm.adapter.n_layers):
+        assert got[(got.layer == l) & (got.component == "attention")]["value"].item() == pytest.approx(att[l].item(), rel=1e-4)
+        assert got[(got.layer == l) & (got.component == "mlp")]["value"].item() == pytest.approx(mlp[l].item(), rel=1e-4)
 
 
 def test_lens_at_output_is_the_models_prediction(lm):

@@ -5,7 +5,7 @@ the chapters and the claims each chapter saved (``results/claims/<chapter>/<mode
 atlas means running the chapters for it (``lmdepth run …``) and rebuilding the book.
 
 When a model has several finished runs of one analysis (e.g. a smoke run and the book's run), the atlas uses the
-one with the most problems, and among equals the most recent one; the sample used is shown next to every number.
+one with the most problems (held-out tokens for the linear maps), and among equals the most recent one; the sample used is shown next to every number.
 """
 
 from __future__ import annotations
@@ -122,6 +122,32 @@ def lens_rows(results_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def complexity_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+    """Chapter 05, per data source: the depth score D (layer effect, mean aggregation, 0-based, averaged over the
+    difficulty levels) at (D + 0.5)/L, and its fitted slope per difficulty level with the bootstrap interval (a
+    value: the paper's claim is a slope near 0)."""
+    from . import complexity
+
+    rows = []
+    runs = finished_runs(results_dir, complexity.ANALYSIS)
+    for r in runs:  # rank by items per level
+        r.meta.setdefault("parameters", {})["n_examples"] = r.meta["parameters"].get("n_per_level", 0)
+    for r in best_runs(runs, group=lambda p: (p.get("model_name"), p.get("source"))):
+        p, s = r.meta["parameters"], r.meta["summary"]
+        L, src = int(s["n_layers"]), p["source"]
+        sample = f"{p.get('n_per_level')} items per level"
+        levels = [x for x in s["levels"] if x["aggregation"] == "mean" and x["metric"] == "layer_effect"]
+        d = pd.Series([x["depth_score"] for x in levels], dtype=float).mean()
+        if pd.notna(d):
+            rows.append(_row(p["model_name"], L, "05_depth_vs_complexity", f"depth score ({src})", sample,
+                             layer=d, rel_depth=(d + 0.5) / L))
+        for x in s["slopes"]:
+            if x["aggregation"] == "mean" and x["metric"] == "layer_effect":
+                rows.append(_row(p["model_name"], L, "05_depth_vs_complexity",
+                                 f"depth-score slope per level ({src})", sample, value=x["slope"]))
+    return rows
+
+
 def maps_rows(results_dir: str | Path) -> list[dict[str, Any]]:
     """Chapter 06: for each fitted pair (rows under the *target* model), how closely the best source layer of each
     target layer follows equal relative depth — its correlation with relative depth and mean |offset| (values, not
@@ -129,8 +155,10 @@ def maps_rows(results_dir: str | Path) -> list[dict[str, Any]]:
     from . import linear_maps
 
     rows = []
-    for r in best_runs(finished_runs(results_dir, linear_maps.ANALYSIS), group=lambda p: (
-            p.get("model_name"), tuple(p.get("compare_models") or ()))):
+    runs = finished_runs(results_dir, linear_maps.ANALYSIS)
+    for r in runs:  # rank maps runs by their held-out sample (they have no n_examples)
+        r.meta.setdefault("parameters", {})["n_examples"] = r.meta["parameters"].get("n_test_tokens", 0)
+    for r in best_runs(runs, group=lambda p: (p.get("model_name"), tuple(p.get("compare_models") or ()))):
         sample = f"{r.meta['parameters'].get('n_test_tokens', '?')} held-out aligned tokens"
         for s in (r.meta.get("summaries") or {}).values():
             if s.get("kind") != "main":
@@ -147,6 +175,7 @@ SUMMARIES: dict[str, Callable[[str | Path], list[dict[str, Any]]]] = {
     "residual": residual_rows,
     "skipping": skipping_rows,
     "lens": lens_rows,
+    "complexity": complexity_rows,
     "maps": maps_rows,
 }
 
@@ -176,10 +205,13 @@ FINDINGS = [
     Finding("Skipping a second-half layer barely changes later computation", "Fig. 3a", "03_layer_skipping", "fig-skip-current"),
     Finding("… nor the computation of future tokens", "Fig. 3b", "03_layer_skipping", "fig-skip-future"),
     Finding("The logit-lens prediction settles from mid-depth on", "Fig. 4", "04_logit_lens", "fig-lens-layers"),
+    Finding("Depth used does not grow with problem difficulty", "Figs. 5–6", "05_depth_vs_complexity",
+            "fig-depth-level"),
     Finding("A deeper model stretches a shallower one's computation", "Fig. 8", "06_linear_maps", "fig-maps-heatmap"),
 ]
 CHAPTER_KEYS = {"01_residual_norms": "norms", "02_cosine_similarity": "cosine", "03_layer_skipping": "skipping",
-                "04_logit_lens": "lens", "06_linear_maps": "maps"}
+                "04_logit_lens": "lens", "05_depth_vs_complexity": "complexity",
+                "06_linear_maps": "maps"}
 
 
 def saved_claims(results_dir: str | Path) -> pd.DataFrame:
@@ -198,6 +230,8 @@ def findings_table(results_dir: str | Path, models: list[str] | None = None) -> 
     models that have saved claims, in file order); claims about something else than one model (a pair of models in
     chapter 06) get their own columns after them."""
     claims = saved_claims(results_dir)
+    # checks of the method (e.g. chapter 06's self-map and shuffled-pair controls) are not claims of the paper
+    claims = claims[~claims["claim"].str.startswith("control:")]
     if claims.empty:
         return pd.DataFrame()
     by_key = {k: stem for stem, k in CHAPTER_KEYS.items()}
@@ -225,7 +259,11 @@ def findings_table(results_dir: str | Path, models: list[str] | None = None) -> 
 def build_record(book_dir: str | Path) -> pd.DataFrame:
     """Per executed chapter notebook: profile, wall time, execution date and build hash (from its metadata)."""
     rows = []
+    from .chapters import CHAPTERS
+
     for path in sorted(Path(book_dir).glob("[0-9]*.ipynb")):
+        if path.stem not in CHAPTERS.values():  # e.g. a ``.failed`` notebook of an interrupted build
+            continue
         meta = nbformat.read(path, as_version=4).metadata.get("lmdepth", {})
         rows.append({"chapter": path.stem, "profile": meta.get("profile"), "wall time (s)": meta.get("wall_s"),
                      "executed (UTC)": meta.get("executed_at"), "build hash": meta.get("build_hash")})
@@ -270,4 +308,4 @@ def atlas_chart(table: pd.DataFrame, width: int = 520) -> alt.Chart:
 
 
 __all__ = ["ATLAS_COLUMNS", "FINDINGS", "Finding", "finished_runs", "best_runs", "residual_rows", "skipping_rows",
-           "lens_rows", "maps_rows", "SUMMARIES", "atlas_table", "saved_claims", "findings_table", "build_record", "atlas_chart"]
+           "lens_rows", "complexity_rows", "maps_rows", "SUMMARIES", "atlas_table", "saved_claims", "findings_table", "build_record", "atlas_chart"]

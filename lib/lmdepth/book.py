@@ -23,6 +23,7 @@ from .chapters import CHAPTERS, chapter_source, declared_parameters, execute_cha
 from .runtime import REPO_ROOT
 
 BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/references.md")
+SUMMARY_PAGES = {"atlas", "reproducibility"}  # read the other pages' results and notebooks
 
 
 def build_hash(chapter: str, profile: str) -> str:
@@ -77,13 +78,28 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
     """Execute every chapter whose inputs changed into ``book_dir``. Returns wall seconds per executed chapter."""
     book_dir = book_dir or REPO_ROOT / "book"
     results_dir = results_dir or REPO_ROOT / "results"
-    os.environ["LMDEPTH_PROGRESS"] = "0"  # inherited by the kernels: no carriage-return progress in outputs
-    os.environ["LMDEPTH_BOOK_BUILD"] = "1"  # the explorer shows its static example instead of a live widget
+    env = {"LMDEPTH_PROGRESS": "0",  # inherited by the kernels: no carriage-return progress in outputs
+           "LMDEPTH_BOOK_BUILD": "1"}  # the explorer shows its static example instead of a live widget
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _execute_all(profile, force, book_dir, results_dir)
+    finally:  # do not leak the build's settings into the caller (e.g. later tests in the same process)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path) -> dict[str, float]:
     times: dict[str, float] = {}
     for i, (chapter, stem) in enumerate(CHAPTERS.items(), 1):
         out = book_dir / f"{stem}.ipynb"
         digest = build_hash(chapter, profile)
-        if out.exists() and not force:
+        # pages that summarise the others are stale whenever another page was executed in this build
+        stale_summary = chapter in SUMMARY_PAGES and bool(times)
+        if out.exists() and not force and not stale_summary:
             meta = nbformat.read(out, as_version=4).metadata.get("lmdepth", {})
             if meta.get("build_hash") == digest and meta.get("profile") == profile:
                 print(f"[{i}/{len(CHAPTERS)}] {chapter}: up to date", flush=True)
@@ -108,6 +124,7 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
         nb.metadata["lmdepth"] = {"build_hash": digest, "profile": profile, "wall_s": round(times[chapter], 1),
                                   "executed_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
         nbformat.write(nb, out)
+        out.with_suffix(".failed.ipynb").unlink(missing_ok=True)  # a failed attempt of an earlier build
         print(f"[{i}/{len(CHAPTERS)}] {chapter}: done in {times[chapter]:.0f} s", flush=True)
     return times
 

@@ -1,13 +1,13 @@
 """Live explorer: one prompt, one model, one layer — its residual contributions, logit-lens tokens and skip effect.
 
 The compute functions are plain (testable on tiny models); :func:`explorer_widget` wraps them in ipywidgets for a
-live Jupyter or Colab kernel. Everything is computed on the spot from one clean pass and one intervened pass.
+live Jupyter or Colab kernel. Everything is computed on the spot: one hooked pass for the contributions, one clean
+pass (residuals, output distribution) shared by the lens and the skip effect, and one intervened pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import altair as alt
 import pandas as pd
@@ -17,7 +17,7 @@ from .capture import hooked_residuals
 from .metrics import RESIDUAL_METRICS, residual_token_metrics
 from .plots import COMPONENT_COLORS
 from .registry import LoadedModel, load_model
-from .skipping import Row, clean_pass, naive_effect
+from .skipping import CleanPass, Row, clean_pass, naive_effect
 
 
 @dataclass
@@ -61,12 +61,13 @@ def contributions(lm: LoadedModel, ids: torch.Tensor) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def lens_top_tokens(lm: LoadedModel, ids: torch.Tensor, position: int = -1, k: int = 5) -> pd.DataFrame:
+def lens_top_tokens(lm: LoadedModel, ids: torch.Tensor, position: int = -1, k: int = 5,
+                    clean: CleanPass | None = None) -> pd.DataFrame:
     """Logit-lens top-k tokens at one position, for the residual entering every layer and for the output.
 
-    Only [L + 1, vocab] logits of one position exist at once.
+    Only [L + 1, vocab] logits of one position exist at once. ``clean``: a clean pass of ``ids`` to reuse.
     """
-    clean = clean_pass(lm.adapter, ids)
+    clean = clean or clean_pass(lm.adapter, ids)
     resid = torch.cat([clean.resid_in[:, position], clean.resid_out[-1:, position]])  # [L+1, D]
     probs = lm.adapter.unembed(resid).float().softmax(-1)  # [L+1, V]
     top = probs.topk(k, dim=-1)
@@ -80,15 +81,18 @@ def lens_top_tokens(lm: LoadedModel, ids: torch.Tensor, position: int = -1, k: i
 
 
 @torch.no_grad()
-def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int) -> tuple[pd.DataFrame, float]:
+def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int,
+                clean: CleanPass | None = None) -> tuple[pd.DataFrame, float]:
     """Effect of skipping ``layer`` at every position ≥ 1 on every layer's contribution (chapter 03, all tokens).
+
+    ``clean``: a clean pass of ``ids`` with output probabilities to reuse.
 
     Returns:
         (``layer, relative_change`` with the largest change over positions, output change ‖P − P′‖₂).
     """
     if not 0 <= layer < lm.adapter.n_layers:
         raise ValueError(f"layer must be in 0..{lm.adapter.n_layers - 1} for {lm.name}, got {layer}")
-    clean = clean_pass(lm.adapter, ids, with_probs=True)
+    clean = clean if clean is not None and clean.probs is not None else clean_pass(lm.adapter, ids, with_probs=True)
     e, o = naive_effect(lm.adapter, ids, clean, Row(s=layer))
     return pd.DataFrame({"layer": range(lm.adapter.n_layers), "relative_change": e.numpy()}), o
 
@@ -103,8 +107,10 @@ def explore(lm: LoadedModel, text: str, layer: int, position: int = -1, k: int =
         raise ValueError(f"position must be in {-len(tokens)}..{len(tokens) - 1} for this prompt of {len(tokens)} "
                          f"tokens, got {position}")
     pos = position % len(tokens)
-    skip, out = skip_effect(lm, ids, layer)
-    return Exploration(lm.name, tokens, pos, layer, contributions(lm, ids), lens_top_tokens(lm, ids, pos, k), skip, out)
+    clean = clean_pass(lm.adapter, ids, with_probs=True)  # shared by the lens and the skip effect
+    skip, out = skip_effect(lm, ids, layer, clean)
+    return Exploration(lm.name, tokens, pos, layer, contributions(lm, ids), lens_top_tokens(lm, ids, pos, k, clean),
+                       skip, out)
 
 
 # ---- charts -----------------------------------------------------------------------------------------------------
@@ -140,31 +146,43 @@ def lens_token_table(x: Exploration) -> pd.DataFrame:
 
 # ---- the widget (live kernels only) -----------------------------------------------------------------------------
 
-@lru_cache(maxsize=2)
-def _cached_model(name: str) -> LoadedModel:
-    return load_model(name)
+_MODELS: dict[tuple[str, str, str], LoadedModel] = {}
 
 
-def explorer_widget(models: list[str], prompt: str, layer: int = 0):  # pragma: no cover - needs a live kernel
-    """Prompt box, model picker, layer slider and a Run button; results appear below. Returns the widget."""
+def _cached_model(name: str, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    if (name, device, dtype) not in _MODELS:
+        if len(_MODELS) >= 2:  # keep at most two models in memory
+            _MODELS.pop(next(iter(_MODELS)))
+        _MODELS[name, device, dtype] = load_model(name, device=device, dtype=dtype)
+    return _MODELS[name, device, dtype]
+
+
+def explorer_widget(models: list[str], prompt: str, layer: int = 0, device: str = "cpu", dtype: str = "float32",
+                    k: int = 5, loaded: LoadedModel | None = None):
+    """Prompt box, model picker, layer slider and a Run button; results appear below. Returns the widget.
+
+    ``loaded``: an already loaded model (one of ``models``, on ``device``/``dtype``) to reuse instead of loading it
+    again."""
     import ipywidgets as w
     from IPython.display import display
 
+    if loaded is not None:
+        _MODELS[loaded.name, device, dtype] = loaded
     text = w.Textarea(value=prompt, layout=w.Layout(width="100%", height="80px"), description="Prompt")
     model = w.Dropdown(options=models, value=models[0], description="Model")
-    lay = w.IntSlider(value=layer, min=0, max=_cached_model(models[0]).adapter.n_layers - 1, description="Skip layer")
+    lay = w.IntSlider(value=layer, min=0, max=_cached_model(models[0], device, dtype).adapter.n_layers - 1, description="Skip layer")
     pos = w.IntText(value=-1, description="Position", layout=w.Layout(width="180px"))
     run = w.Button(description="Run", button_style="primary")
     out = w.Output()
 
     def on_model(change) -> None:
-        lay.max = _cached_model(change["new"]).adapter.n_layers - 1
+        lay.max = _cached_model(change["new"], device, dtype).adapter.n_layers - 1
 
     def on_run(_) -> None:
         out.clear_output()
         with out:
             try:
-                x = explore(_cached_model(model.value), text.value, lay.value, pos.value)
+                x = explore(_cached_model(model.value, device, dtype), text.value, lay.value, pos.value, k)
             except Exception as err:  # shown to the user, the widget stays usable
                 print(f"{type(err).__name__}: {err}")
                 return
