@@ -433,14 +433,18 @@ def greedy_answer(model: ScratchLM, tok: CharTokenizer, question: str, max_new_t
     return tok.decode(gen).removeprefix(" ")
 
 
-def train_all(profile: str, out_dir: str | Path, archs=ARCHS, objectives=OBJECTIVES, **overrides: Any) -> dict[str, Path | None]:
-    """:func:`train_run` for every (arch, objective) of a profile; returns ``{run name: model.pt}``."""
-    stop_after = overrides.pop("stop_after", None)
+def train_all(profile: str, out_dir: str | Path, archs=ARCHS, objectives=OBJECTIVES, device: str = "cpu",
+              data_dir: str | Path | None = None, progress: bool = True, stop_after: int | None = None,
+              **overrides: Any) -> dict[str, Path | None]:
+    """:func:`train_run` for every (arch, objective) of a profile; returns ``{run name: model.pt}``.
+
+    ``device``, ``data_dir``, ``progress`` and ``stop_after`` go to :func:`train_run`; ``overrides`` to the configs."""
     out = {}
     for arch in archs:
         for obj in objectives:
             cfg = run_config(profile, arch, obj, **overrides)
-            out[cfg.name] = train_run(cfg, out_dir, stop_after=stop_after)
+            out[cfg.name] = train_run(cfg, out_dir, data_dir=data_dir, stop_after=stop_after, progress=progress,
+                                      device=device)
     return out
 
 
