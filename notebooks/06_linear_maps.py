@@ -284,9 +284,15 @@ for lab in main_labels + control_labels:
     base = table[(table["map"] == lab) & (table.metric == "mean_baseline_error")]["value"].to_numpy()
     assert np.isfinite(base).all() and (base > 0).all()
     if "self-map" not in lab and "shuffled" not in lab:
-        # with α → 0 allowed, a fit cannot be much worse than the mean on held-out data (loose: overfitting)
+        # with a small α among the choices, a fit cannot be much worse than the mean on held-out data (loose)
         assert (e <= 1.5).all()
-assert all(c > 0.5 for c in corpus["coverage"].values()), corpus["coverage"]
+low = {m: c for m, c in corpus["coverage"].items() if c <= 0.5}
+if low:  # not a bug: these tokenizers rarely end tokens at the same characters, so the maps would rest on few tokens
+    from lmdepth.errors import DataError
+
+    raise DataError(f"Token alignment covers only {', '.join(f'{m} {c:.0%}' for m, c in low.items())} of the tokens: "
+                    "the tokenizers of this model set rarely end tokens at the same character offsets. Pick models "
+                    "with more similar tokenizers.")
 
 # %% [markdown]
 # ## Speed

@@ -207,6 +207,7 @@ def test_run_is_cached(tiny_run):
     (dict(general_text="wikipedia"), "general_text"),
     (dict(n_test_tokens=0), "n_test_tokens"),
     (dict(ridge_alphas=[-1.0]), "ridge_alphas"),
+    (dict(ridge_alphas=[0.0, 1e-3]), "ridge_alphas"),
     (dict(product_dtype="float16"), "product_dtype"),
 ])
 def test_bad_parameters_fail_before_loading(bad, msg, tmp_path):

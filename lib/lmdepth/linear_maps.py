@@ -629,9 +629,11 @@ def check_params(**p: Any) -> None:
     check_type("max_doc_chars", p["max_doc_chars"], int)
     check_range("max_doc_chars", p["max_doc_chars"], 50, 100_000)
     check_type("ridge_alphas", p["ridge_alphas"], list)
-    if not p["ridge_alphas"] or not all(isinstance(a, (int, float)) and not isinstance(a, bool) and a >= 0
+    # α = 0 would divide by the zero eigenvalues of a rank-deficient Gram (NaN errors): use a tiny α instead
+    if not p["ridge_alphas"] or not all(isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0
                                         for a in p["ridge_alphas"]):
-        raise ParameterError(f"ridge_alphas must be a non-empty list of numbers >= 0, got {p['ridge_alphas']!r}.")
+        raise ParameterError(f"ridge_alphas must be a non-empty list of numbers > 0 (e.g. 1e-8 for almost no "
+                             f"regularisation), got {p['ridge_alphas']!r}.")
     for k in ("layer_stride", "control_stride"):
         check_type(k, p[k], int)
         check_range(k, p[k], 1, 1000)
