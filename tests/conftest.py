@@ -22,6 +22,18 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     return {fam: save_tiny_model(fam, root / fam) for fam in FAMILIES}
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models are overhead-bound: one intra-op thread avoids thrashing on a shared 2-core machine.
+    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tok():
     return tiny_tokenizer()

@@ -25,13 +25,7 @@ TINY_MOEUT = dict(vocab_size=99, d_model=32, n_layers=4, n_heads=2, d_head=16, g
 TINY_DENSE = dict(vocab_size=99, d_model=32, n_layers=4, n_heads=2, d_head=16, d_ff=64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are overhead-bound: one intra-op thread avoids thrashing on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def tiny(arch: str, **kw):
