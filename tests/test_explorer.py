@@ -94,3 +94,27 @@ def test_widget_runs_and_reports_bad_input(tiny_dirs, capsys):
     text.value, position.value = "ab", 99
     run.click()
     assert "position must be in" in capsys.readouterr().out
+
+
+def test_widget_in_a_live_kernel(tiny_dirs):
+    """The explorer in a real Jupyter kernel: Run fills the Output widget with the charts and the token table, and
+    bad input appears there as a message. nbclient acts as the front end and syncs the Output widget's state back
+    to the kernel, so a later cell can read what the user would see."""
+    pytest.importorskip("ipywidgets")
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    src = [
+        "from lmdepth.explorer import explorer_widget\n"
+        f"w = explorer_widget([{str(tiny_dirs['llama'])!r}], 'ab cd ef', 1)\n"
+        "text, row, out = w.children\nrun = row.children[3]\nw",
+        "run.click()",
+        "print('OUTPUTS', sorted({k for o in out.outputs for k in o.get('data', {})}))",
+        "text.value = '   '\nrun.click()",
+        "print('ERROR', [o.get('text', '') for o in out.outputs])",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in src])
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", store_widget_state=True).execute()
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.outputs if o.output_type == "stream")
+    assert "text/html" in printed.split("OUTPUTS")[1].split("\n")[0]  # the rendered chart and the token table
+    assert "The prompt is empty" in printed.split("ERROR")[1]
+    assert not [o for c in nb.cells for o in c.outputs if o.output_type == "error"]

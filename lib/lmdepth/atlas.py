@@ -208,10 +208,12 @@ FINDINGS = [
     Finding("Depth used does not grow with problem difficulty", "Figs. 5–6", "05_depth_vs_complexity",
             "fig-depth-level"),
     Finding("A deeper model stretches a shallower one's computation", "Fig. 8", "06_linear_maps", "fig-maps-heatmap"),
+    Finding("Not modelling the question makes MoEUT use more depth", "Fig. 9", "07_moeut_vs_transformer",
+            "fig-moeut-erasure"),
 ]
 CHAPTER_KEYS = {"01_residual_norms": "norms", "02_cosine_similarity": "cosine", "03_layer_skipping": "skipping",
                 "04_logit_lens": "lens", "05_depth_vs_complexity": "complexity",
-                "06_linear_maps": "maps"}
+                "06_linear_maps": "maps", "07_moeut_vs_transformer": "moeut"}
 
 
 def saved_claims(results_dir: str | Path) -> pd.DataFrame:

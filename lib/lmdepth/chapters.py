@@ -24,6 +24,7 @@ CHAPTERS: dict[str, str] = {
     "lens": "04_logit_lens",
     "complexity": "05_depth_vs_complexity",
     "maps": "06_linear_maps",
+    "moeut": "07_moeut_vs_transformer",
     "atlas": "90_across_models",
     "explorer": "91_explorer",
     "reproducibility": "92_reproducibility",
