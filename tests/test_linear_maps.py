@@ -170,7 +170,25 @@ def tiny_run(tiny_dirs, tmp_path_factory):
               self_map_model=str(tiny_dirs["llama"]), dataset=str(texts), general_text="none", general_fraction=0.0,
               n_train_tokens=900, n_val_tokens=200, n_test_tokens=400, max_doc_chars=300, control_stride=2,
               product_dtype="float64", results_dir=root / "results")
-    return lmaps.run(**kw), kw
+    import weakref
+
+    from lmdepth import registry
+
+    refs, alive_at_load = [], []
+    real = registry.load_model
+
+    def tracked(*a, **k):
+        alive_at_load.append(sum(r() is not None for r in refs))
+        lm = real(*a, **k)
+        refs.append(weakref.ref(lm))
+        return lm
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "load_model", tracked)
+        res = lmaps.run(**kw)
+    # one model in memory at a time (the paper profile maps 1.5B ↔ 14B): each earlier model was released first
+    assert alive_at_load == [0, 0], alive_at_load
+    return res, kw
 
 
 def test_run_on_tiny_models(tiny_run):
