@@ -16,29 +16,7 @@ import torch
 
 from lmdepth.data import load_examples
 from lmdepth.registry import load_model
-from lmdepth.skipping import PARTS, draw_cuts, prompt_effects, prompt_effects_naive
-
-
-def work_units(L: int, T: int, cuts: list[int], current: bool, n_variants: int, logit_cost: float) -> dict[str, float]:
-    """Layer-position units each path computes (one layer applied at one position = 1; unembedding one position
-    = ``logit_cost``), counted from the algorithms, not timed: their ratio is the speed-up the fast path can reach
-    at best on this input, whatever the hardware.
-
-    naive: per (variant, cut or "all tokens", skipped layer s) a full pass, L·T + T·logit_cost.
-    fast: per (variant, s) a lead pass over all positions for layers ≥ s (the largest cut, or "all tokens"), then
-    per other cut t the positions ≥ t only; logits only where measured.
-    """
-    ts = sorted({t for t in cuts if t > 1}, reverse=True)
-    runs = ([None] if current else []) + ts
-    naive = n_variants * len(runs) * L * (L * T + T * logit_cost)
-    fast = 0.0
-    lead_t = None if current else (ts[0] if ts else None)
-    rest = ts if current else ts[1:]
-    for s in range(L):
-        lead_meas = T - (lead_t or 0)
-        fast += (L - s) * T + lead_meas * logit_cost
-        fast += sum((L - s) * (T - t) + (T - t) * logit_cost for t in rest)
-    return {"naive": naive, "fast": n_variants * fast}
+from lmdepth.skipping import PARTS, draw_cuts, prompt_effects, prompt_effects_naive, unembed_cost, work_units
 
 
 def main() -> None:
@@ -63,8 +41,7 @@ def main() -> None:
     worst = 0.0
     n_passes = 0
     units = {"naive": 0.0, "fast": 0.0}
-    per_layer = sum(p.numel() for p in lm.adapter.layers[0].parameters())
-    logit_cost = lm.adapter.model.get_output_embeddings().weight.numel() / per_layer  # unembedding vs one layer
+    logit_cost = unembed_cost(lm.adapter)
     for ex in load_examples("gsm8k", n_examples=args.n_examples, seed=args.seed):
         ids = lm.encode(ex.text)
         cuts = draw_cuts(ids.shape[1], args.n_cuts, args.seed, ex.id) if future else []

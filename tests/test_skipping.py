@@ -124,3 +124,17 @@ def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
     E = skip_analysis.matrix(r.table, "future", "layer")
     assert E.shape == (4, 4) and np.allclose(np.tril(E), 0)  # the future effect on layers ≤ s is zero
     assert skip_analysis.run(str(tiny_dirs["llama"]), **kw).from_cache
+
+
+def test_work_units_count_the_algorithms():
+    from lmdepth.skipping import work_units
+
+    # L = 2, T = 10, cuts 4 and 8, no logits: naive 2 cuts × 2 skipped layers × a full pass of 2·10;
+    # fast: per s the lead (cut 8) over all 10 positions for layers ≥ s, then cut 4 over positions ≥ 4
+    u = work_units(2, 10, [4, 8], current=False, n_variants=1, logit_cost=0.0)
+    assert u == {"naive": 80.0, "fast": 2 * 10 + 2 * 6 + 1 * 10 + 1 * 6}
+    # logits: naive unembeds every position of every pass; fast only the measured ones
+    v = work_units(2, 10, [4, 8], current=False, n_variants=3, logit_cost=1.0)
+    assert v["naive"] == 3 * (80 + 2 * 2 * 10) and v["fast"] == 3 * (48 + 2 * (2 + 6))
+    # all tokens: one pass per skipped layer, layers below s never computed
+    assert work_units(4, 10, [], current=True, n_variants=1, logit_cost=0.0) == {"naive": 160.0, "fast": 100.0}

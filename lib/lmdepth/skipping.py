@@ -394,6 +394,34 @@ def prompt_effects_naive(
     return out
 
 
+def work_units(L: int, T: int, cuts: Sequence[int], current: bool, n_variants: int, logit_cost: float) -> dict[str, float]:
+    """Layer-position units each path computes (one layer applied at one position = 1; unembedding one position
+    = ``logit_cost``), counted from the algorithms, not timed: their ratio is the speed-up the fast path can reach
+    at best on this input, whatever the hardware.
+
+    naive: per (variant, cut or "all tokens", skipped layer s) a full pass, L·T + T·logit_cost.
+    fast: per (variant, s) a lead pass over all positions for layers ≥ s (the largest cut, or "all tokens"), then
+    per other cut t the positions ≥ t only; logits only where measured.
+    """
+    ts = sorted({t for t in cuts if t > 1}, reverse=True)
+    runs = ([None] if current else []) + ts
+    naive = n_variants * len(runs) * L * (L * T + T * logit_cost)
+    fast = 0.0
+    lead_t = None if current else (ts[0] if ts else None)
+    rest = ts if current else ts[1:]
+    for s in range(L):
+        lead_meas = T - (lead_t or 0)
+        fast += (L - s) * T + lead_meas * logit_cost
+        fast += sum((L - s) * (T - t) + (T - t) * logit_cost for t in rest)
+    return {"naive": naive, "fast": n_variants * fast}
+
+
+def unembed_cost(adapter: ModelAdapter) -> float:
+    """Cost of unembedding one position in units of one layer at one position (parameter counts)."""
+    per_layer = sum(p.numel() for p in adapter.layers[0].parameters())
+    return adapter.model.get_output_embeddings().weight.numel() / per_layer
+
+
 def draw_cuts(n_tokens: int, n_cuts: int, seed: int, key: str, stride: int = 8) -> list[int]:
     """The paper's cut points: candidates ``range(stride, T − 4, stride)``, shuffled, the first ``n_cuts``.
 
@@ -405,4 +433,4 @@ def draw_cuts(n_tokens: int, n_cuts: int, seed: int, key: str, stride: int = 8) 
 
 
 __all__ = ["PARTS", "Row", "CleanPass", "clean_pass", "naive_effect", "prompt_effects", "prompt_effects_naive",
-           "draw_cuts", "run_rows", "variants"]
+           "draw_cuts", "run_rows", "variants", "work_units", "unembed_cost"]
