@@ -65,7 +65,7 @@ def test_answer_scores_match_an_independent_computation(runs):
         assert ok[i] == bool((logits[ans].argmax(-1) == target[ans]).all())
 
 
-def test_accuracy_summary_and_objective_gain():
+def test_accuracy_summary():
     rows = []
     for arch, obj, k in (("moeut", "lm", 1), ("moeut", "answer_only", 3), ("transformer", "lm", 2),
                          ("transformer", "answer_only", 2)):
@@ -75,7 +75,21 @@ def test_accuracy_summary_and_objective_gain():
     assert s.set_index("run").accuracy.to_dict() == {"moeut-lm": 0.25, "moeut-answer_only": 0.75,
                                                       "transformer-lm": 0.5, "transformer-answer_only": 0.5}
     assert (s.answer_nll == 1.5).all()
-    assert sa.objective_gain(s, "extrapolate") == {"moeut": 0.5, "transformer": 0.0}
+    assert s.set_index("run").loc["moeut-lm", ["ci_low", "ci_high"]].tolist() == pytest.approx(
+        sa.wilson_interval(1, 4))
+
+
+def test_paired_gains_are_paired_differences():
+    rows = []
+    for i in range(20):  # MoEUT: the answer-only run solves every problem, the all-token run none; Transformer equal
+        for run, ok, nll in (("moeut-lm", False, 2.0), ("moeut-answer_only", True, 1.0),
+                             ("transformer-lm", i % 2 == 0, 1.5), ("transformer-answer_only", i % 2 == 0, 1.5)):
+            rows.append({"run": run, "split": "extrapolate", "correct": ok, "answer_nll": nll})
+    g = sa.paired_gains(pd.DataFrame(rows), "extrapolate", n_boot=200).set_index(["metric", "comparison"])
+    assert g.loc[("exact match", "moeut")][["gain", "ci_low", "ci_high"]].tolist() == [1.0, 1.0, 1.0]
+    assert g.loc[("exact match", "transformer")][["gain", "ci_low", "ci_high"]].tolist() == [0.0, 0.0, 0.0]
+    assert g.loc[("answer loss reduction", "moeut − transformer"), "gain"] == 1.0
+    assert (g.n == 20).all()
 
 
 def test_probe_erasure_layout(runs):

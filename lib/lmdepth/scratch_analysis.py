@@ -123,11 +123,30 @@ def accuracy_summary(per_example: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def objective_gain(summary: pd.DataFrame, split: str, value: str = "accuracy") -> dict[str, float]:
-    """Per architecture: ``value`` with the question not modelled minus with it modelled, on one split."""
-    s = summary[summary.split == split].set_index(["arch", "objective"])[value]
-    return {arch: float(s[(arch, "answer_only")] - s[(arch, "lm")]) for arch in ARCHS
-            if (arch, "answer_only") in s.index and (arch, "lm") in s.index}
+def paired_gains(per_example: pd.DataFrame, split: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """What not modelling the question changes, per architecture and MoEUT − Transformer, with paired bootstrap 95 %
+    intervals (all runs answer the same problems, so problems are resampled jointly).
+
+    Metrics: ``exact match`` (answer-only − all-token accuracy) and ``answer loss reduction`` (all-token − answer-only
+    mean answer cross-entropy, nats per token; positive = the answer-only run predicts the answers better).
+
+    Returns:
+        ``split, metric, comparison ("moeut", "transformer", "moeut − transformer"), gain, ci_low, ci_high, n``.
+    """
+    d = per_example[per_example.split == split].copy()
+    d["item"] = d.groupby("run").cumcount()  # evaluate() keeps the order of the examples for every run
+    n = int(d.item.nunique())
+    idx = np.random.default_rng(seed).integers(0, n, (n_boot, n))
+    rows = []
+    for metric, col, sign in (("exact match", "correct", 1.0), ("answer loss reduction", "answer_nll", -1.0)):
+        w = d.pivot(index="item", columns="run", values=col).astype(float)
+        gains = {a: sign * (w[f"{a}-answer_only"] - w[f"{a}-lm"]).to_numpy() for a in ARCHS}
+        gains["moeut − transformer"] = gains["moeut"] - gains["transformer"]
+        for name, g in gains.items():
+            lo, hi = np.quantile(g[idx].mean(1), [0.025, 0.975])
+            rows.append({"split": split, "metric": metric, "comparison": name, "gain": float(g.mean()),
+                         "ci_low": float(lo), "ci_high": float(hi), "n": n})
+    return pd.DataFrame(rows)
 
 
 # ---- residual erasure on the probes ----------------------------------------------------------------------------
@@ -313,6 +332,6 @@ def depth_ops_chart(levels: pd.DataFrame, width: int = 420, height: int = 220):
     return alt.layer(band, line).add_params(effect, pick).properties(width=width, height=height)
 
 
-__all__ = ["TrainedRun", "trained_runs", "wilson_interval", "evaluate_runs", "accuracy_summary", "objective_gain",
+__all__ = ["TrainedRun", "trained_runs", "wilson_interval", "evaluate_runs", "accuracy_summary", "paired_gains",
            "probe_erasure", "erasure_depth", "operation_sample", "depth_by_operations", "loss_chart",
            "accuracy_chart", "probe_chart", "depth_ops_chart", "ARCH_LABELS", "RUN_COLORS"]
