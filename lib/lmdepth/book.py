@@ -67,8 +67,9 @@ def clean_notebook(path: Path, repo_url: str | None = None) -> list[str]:
             if "application/vnd.jupyter.widget-view+json" in out.get("data", {}):
                 out["data"].pop("application/vnd.jupyter.widget-view+json")
         # stderr (warnings) and progress bars (carriage returns) from model loading are not part of the chapter
-        cell["outputs"] = [o for o in cell.get("outputs", []) if not (
-            o.get("output_type") == "stream" and (o.get("name") == "stderr" or "\r" in o.get("text", "")))]
+        if cell.cell_type == "code":  # (markdown cells have no outputs field: adding one breaks nbformat)
+            cell["outputs"] = [o for o in cell.outputs if not (
+                o.get("output_type") == "stream" and (o.get("name") == "stderr" or "\r" in o.get("text", "")))]
     nbformat.write(nb, path)
     return errors
 
