@@ -22,7 +22,7 @@
 # (the Transformer: 41 % → 48 %), and residual erasure suggests that MoEUT then uses more of its depth in an
 # input-dependent way, with later computation steps in later layers.
 #
-# This chapter trains the four runs at a size a 2-core CPU can train in about half an hour (~1M parameters, 1,500
+# This chapter trains the four runs at a size a 2-core CPU can train in about 22 minutes (~1M parameters, 1,500
 # steps, one arithmetic module), and applies the same measurements: exact match on the interpolate and extrapolate
 # splits, residual erasure on the paper's four probe problems, and — beyond the paper — the depth score of
 # {doc}`05_depth_vs_complexity` against the number of operations in the problem. At this scale the models are weak;

@@ -146,8 +146,8 @@ class TrainConfig:
 #: * ``smoke``: seconds; tests and CI.
 #: * ``default``: ~1M parameters per model, 1500 steps of 32 problems (one epoch of 48k generated problems) of one
 #:   module, ``add_sub_multiple`` (the module of two of the paper's four probes; with three modules 600-step trials
-#:   reached 0.1–0.4 % exact match, so the budget goes to one); sized for the book's 2-core CPU (measured: MoEUT
-#:   0.74 and Transformer 0.34 CPU-seconds per step, so ≈ 27 min wall for the four runs on two free cores).
+#:   reached 0.1–0.4 % exact match, so the budget goes to one); sized for the book's 2-core CPU (measured with one
+#:   thread per run, two runs side by side: MoEUT 906–915 s and Transformer 405 s per run, 22 min wall for all four).
 #: * ``paper``: the public MoEUT_244M configuration (d_model 1024, 18 depth steps, G = 2, 4 heads of 128, 387 σ-MoE
 #:   experts of 128 with top-16, 10 SwitchHead experts with top-2; ≈ 227M parameters with the 99-symbol vocabulary)
 #:   and a dense pre-LN baseline of about the same size (18 layers, d_model 1024, d_ff 4096, 16 heads of 64), on
