@@ -165,6 +165,9 @@ def across_models(
 
 # ---- layer skipping (chapter 03) ---------------------------------------------------------------------------------
 
+VIRIDIS_ZERO = "#440154"  # the colour of 0 in the viridis scheme
+
+
 def effect_heatmaps(table: pd.DataFrame, analysis: str, variants: list[str], title_by_variant: dict[str, str],
                     stat: str = "max", size: int = 230) -> alt.Chart:
     """One heatmap per variant: skipped layer (rows, 0 at the top) × affected layer, relative change 0..1.
@@ -173,10 +176,12 @@ def effect_heatmaps(table: pd.DataFrame, analysis: str, variants: list[str], tit
     row of one skipped layer in every panel.
     """
     t = table[(table.analysis == analysis) & (table.metric == "relative_change") & (table.stat == stat)
-              & table.variant.isin(variants)]
-    # short field names and rounding: every cell is embedded in the page as JSON
-    d = pd.DataFrame({"s": t.skipped_layer, "j": t.affected_layer, "v": t.value.round(3),
-                      "part": t.variant.map(title_by_variant)})
+              & table.variant.isin(variants) & (table.affected_layer >= table.skipped_layer)]
+    # Every cell is embedded in the page as JSON, so: short field names, rounding, part codes (titles go in the
+    # facet headers), and no cells below the diagonal — skipping s cannot change a layer j < s, those are 0 by
+    # construction and are drawn by the view's background in the colour of 0.
+    d = pd.DataFrame({"s": t.skipped_layer, "j": t.affected_layer, "v": t.value.round(3), "part": t.variant})
+    header = " : ".join(f"datum.value == '{v}' ? '{title_by_variant[v]}'" for v in variants) + " : datum.value"
     # a slider highlights one skipped layer's row in every panel (-1: none)
     row = alt.param(name=f"skip_row_{analysis}", value=-1, bind=alt.binding_range(
         min=-1, max=int(d["s"].max()) if len(d) else 0, step=1, name="Highlight skipped layer (−1: none) "))
@@ -188,8 +193,8 @@ def effect_heatmaps(table: pd.DataFrame, analysis: str, variants: list[str], tit
         tooltip=[alt.Tooltip("part:N"), alt.Tooltip("s:O", title="skipped"), alt.Tooltip("j:O", title="affected"),
                  alt.Tooltip("v:Q", format=".3f", title="relative change")],
     ).add_params(row).properties(width=size, height=size).facet(
-        facet=alt.Facet("part:N", title=None, sort=[title_by_variant[v] for v in variants]), columns=2
-    )
+        facet=alt.Facet("part:N", title=None, sort=list(variants), header=alt.Header(labelExpr=header)), columns=2
+    ).configure_view(fill=VIRIDIS_ZERO)
 
 
 def output_effect_bars(table: pd.DataFrame, analysis: str, variants: list[str], title_by_variant: dict[str, str],
