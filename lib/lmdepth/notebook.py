@@ -29,6 +29,7 @@ def setup(seed: int = 0) -> None:
     if os.environ.get("LMDEPTH_PROGRESS", "1") == "0":
         transformers.utils.logging.disable_progress_bar()
     pd.set_option("display.precision", 3)
+    pd.set_option("styler.format.precision", 3)  # show_table() renders through a Styler (default: 6 decimals)
     seed_everything(seed)
 
 

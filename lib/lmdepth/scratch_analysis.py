@@ -30,7 +30,6 @@ from .errors import DataError
 from .scratch_models import ScratchLM, adapter_for
 from .training import (
     ARCHS,
-    OBJECTIVE_LABELS,
     OBJECTIVES,
     evaluate,
     greedy_answer,
@@ -56,10 +55,6 @@ class TrainedRun:
     meta: dict[str, Any]
     path: Path
     trained_now: bool = False
-
-    @property
-    def label(self) -> str:
-        return f"{ARCH_LABELS[self.arch]}, {OBJECTIVE_LABELS[self.objective]}"
 
 
 def trained_runs(profile: str, checkpoint_dir: str | Path, data_dir: str | Path, train: bool = True,
