@@ -18,11 +18,12 @@
 # relative depth*: the error heatmap has a clear diagonal. The paper reads this as the deeper model spreading the
 # same kinds of computation over more layers rather than composing new ones.
 #
-# This chapter fits those maps in closed form between two packaged models of **different families and
-# tokenizers** — SmolLM2-135M (30 layers) and Gemma 3 270M (18 layers; the same depth ratio, 1.7, as the paper's
-# pair) — in both directions, with three controls: a model mapped onto itself, shuffled token pairs, and the
-# embeddings alone as the source. One forward pass per model and a closed-form fit of every pair take minutes on a
-# CPU (the speed section reports this run's time), where the paper reports 80 GPU-days of SGD.
+# This chapter fits those maps in closed form between every pair of the three packaged models, which differ in
+# **family, tokenizer and depth** — SmolLM2-135M (30 layers), Qwen2.5-Coder-0.5B (24) and Gemma 3 270M (18; 30/18
+# is the paper's depth ratio, 1.7) — in both directions, with three controls: a model mapped onto itself,
+# shuffled token pairs, and the embeddings alone as the source. One forward pass per model and a closed-form fit of
+# every layer pair take minutes on a CPU (the speed section reports this run's time), where the paper reports
+# 80 GPU-days of SGD.
 #
 # **Rerun it.** Other pairs, more tokens, a GPU (the executed notebook is saved beside the results):
 #
@@ -45,7 +46,8 @@ if "google.colab" in sys.modules:  # pragma: no cover
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # one model of every pair (packaged short name, hub id or local directory)
-compare_models: list = ["gemma3-270m"]  # the other model of each pair; each pair is fitted in both directions
+compare_models: list = ["gemma3-270m", "qwen2.5-coder-0.5b"]  # the other model of each pair; both directions each
+all_pairs: bool = True  # also map the compare models onto each other (every pair of the model set)
 self_map_model: str = "gemma3-270m"  # control: this model mapped onto itself ("" to skip)
 shuffle_control: bool = True  # control: model_name → compare_models[0] fitted on shuffled token pairs
 dataset: str = "gsm8k"  # word problems: "gsm8k" or "math" (their train split), or a .jsonl file of texts
@@ -81,7 +83,7 @@ setup(seed)
 if remote:
     raise ParameterError("remote=True is not supported by this chapter: the maps need every residual of both "
                          "models at every aligned token. Run on a GPU with device='cuda' instead.")
-run_kw = dict(model_name=model_name, compare_models=compare_models, self_map_model=self_map_model,
+run_kw = dict(model_name=model_name, compare_models=compare_models, all_pairs=all_pairs, self_map_model=self_map_model,
               shuffle_control=shuffle_control, dataset=dataset, general_text=general_text,
               general_fraction=general_fraction, n_train_tokens=n_train_tokens, n_val_tokens=n_val_tokens,
               n_test_tokens=n_test_tokens, max_doc_chars=max_doc_chars, ridge_alphas=ridge_alphas,
@@ -155,7 +157,7 @@ summary_df = pd.DataFrame(rows)
 # %% [markdown]
 # ## The error heatmap (Fig. 8)
 
-# %% mystnb={"figure": {"caption": "Held-out relative error (the paper's metric) of the linear map from every source boundary (rows, bottom: embeddings) to every target boundary (columns), both directions. Bottom/left axes: boundary index; top/right axes: relative depth. Dashed white: equal relative depth m/L_source = l/L_target. Red dots: the best target of each row; white diamonds: the best source of each column. Hover a cell for its values.", "name": "fig-maps-heatmap"}}
+# %% mystnb={"figure": {"caption": "Held-out relative error (the paper's metric) of the linear map from every source boundary (rows, bottom: embeddings) to every target boundary (columns), both directions of the first pair (the other pairs follow below). Bottom/left axes: boundary index; top/right axes: relative depth. Dashed white: equal relative depth m/L_source = l/L_target. Red dots: the best target of each row; white diamonds: the best source of each column. Hover a cell for its values.", "name": "fig-maps-heatmap"}}
 lmaps.map_heatmaps(table, main_labels[:2], size=250)
 
 # %% tags=["hide-input"]
@@ -175,24 +177,29 @@ if len(main_labels) > 2:
 # overlay are reported beside it. The same heatmap with each column divided by the error of the mean-only
 # predictor, $\sqrt{\text{fraction of variance unexplained}}$, removes the stripes:
 
-# %% mystnb={"figure": {"caption": "The same maps, each cell's error divided by the error of predicting the target boundary's training mean (1 = the source tells nothing about that boundary; 0 = perfect). Markers as above.", "name": "fig-maps-normalized"}}
-lmaps.map_heatmaps(table, main_labels[:2], size=250, normalized=True)
+# %% mystnb={"figure": {"caption": "The same maps, each cell's error divided by the error of predicting the target boundary's training mean (1 = the source tells nothing about that boundary; 0 = perfect). Markers as above; every pair, both directions.", "name": "fig-maps-normalized"}}
+import altair as alt
+
+alt.vconcat(*[lmaps.map_heatmaps(table, main_labels[k : k + 2], size=200, normalized=True)
+              for k in range(0, len(main_labels), 2)])
 
 # %% tags=["hide-input"]
 show_table(summary_df)
 
 # %% tags=["hide-input"]
-first, second = summ[main_labels[0]], summ[main_labels[1]]
+first = summ[main_labels[0]]
 b0 = pd.DataFrame(lmaps.summarize_map(table, main_labels[0])["best_cols"])
 mid = b0.iloc[(b0.target_depth - 0.5).abs().argmin()]
-md(f"**Best source of each target boundary.** Correlation between target relative depth and the relative depth of "
-   f"its best source: **{first['col_corr']:.2f}** for {main_labels[0]}, **{second['col_corr']:.2f}** for "
-   f"{main_labels[1]}; mean absolute offset from the equal-depth line **{first['col_mean_abs_offset']:.2f}** and "
-   f"**{second['col_mean_abs_offset']:.2f}** of the depth. For example, {first['target']} boundary "
+col = [summ[lab]["col_corr"] for lab in main_labels]
+off = [summ[lab]["col_mean_abs_offset"] for lab in main_labels]
+row_off = [summ[lab]["row_mean_abs_offset"] for lab in main_labels]
+md(f"**Best source of each target boundary**, over the {len(main_labels)} maps ({len(main_labels) // 2} pairs × 2 "
+   f"directions): correlation between target relative depth and the relative depth of its best source "
+   f"**{min(col):.2f}–{max(col):.2f}**; mean absolute offset from the equal-depth line **{min(off):.2f}–"
+   f"{max(off):.2f}** of the depth (per map in the table above). For example, {first['target']} boundary "
    f"{int(mid.target_layer)} (depth {mid.target_depth:.2f}) is best predicted by {first['source']} boundary "
    f"{int(mid.best_source_layer)} (depth {mid.source_depth:.2f}). **Best target of each source boundary** (the "
-   f"paper's row-wise overlay): correlation {first['row_corr']:.2f} and {second['row_corr']:.2f}, mean absolute "
-   f"offset {first['row_mean_abs_offset']:.2f} and {second['row_mean_abs_offset']:.2f}.")
+   f"paper's row-wise overlay): mean absolute offset {min(row_off):.2f}–{max(row_off):.2f}.")
 
 # %% [markdown]
 # The controls below show which part of the error is informative.
@@ -235,11 +242,12 @@ for lab in shuf_labels:
     ctrl.append({"control": "shuffled pairs", "map": lab,
                  "measured": f"error / mean-only error: min {ratio.min():.3f}, median {np.median(ratio):.3f}; "
                  f"best-source correlation {summ[lab]['col_corr']:.2f}"})
-e0 = lmaps.error_matrix(table, main_labels[0])
-floor_gap = (e0.loc[0] - e0.min(axis=0)).to_numpy()
-ctrl.append({"control": "embeddings only (floor)", "map": main_labels[0],
-             "measured": f"error from m = 0 minus the best error, mean over target boundaries {floor_gap.mean():.3f} "
-             f"(largest {floor_gap.max():.3f} at target boundary {int(e0.columns[floor_gap.argmax()])})"})
+for lab in main_labels:
+    e0 = lmaps.error_matrix(table, lab)
+    floor_gap = (e0.loc[0] - e0.min(axis=0)).to_numpy()
+    ctrl.append({"control": "embeddings only (floor)", "map": lab,
+                 "measured": f"error from m = 0 minus the best error, mean over target boundaries {floor_gap.mean():.3f} "
+                 f"(largest {floor_gap.max():.3f} at target boundary {int(e0.columns[floor_gap.argmax()])})"})
 show_table(pd.DataFrame(ctrl))
 
 # %% [markdown]
@@ -324,10 +332,10 @@ show_table(tm)
 # ## Differences from the paper
 #
 # - **Models.** The paper maps Qwen2.5-1.5B (28 layers) to Qwen2.5-14B (48 layers): one family, one tokenizer,
-#   trained alike. Here SmolLM2-135M (Llama architecture, 30 layers) and Gemma 3 270M (18 layers, sandwich norms)
-#   differ in family, tokenizer, width, training data and size — a harder test of "same relative depth", and
-#   there is no "small and large version of one model" among the packaged models. Both run in fp32, de-quantised
-#   from 4-bit GGUF files.
+#   trained alike. Here SmolLM2-135M (Llama architecture, 30 layers), Qwen2.5-Coder-0.5B (Qwen2, 24 layers) and
+#   Gemma 3 270M (18 layers, sandwich norms) differ in family, tokenizer, width, training data and size — a harder
+#   test of "same relative depth", and there is no "small and large version of one model" among the packaged
+#   models. All run in fp32, de-quantised from 4-bit GGUF files.
 # - **Token alignment.** Positions where both tokenizers end a token at the same character, instead of token
 #   identity; position 0 and special tokens are excluded. Coverage is reported above.
 # - **Fit.** Closed-form ridge regression with a bias, ridge strength chosen per layer pair on a validation

@@ -213,6 +213,23 @@ def test_run_on_tiny_models(tiny_run):
     assert set(meta["timings_s"]) >= {"total", "tokenize_and_align"}
 
 
+def test_all_pairs_maps_every_pair_as_its_own_run_would(tiny_run, tiny_dirs, tmp_path):
+    """With three models, all_pairs adds the pair of the two compare models, both directions; its errors equal
+    those of a run made for that pair alone (identical character tokenizers align the same positions)."""
+    _, kw = tiny_run
+    a, b, c = kw["model_name"], kw["compare_models"][0], str(tiny_dirs["qwen2"])
+    common = {**kw, "self_map_model": "", "shuffle_control": False, "results_dir": tmp_path}
+    trio = lmaps.run(**{**common, "compare_models": [b, c], "all_pairs": True})
+    labels = [l for m in trio.meta["maps"] for l in m["labels"]]
+    assert labels == [f"{a} → {b}", f"{b} → {a}", f"{a} → {c}", f"{c} → {a}", f"{b} → {c}", f"{c} → {b}"]
+    alone = lmaps.run(**{**common, "model_name": b, "compare_models": [c]})
+    for label in (f"{b} → {c}", f"{c} → {b}"):
+        np.testing.assert_allclose(lmaps.error_matrix(trio.table, label).to_numpy(),
+                                   lmaps.error_matrix(alone.table, label).to_numpy(), rtol=1e-9, atol=1e-12)
+    without = lmaps.map_specs(a, [b, c], "", False, 2, all_pairs=False)
+    assert [(s.source, s.target) for s in without] == [(a, b), (a, c)]
+
+
 def test_run_is_cached(tiny_run):
     res, kw = tiny_run
     again = lmaps.run(**kw)
@@ -227,6 +244,7 @@ def test_run_is_cached(tiny_run):
     (dict(ridge_alphas=[-1.0]), "ridge_alphas"),
     (dict(ridge_alphas=[0.0, 1e-3]), "ridge_alphas"),
     (dict(product_dtype="float16"), "product_dtype"),
+    (dict(all_pairs="yes"), "all_pairs"),
 ])
 def test_bad_parameters_fail_before_loading(bad, msg, tmp_path):
     with pytest.raises(ParameterError, match=msg):

@@ -595,8 +595,12 @@ class MapSpec:
 
 
 def map_specs(model_name: str, compare_models: list[str], self_map_model: str, shuffle_control: bool,
-              control_stride: int, layer_stride: int = 1) -> list[MapSpec]:
+              control_stride: int, layer_stride: int = 1, all_pairs: bool = False) -> list[MapSpec]:
+    """The maps of one run: ``model_name`` with each compare model (and, with ``all_pairs``, every pair of compare
+    models too), both directions each, then the controls."""
     specs = [MapSpec("main", model_name, c, layer_stride) for c in compare_models]
+    if all_pairs:
+        specs += [MapSpec("main", a, b, layer_stride) for i, a in enumerate(compare_models) for b in compare_models[i + 1:]]
     if self_map_model:
         specs.append(MapSpec("self", self_map_model, self_map_model, control_stride))
     if shuffle_control and compare_models:
@@ -615,6 +619,7 @@ def check_params(**p: Any) -> None:
         raise ParameterError("compare_models must name at least one model other than model_name: the maps go "
                              f"between two models (got model_name={p['model_name']!r}, compare_models="
                              f"{p['compare_models']!r}). Example: compare_models: [gemma3-270m].")
+    check_type("all_pairs", p["all_pairs"], bool)
     check_type("self_map_model", p["self_map_model"], str)
     check_type("shuffle_control", p["shuffle_control"], bool)
     check_type("dataset", p["dataset"], str)
@@ -668,6 +673,7 @@ def _tokenizer(name: str) -> tuple[Any, int | None]:
 def run(
     model_name: str = "smollm2-135m",
     compare_models: list[str] | None = None,
+    all_pairs: bool = True,
     self_map_model: str = "gemma3-270m",
     shuffle_control: bool = True,
     dataset: str = "gsm8k",
@@ -694,6 +700,7 @@ def run(
     Args:
         model_name: one model of every pair (packaged short name, hub id or local directory).
         compare_models: the other model of each pair.
+        all_pairs: also map every pair of ``compare_models`` onto each other (every pair of the model set).
         self_map_model: model mapped onto itself (control: the identity line); "" to skip.
         shuffle_control: also fit ``model_name`` → ``compare_models[0]`` on shuffled token pairs.
         dataset: word problems ("gsm8k", "math" — train split — or a JSONL file).
@@ -721,9 +728,11 @@ def run(
     ridge_alphas = list(DEFAULT_ALPHAS) if ridge_alphas is None else list(ridge_alphas)
     check_params(**{k: v for k, v in locals().items() if k != "results_dir"})
     compare_models = [m for m in dict.fromkeys(compare_models) if m != model_name]
-    specs = map_specs(model_name, compare_models, self_map_model, shuffle_control, control_stride, layer_stride)
+    specs = map_specs(model_name, compare_models, self_map_model, shuffle_control, control_stride, layer_stride,
+                      all_pairs)
     models = list(dict.fromkeys([model_name, *compare_models] + ([self_map_model] if self_map_model else [])))
     key_params = dict(compare_models=compare_models, self_map_model=self_map_model, shuffle_control=shuffle_control,
+                      **({"all_pairs": True} if all_pairs and len(compare_models) > 1 else {}),
                       dataset=dataset_id(dataset), general_text=general_text, general_fraction=general_fraction,
                       n_train_tokens=n_train_tokens, n_val_tokens=n_val_tokens, n_test_tokens=n_test_tokens,
                       max_doc_chars=max_doc_chars, ridge_alphas=ridge_alphas, layer_stride=layer_stride,
