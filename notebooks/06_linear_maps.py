@@ -92,11 +92,11 @@ run_kw = dict(model_name=model_name, compare_models=compare_models, all_pairs=al
               device=resolve_device(device), dtype=dtype, results_dir=results_dir, use_cache=use_cache)
 
 # %% [markdown]
-# ## Aligning two tokenizers
+# ## Aligning the tokenizers
 #
 # The paper's models share a tokenizer, so token $t$ of one is token $t$ of the other. Ours do not. A position is
-# used when **both tokenizers end a token at the same character offset**: there both models have read exactly the
-# same text, and their residuals summarise the same prefix. Special tokens and position 0 of each model (BOS or
+# used when **every tokenizer of the run ends a token at the same character offset**: there all models have read
+# exactly the same text, and their residuals summarise the same prefix. Special tokens and position 0 of each model (BOS or
 # the first text token: the attention sink) are dropped; where byte-level BPE splits one character into several
 # tokens, the last piece is used. Whole texts go to one split — test first, then validation, then training —
 # so neighbouring tokens never straddle the held-out boundary.
@@ -336,7 +336,8 @@ show_table(tm)
 #   Gemma 3 270M (18 layers, sandwich norms) differ in family, tokenizer, width, training data and size — a harder
 #   test of "same relative depth", and there is no "small and large version of one model" among the packaged
 #   models. All run in fp32, de-quantised from 4-bit GGUF files.
-# - **Token alignment.** Positions where both tokenizers end a token at the same character, instead of token
+# - **Token alignment.** Positions where every tokenizer of the run (all three models, so every pair is fitted and
+#   tested on the same positions) ends a token at the same character, instead of token
 #   identity; position 0 and special tokens are excluded. Coverage is reported above.
 # - **Fit.** Closed-form ridge regression with a bias, ridge strength chosen per layer pair on a validation
 #   split, instead of SGD (whose optimiser, steps and regularisation the paper does not give). The statistics'

@@ -29,6 +29,7 @@ def test_default_profile_matches_notebook_defaults():
 def test_cli_values_are_yaml():
     assert parse_cli_value("5") == 5 and parse_cli_value("true") is True
     assert parse_cli_value("[a, b]") == ["a", "b"] and parse_cli_value("gemma3-270m") == "gemma3-270m"
+    assert parse_cli_value("") == ""  # e.g. -p self_map_model "" (YAML alone would give None: a type error)
 
 
 @pytest.mark.parametrize(

@@ -214,8 +214,10 @@ def test_run_on_tiny_models(tiny_run):
 
 
 def test_all_pairs_maps_every_pair_as_its_own_run_would(tiny_run, tiny_dirs, tmp_path):
-    """With three models, all_pairs adds the pair of the two compare models, both directions; its errors equal
-    those of a run made for that pair alone (identical character tokenizers align the same positions)."""
+    """With three models, all_pairs adds the pair of the two compare models, both directions, wired to the right
+    residuals: its errors equal those of a run made for that pair alone. (The tiny models share one character
+    tokenizer, so both runs align the same positions; with different tokenizers a trio aligns the positions where all
+    three end a token, a subset of the pair's own.)"""
     _, kw = tiny_run
     a, b, c = kw["model_name"], kw["compare_models"][0], str(tiny_dirs["qwen2"])
     common = {**kw, "self_map_model": "", "shuffle_control": False, "results_dir": tmp_path}

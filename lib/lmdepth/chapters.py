@@ -109,7 +109,12 @@ def check_parameters(chapter: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_cli_value(raw: str) -> Any:
-    """``-p name value`` values are YAML: 5 → int, true → bool, "[a, b]" → list, anything else → str."""
+    """``-p name value`` values are YAML: 5 → int, true → bool, "[a, b]" → list, anything else → str.
+
+    An empty value stays the empty string (YAML would read it as null), e.g. ``-p checkpoint_dir ""``.
+    """
+    if not raw.strip():
+        return raw
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError:

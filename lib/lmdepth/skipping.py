@@ -402,6 +402,9 @@ def work_units(L: int, T: int, cuts: Sequence[int], current: bool, n_variants: i
     naive: per (variant, cut or "all tokens", skipped layer s) a full pass, L·T + T·logit_cost.
     fast: per (variant, s) a lead pass over all positions for layers ≥ s (the largest cut, or "all tokens"), then
     per other cut t the positions ≥ t only; logits only where measured.
+    Not counted: the clean pass both paths share, and the fallback without prefix reuse (a sliding-window cache
+    shorter than the prompt, :func:`prefix_reuse_ok`), where the fast path recomputes every position and the
+    counted ratio overstates it.
     """
     ts = sorted({t for t in cuts if t > 1}, reverse=True)
     runs = ([None] if current else []) + ts
