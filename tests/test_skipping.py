@@ -138,3 +138,16 @@ def test_work_units_count_the_algorithms():
     assert v["naive"] == 3 * (80 + 2 * 2 * 10) and v["fast"] == 3 * (48 + 2 * (2 + 6))
     # all tokens: one pass per skipped layer, layers below s never computed
     assert work_units(4, 10, [], current=True, n_variants=1, logit_cost=0.0) == {"naive": 160.0, "fast": 100.0}
+
+
+def test_work_ratios_use_the_analysis_cut_points():
+    from lmdepth.skipping import unembed_cost, work_ratios, work_units
+
+    adapter = ModelAdapter.for_model(tiny_model("llama"))
+    lengths = [("a", 60), ("b", 90)]
+    got = work_ratios(adapter, lengths, n_cuts=4, seed=3, current=False, n_variants=4)
+    for (key, T), r in zip(lengths, got):
+        u = work_units(adapter.n_layers, T, draw_cuts(T, 4, 3, key), False, 4, unembed_cost(adapter))
+        assert r == pytest.approx(u["naive"] / u["fast"]) and r > 1
+    # another problem id draws other cuts, hence (here) another ratio
+    assert work_ratios(adapter, [("c", 60)], 4, 3, False, 4) != got[:1]

@@ -419,6 +419,23 @@ def work_units(L: int, T: int, cuts: Sequence[int], current: bool, n_variants: i
     return {"naive": naive, "fast": n_variants * fast}
 
 
+def work_ratios(adapter: ModelAdapter, lengths: Sequence[tuple[str, int]], n_cuts: int, seed: int, current: bool,
+                n_variants: int, stride: int = 8) -> list[float]:
+    """Counted naive / fast work ratio (:func:`work_units`) for each prompt, with the cut points the analysis would
+    draw for it: the best speed-up the fast path's algorithm allows on each input, without running a model.
+
+    Args:
+        lengths: (example id, token count) per prompt; ``n_cuts = 0`` with ``current`` counts the all-token analysis.
+    """
+    cost = unembed_cost(adapter)
+    out = []
+    for key, T in lengths:
+        cuts = draw_cuts(T, n_cuts, seed, key, stride) if n_cuts else []
+        u = work_units(adapter.n_layers, T, cuts, current, n_variants, cost)
+        out.append(u["naive"] / u["fast"])
+    return out
+
+
 def unembed_cost(adapter: ModelAdapter) -> float:
     """Cost of unembedding one position in units of one layer at one position (parameter counts)."""
     per_layer = sum(p.numel() for p in adapter.layers[0].parameters())
@@ -436,4 +453,4 @@ def draw_cuts(n_tokens: int, n_cuts: int, seed: int, key: str, stride: int = 8) 
 
 
 __all__ = ["PARTS", "Row", "CleanPass", "clean_pass", "naive_effect", "prompt_effects", "prompt_effects_naive",
-           "draw_cuts", "run_rows", "variants", "work_units", "unembed_cost"]
+           "draw_cuts", "run_rows", "variants", "work_units", "work_ratios", "unembed_cost"]
