@@ -53,7 +53,7 @@ selection: str = "random"  # "random" (the paper's wording) or "first" (the auth
 include_bos: bool = True  # include position 0 (BOS / attention sink) in the averages, as the paper does
 n_boot: int = 1000  # bootstrap resamples over problems for the 95 % intervals of the means
 positions_per_example: int = 16  # positions evaluated per problem (a seeded uniform sample), or 0 for every position
-lens_dtype: str = "bfloat16"  # dtype of the unembedding matmul ("float32" is exact and ~6x slower on CPU)
+lens_dtype: str = "float32"  # dtype of the unembedding matmul ("bfloat16": the paper's precision; fast on GPUs, slow on CPUs without bf16 units)
 tuned_lens: bool = True  # also train (cached) and evaluate the tuned lens
 n_train_tokens: int = 3072  # tuned-lens training tokens per model (GSM8K train split; never the evaluated problems)
 train_epochs: int = 2  # passes over the training tokens
@@ -108,7 +108,9 @@ LENSES = [l for l in lens.LENSES if tuned_lens or l == "logit_lens"]
 # unembedded in blocks of at most 8M logits (32 MB) and each block is reduced to per-token KL and overlap at once,
 # so memory does not grow with depth and only [lenses × metrics × layers × positions] numbers leave the trace (the
 # logit lens is written to run on NDIF this way; that is not tested here, without network).
-# The matmul runs in bf16 (like the paper's bf16 models; log-softmax stays fp32), and each problem is evaluated at
+# The matmul runs in `lens_dtype` (fp32 by default; the paper's models ran in bf16, which the `paper` profile
+# uses — bf16 matmuls are fast on GPUs but several times slower than fp32 on CPUs without bf16 units; log-softmax
+# is always fp32), and each problem is evaluated at
 # a seeded uniform sample of `positions_per_example` positions, which keeps the per-problem mean over positions
 # unbiased (`positions_per_example=0` evaluates every position, as the paper does).
 #
@@ -160,7 +162,8 @@ md("\n\n".join(describe(m) for m in models))
 
 # %% [markdown]
 # The last-layer check decodes $h_L$ with the lens and compares it with the logits the model itself produced:
-# any difference is the rounding of the bf16 unembedding, and it is tiny next to the KL values below.
+# any difference is the rounding of the unembedding (float32 here; larger in bf16), and it is tiny next to the KL
+# values below.
 
 # %% [markdown]
 # ## Training curves of the tuned lens
@@ -357,7 +360,7 @@ md(f"Per-problem means vs token-weighted means ([NB]): the top-5 overlap differs
 #
 # - **Models.** Small PyPI-packaged models (SmolLM2-135M-Instruct, Gemma 3 270M, Qwen2.5-Coder-0.5B-Instruct),
 #   de-quantised from 4-bit GGUF to fp32, instead of Llama 3.1 70B in bf16 on NDIF; the unembedding matmul runs in
-#   bf16, as in the paper, with fp32 log-softmax.
+#   fp32 (the `paper` profile: bf16, as in the paper), with fp32 log-softmax.
 # - **Sample.** 20 random GSM8K test problems with a recorded seed (the code: the first 20), and a seeded uniform
 #   sample of `positions_per_example` positions per problem instead of every position — an unbiased estimate of
 #   the per-problem mean at a fraction of the cost (`positions_per_example=0` evaluates all of them).

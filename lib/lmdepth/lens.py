@@ -14,7 +14,8 @@ h_l, a constant that makes the bias step size scale-free), trained to minimise `
 
 Memory: vocabularies reach 262k tokens (Gemma 3), so every layer is reduced to per-token KL and overlap
 immediately after its logits are computed; a [layers × tokens × vocab] tensor never exists. The unembedding
-matmul runs in ``lens_dtype`` (bf16 by default, like the paper's bf16 models); log-softmax is always fp32.
+matmul runs in ``lens_dtype`` (fp32 by default; bf16 as in the paper's models is fast on GPUs but several times
+slower than fp32 on CPUs without bf16 units); log-softmax is always fp32.
 
 Training cost: a full-vocabulary softmax for every (token, layer) pair is what makes the tuned lens expensive on a
 CPU (~30 ns per logit for forward and backward). Training therefore uses a *sampled softmax*: per step the logits
@@ -181,7 +182,7 @@ class Unembedding:
     remote_vocab: int = 0
 
     @classmethod
-    def of(cls, lm: LoadedModel, dtype: str = "bfloat16", traced: bool = True) -> "Unembedding":
+    def of(cls, lm: LoadedModel, dtype: str = "float32", traced: bool = True) -> "Unembedding":
         """Build from a loaded model. ``traced``: take the final norm's nnsight envoy (for use inside traces)."""
         softcap = getattr(lm.model.config, "final_logit_softcapping", None) or None
         if lm.remote:  # the weights live on the server: call its lm_head (in the model's dtype) inside the trace
@@ -504,7 +505,7 @@ def train_translators(
     train_h: torch.Tensor,
     val_h: torch.Tensor,
     cfg: TrainConfig,
-    lens_dtype: str = "bfloat16",
+    lens_dtype: str = "float32",
     log_every: int = 4,
 ) -> tuple[Translators, pd.DataFrame, dict[str, Any]]:
     """Train one translator per layer on cached residuals (all layers in one pass per batch).
@@ -603,7 +604,7 @@ def fit_tuned_lens(
     cfg: TrainConfig,
     dataset: str = "gsm8k",
     dtype: str = "float32",
-    lens_dtype: str = "bfloat16",
+    lens_dtype: str = "float32",
     results_dir: str | Path = "results",
     use_cache: bool = True,
 ) -> tuple[Translators, RunResult]:
@@ -715,7 +716,7 @@ def run(
     use_cache: bool = True,
     n_boot: int = 1000,
     positions_per_example: int = 16,
-    lens_dtype: str = "bfloat16",
+    lens_dtype: str = "float32",
     tuned_lens: bool = True,
     n_train_tokens: int = 3072,
     train_epochs: int = 2,
