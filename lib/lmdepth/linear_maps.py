@@ -852,21 +852,23 @@ def map_heatmap(table: pd.DataFrame, label: str, size: int = 260, max_error: flo
     src, tgt = t.source.iloc[0], t.target.iloc[0]
     step_s = np.diff(sorted(t.source_layer.unique())).min() if t.source_layer.nunique() > 1 else 1
     step_t = np.diff(sorted(t.target_layer.unique())).min() if t.target_layer.nunique() > 1 else 1
-    d = pd.DataFrame({"m": t.source_layer, "l": t.target_layer, "e": t.value.round(4),
-                      "ms": (t.source_layer - step_s / 2), "me": (t.source_layer + step_s / 2),
-                      "ls": (t.target_layer - step_t / 2), "le": (t.target_layer + step_t / 2),
-                      "rm": t.source_depth.round(3), "rl": t.target_depth.round(3)})
+    # Only (m, l, error) per cell go into the chart; cell edges and relative depths are derived in Vega (with
+    # six maps and their normalized copies, storing them per cell put chapter 06 over the notebook size limit).
+    d = pd.DataFrame({"m": t.source_layer, "l": t.target_layer, "e": t.value.round(4)})
     xs = alt.Scale(domain=[-step_t / 2, n_tgt + step_t / 2], nice=False, zero=False)
     ys = alt.Scale(domain=[-step_s / 2, n_src + step_s / 2], nice=False, zero=False)
     x_title, y_title = f"Target boundary l ({tgt})", f"Source boundary m ({src})"
     c_title = "Error / mean-only error" if normalized else "Relative error"
-    rects = alt.Chart(d).mark_rect().encode(
+    rects = alt.Chart(d).transform_calculate(
+        ms=f"datum.m - {step_s / 2}", me=f"datum.m + {step_s / 2}", ls=f"datum.l - {step_t / 2}",
+        le=f"datum.l + {step_t / 2}", rm=f"datum.m / {n_src}", rl=f"datum.l / {n_tgt}",
+    ).mark_rect().encode(
         x=alt.X("ls:Q", scale=xs, title=x_title, axis=alt.Axis(grid=False)), x2="le:Q",
         y=alt.Y("ms:Q", scale=ys, title=y_title, axis=alt.Axis(grid=False)), y2="me:Q",
         color=alt.Color("e:Q", title=c_title,
                         scale=alt.Scale(scheme="viridis", domain=[0, max_error], clamp=True)),
-        tooltip=[alt.Tooltip("m:Q", title=f"source m ({src})"), alt.Tooltip("rm:Q", title="m / L_source"),
-                 alt.Tooltip("l:Q", title=f"target l ({tgt})"), alt.Tooltip("rl:Q", title="l / L_target"),
+        tooltip=[alt.Tooltip("m:Q", title=f"source m ({src})"), alt.Tooltip("rm:Q", format=".3f", title="m / L_source"),
+                 alt.Tooltip("l:Q", title=f"target l ({tgt})"), alt.Tooltip("rl:Q", format=".3f", title="l / L_target"),
                  alt.Tooltip("e:Q", format=".3f", title=c_title.lower())],
     )
     line = alt.Chart(pd.DataFrame({"l": [0, n_tgt], "m": [0, n_src]})).mark_line(
