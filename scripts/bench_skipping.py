@@ -4,7 +4,7 @@ Both run on the same model and problems; the script checks that they agree (max 
 ≤ --tol) and prints wall times, the speed ratio and ``work_ratio_ceiling``: the ratio of the layer and unembedding
 work the two paths do on these inputs (counted, not timed), which is what the timed ratio approaches when matrix
 products dominate. Measured on a quiet 2-core CPU (2026-11-22): fast 91.7 s, naive 187.7 s, 2.05×, work ratio 2.05×.
-Example (the issue asked for ≥ 5× on smollm2-135m, future; the counted work allows about 2× on this problem, 2.5× in
+Example (a 5× target was set for smollm2-135m, future; the counted work allows about 2× on this problem, 2.5× in
 the median over 200 problems: `--ceiling 200`):
 
     .venv/bin/python scripts/bench_skipping.py --model smollm2-135m --n-examples 1 --analysis future

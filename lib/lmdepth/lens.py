@@ -56,6 +56,8 @@ from .runtime import environment, progress
 ANALYSIS = "logit_lens"
 TUNED_ANALYSIS = "tuned_lens"
 TOP_K = 5
+# fp32: bf16 (the paper's models) is fast on GPUs but several times slower than fp32 on CPUs without bf16 units
+DEFAULT_LENS_DTYPE = "float32"
 LENSES = ("logit_lens", "tuned_lens")
 #: Per-token metrics of one lens at one layer, in the order :func:`lens_metrics` returns them.
 METRICS = ("kl", "kl_final_lens", "top5_overlap")  # KL(P_lens‖P_final), KL(P_final‖P_lens), top-5 overlap
@@ -182,7 +184,7 @@ class Unembedding:
     remote_vocab: int = 0
 
     @classmethod
-    def of(cls, lm: LoadedModel, dtype: str = "float32", traced: bool = True) -> "Unembedding":
+    def of(cls, lm: LoadedModel, dtype: str = DEFAULT_LENS_DTYPE, traced: bool = True) -> "Unembedding":
         """Build from a loaded model. ``traced``: take the final norm's nnsight envoy (for use inside traces)."""
         softcap = getattr(lm.model.config, "final_logit_softcapping", None) or None
         if lm.remote:  # the weights live on the server: call its lm_head (in the model's dtype) inside the trace
@@ -505,7 +507,7 @@ def train_translators(
     train_h: torch.Tensor,
     val_h: torch.Tensor,
     cfg: TrainConfig,
-    lens_dtype: str = "float32",
+    lens_dtype: str = DEFAULT_LENS_DTYPE,
     log_every: int = 4,
 ) -> tuple[Translators, pd.DataFrame, dict[str, Any]]:
     """Train one translator per layer on cached residuals (all layers in one pass per batch).
@@ -604,7 +606,7 @@ def fit_tuned_lens(
     cfg: TrainConfig,
     dataset: str = "gsm8k",
     dtype: str = "float32",
-    lens_dtype: str = "float32",
+    lens_dtype: str = DEFAULT_LENS_DTYPE,
     results_dir: str | Path = "results",
     use_cache: bool = True,
 ) -> tuple[Translators, RunResult]:
@@ -716,7 +718,7 @@ def run(
     use_cache: bool = True,
     n_boot: int = 1000,
     positions_per_example: int = 16,
-    lens_dtype: str = "float32",
+    lens_dtype: str = DEFAULT_LENS_DTYPE,
     tuned_lens: bool = True,
     n_train_tokens: int = 3072,
     train_epochs: int = 2,
