@@ -57,10 +57,10 @@ use_cache: bool = True  # reuse finished runs and resume interrupted ones; False
 results_dir: str = "results"  # where tidy tables and sidecars are written
 
 # %% tags=["remove-cell"]
-from lmdepth import residual
-from lmdepth.notebook import Claim, claims_table, md, setup, show_table
+from lmdepth.analyses import residual
+from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.params import check_type
-from lmdepth.plots import across_models, layer_bars, norms_lines
+from lmdepth.charts.theme import across_models, layer_bars, norms_lines
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)

@@ -66,10 +66,10 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 import numpy as np
 import pandas as pd
 
-from lmdepth import skip_analysis
-from lmdepth.notebook import Claim, claims_table, md, setup, show_table
+from lmdepth.analyses import skipping as skip_analysis
+from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.params import check_type
-from lmdepth.plots import effect_heatmaps, later_effect_lines, output_effect_bars
+from lmdepth.charts.theme import effect_heatmaps, later_effect_lines, output_effect_bars
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
@@ -260,9 +260,9 @@ if benchmark:
 
     import torch
 
-    from lmdepth.data import load_examples
-    from lmdepth.registry import load_model
-    from lmdepth.skipping import draw_cuts, prompt_effects, prompt_effects_naive, unembed_cost, work_ratios, work_units
+    from lmdepth.data.datasets import load_examples
+    from lmdepth.model.registry import load_model
+    from lmdepth.hooks.skipping import draw_cuts, prompt_effects, prompt_effects_naive, unembed_cost, work_ratios, work_units
 
     lm = load_model(model_name, device=resolve_device(device), dtype=dtype)
     ex = load_examples(dataset, n_examples=1, seed=seed, selection=selection)[0]

@@ -66,8 +66,8 @@ results_dir: str = "results"  # where tidy tables, sidecars and tuned-lens trans
 
 # %% tags=["remove-cell"]
 from lmdepth import lens, residual
-from lmdepth.lens_charts import lens_across_models, lens_layers, settling_chart, training_curves
-from lmdepth.notebook import Claim, claims_table, md, setup, show_table
+from lmdepth.charts.lens import lens_across_models, lens_layers, settling_chart, training_curves
+from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.params import check_type
 from lmdepth.runtime import environment, resolve_device
 

@@ -77,7 +77,7 @@ import pandas as pd
 
 from lmdepth import complexity, erasure
 from lmdepth.errors import ParameterError
-from lmdepth.notebook import Claim, claims_table, md, setup, show_table
+from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.params import check_choice, check_range, check_type
 from lmdepth.runtime import environment, resolve_device
 
@@ -370,7 +370,7 @@ erasure.map_chart(case[model_name].table, "ig", model_name, prompts=list(ig_meta
 # cut points, generated answers), the synthetic items are regenerated bit for bit from `seed`, and every number on
 # this page comes from the cached runs. Per-item checkpoints make an interrupted run resume where it stopped.
 # The erasure and integrated-gradient maps are in `results/erasure_ig/`. The functions take any model that
-# exposes the residual-stack protocol of `lmdepth.erasure` (embed → blocks → final norm → unembed), not only
+# exposes the residual-stack protocol of `lmdepth.analyses.erasure` (embed → blocks → final norm → unembed), not only
 # Hugging Face models.
 #
 # ## Summary and environment

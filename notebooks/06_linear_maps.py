@@ -74,9 +74,9 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 import numpy as np
 import pandas as pd
 
-from lmdepth import linear_maps as lmaps
+from lmdepth.analyses import maps as lmaps
 from lmdepth.errors import ParameterError
-from lmdepth.notebook import Claim, claims_table, md, setup, show_table
+from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)

@@ -64,8 +64,8 @@ import numpy as np
 import pandas as pd
 
 from lmdepth import complexity, scratch_analysis as sa, training
-from lmdepth.dm_math import EXTRAPOLATE, PROBES
-from lmdepth.notebook import Claim, claims_table, md, setup, show_table
+from lmdepth.data.dm_math import EXTRAPOLATE, PROBES
+from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.params import check_choice, check_range, check_type
 from lmdepth.runtime import environment, resolve_device
 

@@ -48,8 +48,8 @@ profile: str = "default"  # label of the parameter profile this run came from (s
 # %% tags=["remove-cell"]
 import pandas as pd
 
-from lmdepth import atlas
-from lmdepth.notebook import md, setup, show_table
+from lmdepth.analyses import atlas
+from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.params import check_type
 
 setup(0)

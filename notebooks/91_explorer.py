@@ -50,10 +50,10 @@ dtype: str = "float32"  # "float32", "bfloat16", "float16"
 # %% tags=["remove-cell"]
 import os
 
-from lmdepth import explorer
-from lmdepth.notebook import md, setup, show_table
+from lmdepth.book import explorer
+from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.params import check_type
-from lmdepth.registry import load_model
+from lmdepth.model.registry import load_model
 from lmdepth.runtime import resolve_device
 
 setup(0)

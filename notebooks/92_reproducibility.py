@@ -57,9 +57,9 @@ profile: str = "default"  # label of the parameter profile this run came from (s
 import pandas as pd
 import yaml
 
-from lmdepth import atlas
-from lmdepth.chapters import CHAPTERS, profiles_dir
-from lmdepth.notebook import md, setup, show_table
+from lmdepth.analyses import atlas
+from lmdepth.book.chapters import CHAPTERS, profiles_dir
+from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.runtime import environment
 
 setup(0)

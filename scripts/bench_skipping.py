@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from lmdepth.data import load_examples
-from lmdepth.registry import load_model
-from lmdepth.skipping import (PARTS, draw_cuts, prompt_effects, prompt_effects_naive, unembed_cost, work_ratios,
+from lmdepth.data.datasets import load_examples
+from lmdepth.model.registry import load_model
+from lmdepth.hooks.skipping import (PARTS, draw_cuts, prompt_effects, prompt_effects_naive, unembed_cost, work_ratios,
                               work_units)
 
 

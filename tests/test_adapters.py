@@ -6,10 +6,10 @@ import pytest
 import torch
 from nnsight import NNsight
 
-from lmdepth.adapters import ModelAdapter, family_for
-from lmdepth.capture import additivity_error, check_additivity, hooked_residuals, trace_layer_reductions
+from lmdepth.model.families import ModelAdapter, family_for
+from lmdepth.hooks.capture import additivity_error, check_additivity, hooked_residuals, trace_layer_reductions
 from lmdepth.errors import UnsupportedArchitectureError
-from lmdepth.metrics import residual_token_metrics
+from lmdepth.metrics.residual import residual_token_metrics
 from lmdepth.testing import FAMILY_CONFIGS, tiny_model
 
 FAMILIES = list(FAMILY_CONFIGS)

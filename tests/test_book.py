@@ -13,9 +13,9 @@ import nbformat
 import pytest
 import yaml
 
-from lmdepth.atlas import CHAPTER_KEYS
-from lmdepth.book import execute_book, render_html, stage_book
-from lmdepth.chapters import CHAPTERS
+from lmdepth.analyses.atlas import CHAPTER_KEYS
+from lmdepth.book.build import execute_book, render_html, stage_book
+from lmdepth.book.chapters import CHAPTERS
 from lmdepth.runtime import REPO_ROOT
 
 MAX_NOTEBOOK_BYTES = 2_000_000

@@ -2,8 +2,8 @@
 
 import pytest
 
-from lmdepth.chapters import check_parameters, declared_parameters, parse_cli_value, profile_params
-from lmdepth.cli import main
+from lmdepth.book.chapters import check_parameters, declared_parameters, parse_cli_value, profile_params
+from lmdepth.book.cli import main
 from lmdepth.errors import ParameterError
 
 

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from lmdepth import complexity as C
-from lmdepth.adapters import ModelAdapter
-from lmdepth.capture import hooked_residuals
-from lmdepth.data import Example
-from lmdepth.erasure import AdapterStack, as_stack, boundary_residuals, erasure_map, integrated_gradients, mean_residuals
+from lmdepth.analyses import complexity as C
+from lmdepth.model.families import ModelAdapter
+from lmdepth.hooks.capture import hooked_residuals
+from lmdepth.data.datasets import Example
+from lmdepth.analyses.erasure import AdapterStack, as_stack, boundary_residuals, erasure_map, integrated_gradients, mean_residuals
 from lmdepth.errors import ParameterError
-from lmdepth.skipping import prompt_effects
+from lmdepth.hooks.skipping import prompt_effects
 from lmdepth.testing import tiny_model
 
 TEXT = "Q: a=3, b=a+2, c=b+1. What is c? A: 6"

@@ -1,6 +1,6 @@
 import pytest
 
-from lmdepth.data import GSM8K_INSTRUCTION, load_examples, selection_record
+from lmdepth.data.datasets import GSM8K_INSTRUCTION, load_examples, selection_record
 from lmdepth.errors import DataError
 
 

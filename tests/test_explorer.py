@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmdepth import explorer
-from lmdepth.registry import load_model
+from lmdepth.book import explorer
+from lmdepth.model.registry import load_model
 
 FAMILIES = ["llama", "gemma3"]
 TEXT = "ab cd ef gh ij"
@@ -30,7 +30,7 @@ def test_contributions_match_direct_norms(lm):
         val = got[(got.layer == l) & (got.component == "layer")]["value"].item()
         assert val == pytest.approx(want, rel=1e-4)
     # attention and MLP parts, from independently hooked sublayer outputs (catches a swap of the two)
-    from lmdepth.capture import hooked_residuals
+    from lmdepth.hooks.capture import hooked_residuals
 
     taps = {k: v[:, 0].float() for k, v in hooked_residuals(lm.adapter, ids).items()}
     h, a, m = taps["resid_pre"], taps["attn_out"], taps["mlp_out"]
@@ -104,7 +104,7 @@ def test_widget_in_a_live_kernel(tiny_dirs):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     src = [
-        "from lmdepth.explorer import explorer_widget\n"
+        "from lmdepth.book.explorer import explorer_widget\n"
         f"w = explorer_widget([{str(tiny_dirs['llama'])!r}], 'ab cd ef', 1)\n"
         "text, row, out = w.children\nrun = row.children[3]\nw",
         "run.click()",

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from lmdepth import lens
-from lmdepth.capture import hooked_residuals
+from lmdepth.analyses import lens
+from lmdepth.hooks.capture import hooked_residuals
 from lmdepth.errors import ParameterError
-from lmdepth.registry import load_model
+from lmdepth.model.registry import load_model
 from lmdepth.testing import FAMILY_CONFIGS
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from lmdepth import linear_maps as lmaps
-from lmdepth.alignment import align, general_docs, interleave, math_docs, token_ends
+from lmdepth.analyses import maps as lmaps
+from lmdepth.data.alignment import align, general_docs, interleave, math_docs, token_ends
 from lmdepth.errors import ParameterError
 
 
@@ -141,8 +141,8 @@ def test_corpus_texts_mix_both_sources():
 # ---- capture and the run on tiny models -------------------------------------------------------------------------
 
 def test_boundary_residuals_match_hooked_residuals(tiny_dirs):
-    from lmdepth.capture import hooked_residuals
-    from lmdepth.registry import load_model
+    from lmdepth.hooks.capture import hooked_residuals
+    from lmdepth.model.registry import load_model
 
     lm = load_model(str(tiny_dirs["gemma3"]))
     ids = lm.encode("The cat sat on the mat.")
@@ -172,7 +172,7 @@ def tiny_run(tiny_dirs, tmp_path_factory):
               product_dtype="float64", results_dir=root / "results")
     import weakref
 
-    from lmdepth import registry
+    from lmdepth.model import registry
 
     refs, alive_at_load = [], []
     real = registry.load_model

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmdepth.metrics import RESIDUAL_METRICS, DatasetStats, PromptStats, cosine, relative_norm, residual_token_metrics
+from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats, cosine, relative_norm, residual_token_metrics
 
 
 def test_relative_norm_known_values():

@@ -1,4 +1,4 @@
-"""From-scratch models of chapter 07 (lmdepth.scratch_models): MoE routing against dense references, weight
+"""From-scratch models of chapter 07 (lmdepth.scratch.models): MoE routing against dense references, weight
 sharing, and the residual taps the other chapters' code relies on. Integration tier: tiny random models, CPU."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from lmdepth import skipping
-from lmdepth.capture import check_additivity, hooked_residuals
-from lmdepth.scratch_models import (
+from lmdepth.hooks import skipping
+from lmdepth.hooks.capture import check_additivity, hooked_residuals
+from lmdepth.scratch.models import (
     DenseConfig,
     Dispatch,
     LayerApplication,
@@ -121,7 +121,7 @@ def test_moe_gradient_reaches_only_selected_experts():
 
 def switchhead_reference(att: SwitchHeadAttention, x: torch.Tensor) -> torch.Tensor:
     """Per head: value and output projections mixed from the top-k experts by their sigmoid gates; plain loops."""
-    from lmdepth.scratch_models import rope
+    from lmdepth.scratch.models import rope
 
     B, T, d = x.shape
     H, E, k, dh = att.n_heads, att.n_experts, att.k, att.d_head

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from lmdepth.errors import ParameterError
-from lmdepth.multihop import COLOURS, KINDS, MAX_HOPS, generate, generate_examples, one_token_answers
+from lmdepth.data.multihop import COLOURS, KINDS, MAX_HOPS, generate, generate_examples, one_token_answers
 
 N = 30
 
@@ -110,7 +110,7 @@ def test_deterministic_by_seed(kind):
 
 def test_deterministic_across_processes():
     """Nothing depends on Python's per-process string hashing (set order)."""
-    code = "from lmdepth.multihop import generate; print([i.prompt for k in (1,4) for i in generate('facts', k, 5)])"
+    code = "from lmdepth.data.multihop import generate; print([i.prompt for k in (1,4) for i in generate('facts', k, 5)])"
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env={"PYTHONHASHSEED": str(s), "PATH": ""}).stdout for s in (1, 2)}
     assert len(outs) == 1 and next(iter(outs))

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from lmdepth import residual
-from lmdepth.registry import PACKAGED, load_model
+from lmdepth.analyses import residual
+from lmdepth.model.registry import PACKAGED, load_model
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def test_packaged_smollm2_is_the_real_model(smol):
 
 
 def test_packaged_model_is_additive_and_lens_matches(smol):
-    from lmdepth.capture import hooked_residuals
+    from lmdepth.hooks.capture import hooked_residuals
 
     assert smol.additivity_error < 1e-4
     ids = smol.encode("Natalia sold clips to 48 of her friends.")

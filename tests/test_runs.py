@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmdepth import residual
+from lmdepth.analyses import residual
 from lmdepth.errors import DataError, MissingPackageError, ParameterError, UnknownModelError
-from lmdepth.registry import load_model
+from lmdepth.model.registry import load_model
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ def test_unknown_model_and_offline_hub_id():
 def test_missing_package_says_how_to_install(monkeypatch, tmp_path):
     import importlib.util
 
-    from lmdepth import registry
+    from lmdepth.model import registry
 
     monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path))
     real = importlib.util.find_spec

@@ -1,5 +1,5 @@
-"""Chapter 07's analyses of the from-scratch runs (lmdepth.scratch_analysis) and the answer scores of
-lmdepth.training: intervals, gains, erasure layout, depth-score inputs, and a missing run's error. Tiny runs, CPU."""
+"""Chapter 07's analyses of the from-scratch runs (lmdepth.analyses.scratch) and the answer scores of
+lmdepth.scratch.training: intervals, gains, erasure layout, depth-score inputs, and a missing run's error. Tiny runs, CPU."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from lmdepth import dm_math as dm
-from lmdepth import scratch_analysis as sa
-from lmdepth import training as tr
+from lmdepth.data import dm_math as dm
+from lmdepth.analyses import scratch as sa
+from lmdepth.scratch import training as tr
 from lmdepth.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py

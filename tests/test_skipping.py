@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from lmdepth import skip_analysis
-from lmdepth.adapters import ModelAdapter
-from lmdepth.skipping import PARTS, Row, clean_pass, draw_cuts, naive_effect, prompt_effects, prompt_effects_naive, run_rows
+from lmdepth.analyses import skipping as skip_analysis
+from lmdepth.model.families import ModelAdapter
+from lmdepth.hooks.skipping import PARTS, Row, clean_pass, draw_cuts, naive_effect, prompt_effects, prompt_effects_naive, run_rows
 from lmdepth.testing import FAMILY_CONFIGS, tiny_model
 
 FAMILIES = list(FAMILY_CONFIGS)
@@ -127,7 +127,7 @@ def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
 
 
 def test_work_units_count_the_algorithms():
-    from lmdepth.skipping import work_units
+    from lmdepth.hooks.skipping import work_units
 
     # L = 2, T = 10, cuts 4 and 8, no logits: naive 2 cuts × 2 skipped layers × a full pass of 2·10;
     # fast: per s the lead (cut 8) over all 10 positions for layers ≥ s, then cut 4 over positions ≥ 4
@@ -141,7 +141,7 @@ def test_work_units_count_the_algorithms():
 
 
 def test_work_ratios_use_the_analysis_cut_points():
-    from lmdepth.skipping import unembed_cost, work_ratios, work_units
+    from lmdepth.hooks.skipping import unembed_cost, work_ratios, work_units
 
     adapter = ModelAdapter.for_model(tiny_model("llama"))
     lengths = [("a", 60), ("b", 90)]

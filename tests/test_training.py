@@ -1,4 +1,4 @@
-"""DeepMind-Mathematics data and from-scratch training of chapter 07 (lmdepth.dm_math, lmdepth.training):
+"""DeepMind-Mathematics data and from-scratch training of chapter 07 (lmdepth.data.dm_math, lmdepth.scratch.training):
 generation with the run-time fixes, tokenizer and masks, the two objectives' loss masks, resume from a checkpoint,
 the cached no-op, loss going down, and the exact-match metric. Tiny sizes, CPU."""
 
@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from lmdepth import dm_math as dm
-from lmdepth import training as tr
+from lmdepth.data import dm_math as dm
+from lmdepth.scratch import training as tr
 from lmdepth.errors import DataError
-from lmdepth.scratch_models import build_model
+from lmdepth.scratch.models import build_model
 
 MODULES = ("add_or_sub", "add_sub_multiple")
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import COMPUTE_VERSION
+from lmdepth import COMPUTE_VERSION
 
 
 def slug(name: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from . import __version__
+from lmdepth import __version__
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """Tiny seeded random-init models of every supported family, and a character tokenizer (no downloads).
 
 Used by the test-suite and by anyone adding an architecture: ``save_tiny_model("gemma3", path)`` writes a
-directory that :func:`lmdepth.registry.load_model` loads like any local model.
+directory that :func:`lmdepth.model.registry.load_model` loads like any local model.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""One module per chapter: the cached run and the summaries its claims read."""

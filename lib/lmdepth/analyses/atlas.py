@@ -1,0 +1,313 @@
+"""The atlas: every chapter's saved results for every model that has them, reduced to a few numbers on relative depth.
+
+Nothing here computes a model: the atlas reads ``results/<analysis>/<model>/<key>/{table.csv,meta.json}`` written by
+the chapters and the claims each chapter saved (``results/claims/<chapter>/<model>.csv``). Adding a model to the
+atlas means running the chapters for it (``lmdepth run …``) and rebuilding the book.
+
+When a model has several finished runs of one analysis (e.g. a smoke run and the book's run), the atlas uses the
+one with the most problems (held-out tokens for the linear maps), and among equals the most recent one; the sample used is shown next to every number.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import nbformat
+import pandas as pd
+
+from lmdepth.charts.theme import MODEL_PALETTE
+from lmdepth.results import RunResult
+
+ATLAS_COLUMNS = ["model", "n_layers", "chapter", "measure", "layer", "rel_depth", "rel_low", "rel_high", "value",
+                 "sample"]
+
+
+# ---- reading finished runs ---------------------------------------------------------------------------------------
+
+def finished_runs(results_dir: str | Path, analysis: str) -> list[RunResult]:
+    """Every finished run of one analysis (directories with both files; ``.partial`` checkpoints are skipped)."""
+    runs = []
+    for meta_path in sorted(Path(results_dir, analysis).glob("*/*/meta.json")):
+        table_path = meta_path.with_name("table.csv")
+        if meta_path.parent.name.endswith(".partial") or not table_path.exists():
+            continue
+        meta = json.loads(meta_path.read_text())
+        meta["_mtime"] = meta_path.stat().st_mtime
+        runs.append(RunResult(pd.read_csv(table_path), meta, meta_path.parent, from_cache=True))
+    return runs
+
+
+def best_runs(runs: list[RunResult], group: Callable[[dict[str, Any]], Any] = lambda p: p.get("model_name")
+              ) -> list[RunResult]:
+    """One run per group (default: per model): the most problems, then the most recent."""
+    best: dict[Any, RunResult] = {}
+    for r in runs:
+        p = r.meta.get("parameters", {})
+        k = group(p)
+        score = (p.get("n_examples") or 0, r.meta["_mtime"])
+        if k not in best or score > (best[k].meta.get("parameters", {}).get("n_examples") or 0, best[k].meta["_mtime"]):
+            best[k] = r
+    return list(best.values())
+
+
+def _sample(p: dict[str, Any]) -> str:
+    return f"{p.get('n_examples', '?')} {p.get('dataset', '')} problems".strip()
+
+
+# ---- per-analysis summaries --------------------------------------------------------------------------------------
+
+def _row(model: str, n_layers: int, chapter: str, measure: str, sample: str, layer: float | None = None,
+         rel_depth: float | None = None, value: float | None = None, rel_low: float | None = None,
+         rel_high: float | None = None) -> dict[str, Any]:
+    return dict(model=model, n_layers=n_layers, chapter=chapter, measure=measure, layer=layer, rel_depth=rel_depth,
+                rel_low=rel_low, rel_high=rel_high, value=value, sample=sample)
+
+
+def residual_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+    """Chapters 01–02 (one shared run): the cosine phase-transition layer t at (t + 0.5)/L, and the second-half /
+    first-half ratio of the layers' relative contributions (a ratio, not a depth)."""
+    from lmdepth.analyses import residual
+
+    rows = []
+    for r in best_runs(finished_runs(results_dir, residual.ANALYSIS)):
+        t, p = r.table, r.meta["parameters"]
+        model, L = p["model_name"], int(t["n_layers"].iloc[0])
+        tr = residual.cosine_transition_layer(t)
+        rows.append(_row(model, L, "02_cosine_similarity", "cosine phase transition", _sample(p), layer=tr,
+                         rel_depth=None if tr is None else (tr + 0.5) / L))
+        ratio = residual.half_ratio(residual.select(t, "relative_contribution", "layer"))
+        rows.append(_row(model, L, "01_residual_norms", "contribution ratio 2nd/1st half", _sample(p), value=ratio))
+    return rows
+
+
+def skipping_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+    """Chapter 03: the future-token cutoff — the first layer after which skipping any later layer changes no later
+    layer's future computation by more than the threshold — with its bootstrap interval over problems."""
+    from lmdepth.analyses import skipping as skip_analysis
+
+    runs = [r for r in finished_runs(results_dir, skip_analysis.ANALYSIS)
+            if r.meta.get("parameters", {}).get("analysis") == "future"]
+    rows = []
+    for r in best_runs(runs):
+        p, s = r.meta["parameters"], (r.meta.get("summary") or {}).get("layer")
+        if not s:
+            continue
+        L = int(s["n_layers"])
+        rows.append(_row(p["model_name"], L, "03_layer_skipping",
+                         f"future-effect cutoff (< {s['threshold']:g})", _sample(p) + f", {p.get('n_cuts')} cuts each",
+                         layer=s["cutoff"], rel_depth=s["cutoff"] / L, rel_low=s["ci_low"] / L, rel_high=s["ci_high"] / L))
+    return rows
+
+
+def lens_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+    """Chapter 04: where the logit lens and the tuned lens settle (first layer with top-5 overlap > 0.2; first layer
+    with KL below 10 % of its maximum), at l / L."""
+    from lmdepth.analyses import lens
+
+    rows = []
+    for r in best_runs(finished_runs(results_dir, lens.ANALYSIS)):
+        p = r.meta["parameters"]
+        summary = lens.settling_summary(r.table)
+        for _, s in summary.iterrows():
+            if s["criterion"] == lens.SHARED_KL_CRITERION:
+                continue
+            name = f"{s['lens'].replace('_', ' ')}: {s['criterion']}"
+            rows.append(_row(s["model"], int(s["n_layers"]), "04_logit_lens", name, _sample(p), layer=s["layer"],
+                             rel_depth=s["rel_depth"]))
+    return rows
+
+
+def complexity_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+    """Chapter 05, per data source: the depth score D (layer effect, mean aggregation, 0-based, averaged over the
+    difficulty levels) at (D + 0.5)/L, and its fitted slope per difficulty level with the bootstrap interval (a
+    value: the paper's claim is a slope near 0)."""
+    from lmdepth.analyses import complexity
+
+    rows = []
+    runs = finished_runs(results_dir, complexity.ANALYSIS)
+    for r in runs:  # rank by items per level
+        r.meta.setdefault("parameters", {})["n_examples"] = r.meta["parameters"].get("n_per_level", 0)
+    for r in best_runs(runs, group=lambda p: (p.get("model_name"), p.get("source"))):
+        p, s = r.meta["parameters"], r.meta["summary"]
+        L, src = int(s["n_layers"]), p["source"]
+        sample = f"{p.get('n_per_level')} items per level"
+        levels = [x for x in s["levels"] if x["aggregation"] == "mean" and x["metric"] == "layer_effect"]
+        d = pd.Series([x["depth_score"] for x in levels], dtype=float).mean()
+        if pd.notna(d):
+            rows.append(_row(p["model_name"], L, "05_depth_vs_complexity", f"depth score ({src})", sample,
+                             layer=d, rel_depth=(d + 0.5) / L))
+        for x in s["slopes"]:
+            if x["aggregation"] == "mean" and x["metric"] == "layer_effect":
+                rows.append(_row(p["model_name"], L, "05_depth_vs_complexity",
+                                 f"depth-score slope per level ({src})", sample, value=x["slope"]))
+    return rows
+
+
+def maps_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+    """Chapter 06: for each fitted pair (rows under the *target* model), how closely the best source layer of each
+    target layer follows equal relative depth — its correlation with relative depth and mean |offset| (values, not
+    depths). Controls are left out."""
+    from lmdepth.analyses import maps as linear_maps
+
+    rows = []
+    runs = finished_runs(results_dir, linear_maps.ANALYSIS)
+    for r in runs:  # rank maps runs by their held-out sample (they have no n_examples)
+        r.meta.setdefault("parameters", {})["n_examples"] = r.meta["parameters"].get("n_test_tokens", 0)
+    for r in best_runs(runs, group=lambda p: (p.get("model_name"), tuple(p.get("compare_models") or ()))):
+        sample = f"{r.meta['parameters'].get('n_test_tokens', '?')} held-out aligned tokens"
+        for s in (r.meta.get("summaries") or {}).values():
+            if s.get("kind") != "main":
+                continue
+            src, tgt, L = s["source"], s["target"], int(s["n_target_layers"])
+            rows.append(_row(tgt, L, "06_linear_maps", f"maps from {src}: corr of best source with depth", sample,
+                             value=s["col_corr"]))
+            rows.append(_row(tgt, L, "06_linear_maps", f"maps from {src}: mean |relative-depth offset|", sample,
+                             value=s["col_mean_abs_offset"]))
+    return rows
+
+
+SUMMARIES: dict[str, Callable[[str | Path], list[dict[str, Any]]]] = {
+    "residual": residual_rows,
+    "skipping": skipping_rows,
+    "lens": lens_rows,
+    "complexity": complexity_rows,
+    "maps": maps_rows,
+}
+
+
+def atlas_table(results_dir: str | Path) -> pd.DataFrame:
+    """All summaries of all models, one row per (model, measure); columns :data:`ATLAS_COLUMNS`."""
+    rows = [row for summarise in SUMMARIES.values() for row in summarise(results_dir)]
+    t = pd.DataFrame(rows, columns=ATLAS_COLUMNS)
+    return t.sort_values(["n_layers", "model", "chapter", "measure"], kind="stable", ignore_index=True)
+
+
+# ---- findings: the paper's claims, checked per model ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding of the paper, the figure that shows it, and the chapter (and its figure) that reproduces it."""
+
+    finding: str
+    paper_figure: str
+    chapter: str  # notebook stem
+    book_figure: str  # figure label in that chapter
+
+
+FINDINGS = [
+    Finding("Second-half layers contribute less to the residual", "Fig. 2a", "01_residual_norms", "fig-norms-relative"),
+    Finding("Cosine of the writes changes sign near mid-depth", "Fig. 2b", "02_cosine_similarity", "fig-cos-components"),
+    Finding("Skipping a second-half layer barely changes later computation", "Fig. 3a", "03_layer_skipping", "fig-skip-current"),
+    Finding("… nor the computation of future tokens", "Fig. 3b", "03_layer_skipping", "fig-skip-future"),
+    Finding("The logit-lens prediction settles from mid-depth on", "Fig. 4", "04_logit_lens", "fig-lens-layers"),
+    Finding("Depth used does not grow with problem difficulty", "Figs. 5–6", "05_depth_vs_complexity",
+            "fig-depth-level"),
+    Finding("A deeper model stretches a shallower one's computation", "Fig. 8", "06_linear_maps", "fig-maps-heatmap"),
+    Finding("Not modelling the question makes MoEUT use more depth", "Fig. 9", "07_moeut_vs_transformer",
+            "fig-moeut-erasure"),
+]
+CHAPTER_KEYS = {"01_residual_norms": "norms", "02_cosine_similarity": "cosine", "03_layer_skipping": "skipping",
+                "04_logit_lens": "lens", "05_depth_vs_complexity": "complexity",
+                "06_linear_maps": "maps", "07_moeut_vs_transformer": "moeut"}
+
+
+def saved_claims(results_dir: str | Path) -> pd.DataFrame:
+    """Every claim check the chapters saved: ``chapter, claim, criterion, model, measured, agrees with paper``."""
+    frames = []
+    for p in sorted(Path(results_dir, "claims").glob("*/*.csv")):
+        frames.append(pd.read_csv(p, dtype=str).assign(chapter=p.parent.name))
+    cols = ["chapter", "claim", "criterion", "model", "measured", "agrees with paper"]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
+def findings_table(results_dir: str | Path, models: list[str] | None = None) -> pd.DataFrame:
+    """Each chapter's claims with one column per model ("yes 0.27" / "NO 0.91") and how many models agree.
+
+    Rows are grouped by the paper figure the chapter reproduces; ``models`` fixes the column order (default: all
+    models that have saved claims, in file order); claims about something else than one model (a pair of models in
+    chapter 06) get their own columns after them."""
+    claims = saved_claims(results_dir)
+    # checks of the method (e.g. chapter 06's self-map and shuffled-pair controls) are not claims of the paper
+    claims = claims[~claims["claim"].str.startswith("control:")]
+    if claims.empty:
+        return pd.DataFrame()
+    by_key = {k: stem for stem, k in CHAPTER_KEYS.items()}
+    figures = {}
+    for f in FINDINGS:
+        figures.setdefault(f.chapter, []).append(f.paper_figure)
+    pairs = [m for m in dict.fromkeys(claims["model"]) if "→" in m]
+    models = [*(models or [m for m in dict.fromkeys(claims["model"]) if "→" not in m]), *pairs]
+    claims = claims[claims.model.isin(models)].copy()
+    claims["cell"] = claims["agrees with paper"] + " · " + claims["measured"]
+    wide = claims.pivot_table(index=["chapter", "claim", "criterion"], columns="model", values="cell",
+                              aggfunc="first", sort=False).reindex(columns=models)
+    agree = claims.groupby(["chapter", "claim", "criterion"], sort=False)["agrees with paper"].apply(
+        lambda s: f"{(s == 'yes').sum()} of {len(s)}")
+    out = wide.assign(agree=agree).reset_index()
+    out.insert(0, "paper figure", out["chapter"].map(lambda k: " / ".join(figures.get(by_key.get(k, ""), []))))
+    out["chapter"] = out["chapter"].map(lambda k: by_key.get(k, k))
+    order = {stem: i for i, stem in enumerate(CHAPTER_KEYS)}
+    out = out.sort_values("chapter", key=lambda c: c.map(order), kind="stable", ignore_index=True)
+    return out.fillna("—").rename_axis(columns=None)
+
+
+# ---- reproducibility: what the build did ------------------------------------------------------------------------
+
+def build_record(book_dir: str | Path) -> pd.DataFrame:
+    """Per executed chapter notebook: profile, wall time, execution date and build hash (from its metadata)."""
+    rows = []
+    from lmdepth.book.chapters import CHAPTERS
+
+    for path in sorted(Path(book_dir).glob("[0-9]*.ipynb")):
+        if path.stem not in CHAPTERS.values():  # e.g. a ``.failed`` notebook of an interrupted build
+            continue
+        meta = nbformat.read(path, as_version=4).metadata.get("lmdepth", {})
+        rows.append({"chapter": path.stem, "profile": meta.get("profile"), "wall time (s)": meta.get("wall_s"),
+                     "executed (UTC)": meta.get("executed_at"), "build hash": meta.get("build_hash")})
+    return pd.DataFrame(rows)
+
+
+# ---- chart -------------------------------------------------------------------------------------------------------
+
+def atlas_chart(table: pd.DataFrame, width: int = 520) -> alt.Chart:
+    """Every depth-valued summary on one relative-depth axis: one row per model (deepest last), one mark per measure.
+
+    A drop-down picks a model (or all), clicking a legend entry toggles a measure, rules show bootstrap intervals,
+    and the tooltip carries the layer, the model's depth and the sample the number comes from.
+    """
+    d = table.dropna(subset=["rel_depth"]).copy()
+    d["row"] = d["model"] + " (" + d["n_layers"].astype(int).astype(str) + " layers)"
+    rows = list(dict.fromkeys(d.sort_values("n_layers", kind="stable")["row"]))
+    measures = list(dict.fromkeys(d["measure"]))
+    models = list(dict.fromkeys(d["model"]))
+    d = d.round(3)
+    pick_model = alt.param(name="atlas_model", value="all",
+                           bind=alt.binding_select(options=["all", *models], name="Model: "))
+    pick_measure = alt.selection_point(fields=["measure"], bind="legend", name="atlas_measure")
+    keep = (pick_model == "all") | (alt.datum.model == pick_model)
+    y = alt.Y("row:N", sort=rows, title=None)
+    x = alt.X("rel_depth:Q", title="Relative depth", scale=alt.Scale(domain=[0, 1]))
+    color = alt.Color("measure:N", scale=alt.Scale(domain=measures, range=(MODEL_PALETTE * 3)[: len(measures)]),
+                      legend=alt.Legend(orient="bottom", columns=2, title=None, labelLimit=360))
+    base = alt.Chart(d).transform_filter(keep)
+    ci = base.mark_rule(strokeWidth=2).encode(
+        x="rel_low:Q", x2="rel_high:Q", y=y, color=color,
+        opacity=alt.condition(pick_measure, alt.value(0.8), alt.value(0.05)))
+    dots = base.mark_point(filled=True, size=110).encode(
+        x=x, y=y, color=color, shape=alt.Shape("measure:N", legend=None),
+        opacity=alt.condition(pick_measure, alt.value(0.9), alt.value(0.08)),
+        tooltip=["model:N", "measure:N", alt.Tooltip("layer:Q", format=".0f"), "n_layers:Q",
+                 alt.Tooltip("rel_depth:Q", format=".2f", title="relative depth"), "sample:N"]
+    ).add_params(pick_model, pick_measure)
+    half = alt.Chart(pd.DataFrame({"x": [0.5]})).mark_rule(color="gray", strokeDash=[4, 4]).encode(x="x:Q")
+    return alt.layer(half, ci, dots).properties(
+        width=width, height=max(90, 40 * len(rows)))
+
+
+__all__ = ["ATLAS_COLUMNS", "FINDINGS", "Finding", "finished_runs", "best_runs", "residual_rows", "skipping_rows",
+           "lens_rows", "complexity_rows", "maps_rows", "SUMMARIES", "atlas_table", "saved_claims", "findings_table", "build_record", "atlas_chart"]

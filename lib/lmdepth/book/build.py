@@ -1,0 +1,159 @@
+"""Build the book: execute changed chapters into ``book/`` with a profile, clean them, render HTML offline.
+
+Execution is this module's job; jupyter-book only renders (``execute_notebooks: off``). A chapter is
+re-executed only when its source, the library, the profile or the pinned requirements changed since the
+executed copy was made (the hash is stored in the notebook's metadata), or with ``force=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+from lmdepth.book.chapters import CHAPTERS, chapter_source, declared_parameters, execute_chapter, profile_params, profiles_dir
+from lmdepth.runtime import REPO_ROOT
+
+BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/references.md")
+SUMMARY_PAGES = {"atlas", "reproducibility"}  # read the other pages' results and notebooks
+
+
+def build_hash(chapter: str, profile: str) -> str:
+    """Hash of everything that can change a chapter's executed output."""
+    h = hashlib.sha256()
+    files = [chapter_source(chapter), profiles_dir() / f"{profile}.yaml", REPO_ROOT / "requirements.txt"]
+    files += sorted((REPO_ROOT / "lib" / "lmdepth").rglob("*.py"))
+    for f in files:
+        if f.exists():
+            h.update(str(f.relative_to(REPO_ROOT) if f.is_relative_to(REPO_ROOT) else f.name).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def repository_url() -> str:
+    """The one place the repository URL is set: ``repository.url`` in ``_config.yml``."""
+    import yaml
+
+    return yaml.safe_load((REPO_ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+
+
+_REPO_LINE = re.compile(r'^(\s*REPO = )"[^"]*"', re.MULTILINE)
+
+
+def clean_notebook(path: Path, repo_url: str | None = None) -> list[str]:
+    """Drop widget state and papermill noise; set the Colab cell's repository URL to ``repo_url``; return the
+    error outputs found (must be none to publish)."""
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.pop("widgets", None)
+    errors = []
+    for cell in nb.cells:
+        if repo_url and cell.cell_type == "code" and "google.colab" in cell.source:
+            cell.source = _REPO_LINE.sub(lambda m: f'{m.group(1)}"{repo_url}"', cell.source)
+        if "injected-parameters" in cell.metadata.get("tags", []) and "hide-input" not in cell.metadata["tags"]:
+            cell.metadata["tags"] = cell.metadata["tags"] + ["hide-input"]  # shown folded: the profile used
+        cell.metadata.pop("papermill", None)
+        cell.metadata.pop("execution", None)
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                errors.append(f"{out.get('ename')}: {out.get('evalue')}")
+            if "application/vnd.jupyter.widget-view+json" in out.get("data", {}):
+                out["data"].pop("application/vnd.jupyter.widget-view+json")
+        # stderr (warnings) and progress bars (carriage returns) from model loading are not part of the chapter
+        if cell.cell_type == "code":  # (markdown cells have no outputs field: adding one breaks nbformat)
+            cell["outputs"] = [o for o in cell.outputs if not (
+                o.get("output_type") == "stream" and (o.get("name") == "stderr" or "\r" in o.get("text", "")))]
+    nbformat.write(nb, path)
+    return errors
+
+
+def execute_book(profile: str = "default", force: bool = False, book_dir: Path | None = None,
+                 results_dir: Path | None = None) -> dict[str, float]:
+    """Execute every chapter whose inputs changed into ``book_dir``. Returns wall seconds per executed chapter."""
+    book_dir = book_dir or REPO_ROOT / "book"
+    results_dir = results_dir or REPO_ROOT / "results"
+    env = {"LMDEPTH_PROGRESS": "0",  # inherited by the kernels: no carriage-return progress in outputs
+           "LMDEPTH_BOOK_BUILD": "1"}  # the explorer shows its static example instead of a live widget
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _execute_all(profile, force, book_dir, results_dir)
+    finally:  # do not leak the build's settings into the caller (e.g. later tests in the same process)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path) -> dict[str, float]:
+    times: dict[str, float] = {}
+    for i, (chapter, stem) in enumerate(CHAPTERS.items(), 1):
+        out = book_dir / f"{stem}.ipynb"
+        digest = build_hash(chapter, profile)
+        # pages that summarise the others are stale whenever another page was executed in this build
+        stale_summary = chapter in SUMMARY_PAGES and bool(times)
+        if out.exists() and not force and not stale_summary:
+            meta = nbformat.read(out, as_version=4).metadata.get("lmdepth", {})
+            if meta.get("build_hash") == digest and meta.get("profile") == profile:
+                print(f"[{i}/{len(CHAPTERS)}] {chapter}: up to date", flush=True)
+                clean_notebook(out, repository_url())  # a changed repository.url needs no re-execution
+                continue
+        print(f"[{i}/{len(CHAPTERS)}] {chapter}: executing ({profile} profile) …", flush=True)
+        t0 = time.time()
+        # Relative to the repository (the kernel's cwd), so the published notebook names no local path.
+        params = profile_params(profile, chapter)
+        declared = declared_parameters(chapter)
+        for name, path in (("results_dir", results_dir), ("book_dir", book_dir)):
+            if name in declared:  # pages that read results or the other executed notebooks
+                params[name] = os.path.relpath(path, REPO_ROOT)
+        execute_chapter(chapter, params, out, cwd=REPO_ROOT)
+        errors = clean_notebook(out, repository_url())
+        if errors:
+            out.rename(out.with_suffix(".failed.ipynb"))
+            raise RuntimeError(f"{chapter}: executed notebook has error outputs: {errors}")
+        nb = nbformat.read(out, as_version=4)
+        # The results path is machine-specific; the book shows it relative to the repository.
+        times[chapter] = time.time() - t0
+        nb.metadata["lmdepth"] = {"build_hash": digest, "profile": profile, "wall_s": round(times[chapter], 1),
+                                  "executed_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+        nbformat.write(nb, out)
+        out.with_suffix(".failed.ipynb").unlink(missing_ok=True)  # a failed attempt of an earlier build
+        print(f"[{i}/{len(CHAPTERS)}] {chapter}: done in {times[chapter]:.0f} s", flush=True)
+    return times
+
+
+def render_html(root: Path = REPO_ROOT, strict: bool = True) -> Path:
+    """Run jupyter-book (1.x) on ``root``; the vega bundle ships through the lmdepth.charts.vega_offline extension."""
+    cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(root), "--path-output", str(root)]
+    if strict:
+        cmd += ["-W", "-n", "--keep-going"]
+    t0 = time.time()
+    subprocess.run(cmd, check=True)
+    print(f"HTML rendered in {time.time() - t0:.0f} s: {root / '_build' / 'html' / 'index.html'}", flush=True)
+    return root / "_build" / "html" / "index.html"
+
+
+def stage_book(target: Path) -> Path:
+    """Copy the book's configuration and front matter to ``target`` (for builds outside the repository)."""
+    for rel in BOOK_FILES:
+        src = REPO_ROOT / rel
+        if src.exists():
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target / rel)
+    return target
+
+
+def build_book(profile: str = "default", force: bool = False, html: bool = True) -> None:
+    t0 = time.time()
+    times = execute_book(profile=profile, force=force)
+    if html:
+        render_html()
+    print(json.dumps({"executed_s": {k: round(v) for k, v in times.items()}, "total_s": round(time.time() - t0)}))

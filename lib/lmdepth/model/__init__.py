@@ -1,0 +1,1 @@
+"""Model access: architecture families and adapters, loading and the converted-model cache."""

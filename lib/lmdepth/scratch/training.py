@@ -1,0 +1,467 @@
+"""Training MoEUT and the dense baseline from scratch on DeepMind Mathematics (paper Fig. 9, METHOD §9).
+
+Introduced in chapter 07. One call trains one run (architecture × objective) or returns its cached checkpoint::
+
+    cfg = run_config("default", "moeut", "answer_only")
+    path = train_run(cfg, out_dir="results/scratch")          # no-op if results/scratch/<run>/model.pt exists
+    model, tok, meta = load_trained(path)
+    acc = evaluate(model, tok, load_data(cfg, "results/scratch").extrapolate)
+
+* Objectives: ``"lm"`` — loss on every token ("question modelled"); ``"answer_only"`` — loss on the answer tokens
+  only ("question not modelled", the authors' ``dm_math.loss_on_target_only``).
+* Resumable: a checkpoint (model, optimiser, step, loss history, RNG states) is written atomically every
+  ``ckpt_every`` steps and when a call stops early (``stop_after``); the next call continues from it. The batch of
+  step i and the learning rate are pure functions of (seed, i), so an interrupted run ends bit-identical to an
+  uninterrupted one.
+* The finished run is ``<out_dir>/<run name>-<key>/model.pt`` (weights, config, tokenizer, loss history,
+  provenance); the key hashes every parameter that changes the weights.
+
+Evaluation is sequence-level exact match: all answer tokens (and the EOS after them) predicted by argmax under
+teacher forcing, which is exactly greedy decoding's exact match (the authors' ``GroupLmTestState.accuracy``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from lmdepth import COMPUTE_VERSION
+from lmdepth.data.dm_math import (
+    ARITHMETIC_MODULES,
+    DEFAULT_MODULES,
+    TRAIN_LEVELS,
+    CharTokenizer,
+    MathData,
+    MathExample,
+    collate,
+    load_or_generate,
+)
+from lmdepth.errors import ParameterError
+from lmdepth.scratch.models import (
+    DenseConfig,
+    MoEUTConfig,
+    ScratchLM,
+    active_parameters,
+    build_model,
+    config_from_dict,
+    count_parameters,
+)
+
+ARCHS = ("moeut", "transformer")
+OBJECTIVES = ("lm", "answer_only")
+OBJECTIVE_LABELS = {"lm": "question modelled", "answer_only": "question not modelled"}
+#: Bump when a change to the training code changes the trained weights; part of every run key.
+TRAIN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines one trained model.
+
+    Attributes:
+        arch: ``"moeut"`` or ``"transformer"``.
+        objective: ``"lm"`` (question modelled) or ``"answer_only"`` (question not modelled).
+        model: keyword arguments of :class:`~lmdepth.scratch.models.MoEUTConfig` / ``DenseConfig`` (vocab size is
+            set from the tokenizer).
+        steps, batch_size, lr, warmup, min_lr_ratio, weight_decay, grad_clip, betas: AdamW with linear warm-up and
+            cosine decay to ``min_lr_ratio · lr``; ``batch_size`` problems per step, one per row.
+        seed: model initialisation and batch order.
+        modules, n_train_per_module, n_eval_per_module, data_seed, train_levels: the generated data (see
+            :func:`lmdepth.data.dm_math.load_or_generate`).
+        ckpt_every: steps between resume checkpoints.
+        threads: torch CPU threads during training (None: leave as is).
+    """
+
+    arch: str
+    objective: str
+    model: dict[str, Any]
+    steps: int = 2000
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    seed: int = 0
+    modules: tuple[str, ...] = DEFAULT_MODULES
+    n_train_per_module: int = 20_000
+    n_eval_per_module: int = 250
+    data_seed: int = 0
+    train_levels: tuple[str, ...] = TRAIN_LEVELS
+    ckpt_every: int = 200
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ParameterError(f"arch must be one of {list(ARCHS)}, got {self.arch!r}.")
+        if self.objective not in OBJECTIVES:
+            raise ParameterError(f"objective must be one of {list(OBJECTIVES)}, got {self.objective!r}.")
+
+    @property
+    def name(self) -> str:
+        return f"{self.arch}-{self.objective}"
+
+    def key_params(self) -> dict[str, Any]:
+        """The parameters that change the trained weights (not ``ckpt_every`` or ``threads``)."""
+        d = asdict(self)
+        d.pop("ckpt_every")
+        d.pop("threads")
+        d["modules"] = list(self.modules)
+        if tuple(self.train_levels) == TRAIN_LEVELS:
+            d.pop("train_levels")  # the default leaves the run keys unchanged
+        else:
+            d["train_levels"] = list(self.train_levels)
+        d["betas"] = list(self.betas)
+        return d
+
+    def key(self) -> str:
+        blob = json.dumps({**self.key_params(), "train_version": TRAIN_VERSION, "compute_version": COMPUTE_VERSION},
+                          sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def model_config(self, vocab_size: int) -> MoEUTConfig | DenseConfig:
+        cls = MoEUTConfig if self.arch == "moeut" else DenseConfig
+        return cls(vocab_size=vocab_size, **self.model)
+
+
+# ---- presets -------------------------------------------------------------------------------------------------
+
+#: Run settings per profile.
+#:
+#: * ``smoke``: seconds; tests and CI.
+#: * ``default``: ~1M parameters per model, 1500 steps of 32 problems (one epoch of 48k generated problems) of one
+#:   module, ``add_sub_multiple`` (the module of two of the paper's four probes; with three modules 600-step trials
+#:   reached 0.1–0.4 % exact match, so the budget goes to one); sized for the book's 2-core CPU (measured with one
+#:   thread per run, two runs side by side: MoEUT 906–915 s and Transformer 405 s per run, 22 min wall for all four).
+#: * ``paper``: the public MoEUT_244M configuration (d_model 1024, 18 depth steps, G = 2, 4 heads of 128, 387 σ-MoE
+#:   experts of 128 with top-16, 10 SwitchHead experts with top-2; ≈ 227M parameters with the 99-symbol vocabulary)
+#:   and a dense pre-LN baseline of about the same size (18 layers, d_model 1024, d_ff 4096, 16 heads of 64), on
+#:   every arithmetic module. The optimiser settings (steps, batch, lr, clipping) are the MoEUT paper's language-model
+#:   recipe, not confirmed for the DM-math runs [INFER]; 500k training problems per module instead of v1.0's ~2M.
+#:   For a GPU (``device="cuda"``).
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": dict(
+        moeut=dict(d_model=32, n_layers=4, n_heads=2, d_head=16, group_size=2, ff_n_experts=8, ff_expert_size=16,
+                   ff_k=2, att_n_experts=2, att_k=1),
+        transformer=dict(d_model=32, n_layers=4, n_heads=2, d_head=16, d_ff=96),
+        train=dict(steps=30, batch_size=8, lr=3e-3, warmup=5, n_train_per_module=120, n_eval_per_module=12,
+                   ckpt_every=10),
+    ),
+    "default": dict(
+        moeut=dict(d_model=128, n_layers=8, n_heads=4, d_head=32, group_size=2, ff_n_experts=44, ff_expert_size=32,
+                   ff_k=4, att_n_experts=4, att_k=2),
+        transformer=dict(d_model=128, n_layers=8, n_heads=4, d_head=32, d_ff=256),
+        train=dict(steps=1500, batch_size=32, lr=2e-3, warmup=100, modules=("add_sub_multiple",),
+                   n_train_per_module=48_000, n_eval_per_module=500, ckpt_every=100),
+    ),
+    "paper": dict(
+        moeut=dict(d_model=1024, n_layers=18, n_heads=4, d_head=128, group_size=2, ff_n_experts=387,
+                   ff_expert_size=128, ff_k=16, att_n_experts=10, att_k=2),
+        transformer=dict(d_model=1024, n_layers=18, n_heads=16, d_head=64, d_ff=4096),
+        train=dict(steps=100_000, batch_size=64, lr=2.5e-4, warmup=4000, weight_decay=0.01, grad_clip=0.25,
+                   modules=ARITHMETIC_MODULES, n_train_per_module=500_000, n_eval_per_module=834, ckpt_every=1000),
+    ),
+}
+
+
+def run_config(profile: str, arch: str, objective: str, **overrides: Any) -> TrainConfig:
+    """The :class:`TrainConfig` of one run of a profile (``smoke``, ``default``, ``paper``), with overrides.
+
+    ``overrides`` may set any :class:`TrainConfig` field; ``model={...}`` updates the model keywords.
+    """
+    if profile not in PRESETS:
+        raise ParameterError(f"profile must be one of {list(PRESETS)}, got {profile!r}.")
+    p = PRESETS[profile]
+    model = {**p[arch], **overrides.pop("model", {})} if arch in p else overrides.pop("model", {})
+    return TrainConfig(arch=arch, objective=objective, model=model, **{**p["train"], **overrides})
+
+
+# ---- data ------------------------------------------------------------------------------------------------------
+
+def load_data(cfg: TrainConfig, cache_dir: str | Path) -> MathData:
+    """The run's generated data (cached under ``cache_dir/dm_math``)."""
+    return load_or_generate(cache_dir, cfg.modules, cfg.n_train_per_module, cfg.n_eval_per_module, cfg.data_seed,
+                            cfg.train_levels)
+
+
+def batch_indices(step: int, n: int, batch_size: int, seed: int) -> torch.Tensor:
+    """Example indices of training step ``step``: epochs are seeded permutations, so this needs no state."""
+    start = step * batch_size
+    out = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(start, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        take = perm[offset : offset + batch_size - len(out)].tolist()
+        out += take
+        start += len(take)
+    return torch.tensor(out)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``min_lr_ratio · lr`` at ``steps``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def loss_mask(batch: Any, objective: str) -> torch.Tensor:
+    """[B, T−1] bool: which next-token targets carry loss. ``lm``: every real token after BOS; ``answer_only``: the
+    answer tokens and the EOS."""
+    return (batch.pad_mask if objective == "lm" else batch.answer_mask)[:, 1:]
+
+
+def lm_loss(model: ScratchLM, batch: Any, objective: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-mean cross-entropy over the objective's targets, and the expert-balance regulariser.
+
+    Returns:
+        (task loss, auxiliary loss), scalars.
+    """
+    logits = model(batch.ids).logits[:, :-1]
+    mask = loss_mask(batch, objective)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch.ids[:, 1:].reshape(-1), reduction="none")
+    task = (ce * mask.reshape(-1)).sum() / mask.sum().clamp_min(1)
+    return task, model.aux_loss().to(task)
+
+
+# ---- checkpoints -----------------------------------------------------------------------------------------------
+
+def run_dir(cfg: TrainConfig, out_dir: str | Path) -> Path:
+    return Path(out_dir) / f"{cfg.name}-{cfg.key()}"
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the checkpoint ordinary file permissions
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def _set_rng_state(s: dict[str, Any]) -> None:
+    torch.set_rng_state(s["torch"])
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+
+
+def _progress_bar(total: int, initial: int, desc: str):
+    if os.environ.get("LMDEPTH_PROGRESS", "1") == "0":
+        return None
+    from tqdm.std import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, file=sys.stderr, mininterval=2.0, dynamic_ncols=True)
+
+
+def train_run(
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    data_dir: str | Path | None = None,
+    stop_after: int | None = None,
+    progress: bool = True,
+    device: str = "cpu",
+) -> Path | None:
+    """Train one run, resuming from its checkpoint; a no-op when the finished model already exists.
+
+    Args:
+        cfg: the run.
+        out_dir: where runs live (``<out_dir>/<arch>-<objective>-<key>/``).
+        data_dir: cache of the generated data (default: ``out_dir``).
+        stop_after: train at most this many steps in this call, then checkpoint and return None (to spread a
+            long run over several calls; the next call resumes).
+        progress: show a text progress bar with the running loss (off when ``LMDEPTH_PROGRESS=0``).
+        device: ``"cpu"`` or ``"cuda"``.
+
+    Returns:
+        The path of the finished ``model.pt``, or None if the call stopped before the last step.
+    """
+    rd = run_dir(cfg, out_dir)
+    final, ckpt = rd / "model.pt", rd / "ckpt.pt"
+    if final.exists():
+        return final
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    data = load_data(cfg, data_dir or out_dir)
+    tok = CharTokenizer()
+    model = build_model(cfg.model_config(tok.vocab_size), seed=cfg.seed).to(device).train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
+    step, history, wall = 0, [], 0.0
+    if ckpt.exists():
+        state = torch.load(ckpt, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, history, wall = state["step"], state["history"], state["wall_time_s"]
+        _set_rng_state(state["rng"])
+
+    def save_ckpt() -> None:
+        _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
+                      "wall_time_s": wall, "rng": _rng_state(), "train_config": cfg.key_params()}, ckpt)
+
+    end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
+    bar = _progress_bar(cfg.steps, step, cfg.name) if progress else None
+    t0 = time.time()
+    running = None
+    try:
+        while step < end:
+            idx = batch_indices(step, len(data.train), cfg.batch_size, cfg.seed)
+            batch = collate(tok, [data.train[i] for i in idx.tolist()])
+            batch = type(batch)(*(t.to(device) for t in (batch.ids, batch.answer_mask, batch.pad_mask, batch.a_start)))
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, cfg)
+            task, aux = lm_loss(model, batch, cfg.objective)
+            opt.zero_grad(set_to_none=True)
+            (task + aux).backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            step += 1
+            value = task.item()
+            running = value if running is None else 0.98 * running + 0.02 * value
+            history.append((step, value))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{running:.3f}", refresh=False)
+            if step % cfg.ckpt_every == 0 and step < cfg.steps:
+                wall += time.time() - t0
+                t0 = time.time()
+                save_ckpt()
+    finally:
+        if bar is not None:
+            bar.close()
+    wall += time.time() - t0
+    if step < cfg.steps:
+        save_ckpt()
+        return None
+    from lmdepth.runtime import environment
+
+    meta = {"run": cfg.name, "key": cfg.key(), "train_config": cfg.key_params(), "n_parameters": count_parameters(model),
+            "active_parameters": active_parameters(model.config), "wall_time_s": round(wall, 1),
+            "steps_per_s": round(cfg.steps / wall, 3) if wall else None, "data": data.meta,
+            "objective_label": OBJECTIVE_LABELS[cfg.objective], "environment": environment()}
+    _atomic_save({"config": model.config.to_dict(), "state_dict": model.state_dict(), "tokenizer": tok.to_dict(),
+                  "history": history, "meta": meta}, final)
+    (rd / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    ckpt.unlink(missing_ok=True)
+    return final
+
+
+def load_trained(path: str | Path, device: str = "cpu") -> tuple[ScratchLM, CharTokenizer, dict[str, Any]]:
+    """Load a finished run: (model in eval mode, tokenizer, meta including the loss ``history``)."""
+    state = torch.load(path, map_location=device, weights_only=False)
+    model = ScratchLM(config_from_dict(state["config"])).to(device)
+    model.load_state_dict(state["state_dict"])
+    return model.eval(), CharTokenizer.from_dict(state["tokenizer"]), {**state["meta"], "history": state["history"]}
+
+
+# ---- evaluation --------------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def answer_scores(model: ScratchLM, tok: CharTokenizer, examples: list[MathExample], batch_size: int = 64,
+                  device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """Teacher-forced scores of the answers (answer characters and the EOS).
+
+    Returns:
+        (correct [N] bool: every answer token predicted by argmax, which equals greedy exact match;
+         nll [N] float: mean cross-entropy per answer token in nats, a continuous measure that still separates
+         runs when few answers are exactly right).
+    """
+    model.eval()
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].question))  # similar lengths per batch
+    ok_out, nll_out = np.zeros(len(examples), dtype=bool), np.zeros(len(examples))
+    for i in range(0, len(order), batch_size):
+        chunk = order[i : i + batch_size]
+        b = collate(tok, [examples[j] for j in chunk])
+        logits = model(b.ids.to(device)).logits[:, :-1].float().cpu()  # [B, T−1, V]
+        target, mask = b.ids[:, 1:], b.answer_mask[:, 1:]
+        ok_out[chunk] = ((logits.argmax(-1) == target) | ~mask).all(-1).numpy()
+        ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # [B, T−1]
+        nll_out[chunk] = ((ce * mask).sum(-1) / mask.sum(-1)).numpy()
+    return ok_out, nll_out
+
+
+def exact_match(model: ScratchLM, tok: CharTokenizer, examples: list[MathExample], batch_size: int = 64,
+                device: str = "cpu") -> np.ndarray:
+    """[N] bool: every answer token and the EOS predicted by argmax under teacher forcing (= greedy exact match)."""
+    return answer_scores(model, tok, examples, batch_size, device)[0]
+
+
+def evaluate(model: ScratchLM, tok: CharTokenizer, examples: list[MathExample], batch_size: int = 64,
+             device: str = "cpu") -> pd.DataFrame:
+    """One row per example: ``split, module, n_operations, question, answer, correct, answer_nll``."""
+    ok, nll = answer_scores(model, tok, examples, batch_size, device)
+    return pd.DataFrame({"split": [e.split for e in examples], "module": [e.module for e in examples],
+                         "n_operations": [e.n_operations for e in examples], "question": [e.question for e in examples],
+                         "answer": [e.answer for e in examples], "correct": ok, "answer_nll": nll})
+
+
+def accuracy_table(per_example: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy per (split, module) plus an ``all`` row per split: ``split, module, n, accuracy``."""
+    by_mod = per_example.groupby(["split", "module"])["correct"].agg(n="size", accuracy="mean").reset_index()
+    overall = per_example.groupby("split")["correct"].agg(n="size", accuracy="mean").reset_index()
+    overall["module"] = "all"
+    return pd.concat([by_mod, overall[by_mod.columns]], ignore_index=True)
+
+
+@torch.no_grad()
+def greedy_answer(model: ScratchLM, tok: CharTokenizer, question: str, max_new_tokens: int = 40,
+                  device: str = "cpu") -> str:
+    """Greedy decoding after ``" Q: {q} A:"`` until EOS; returns the answer without its leading space."""
+    model.eval()
+    ids, _ = tok.encode_example(question)
+    out = model(torch.tensor([ids], device=device), use_cache=True, logits_to_keep=1)
+    cache, gen = out.past_key_values, []
+    for _ in range(max_new_tokens):
+        nxt = int(out.logits[0, -1].argmax())
+        if nxt == tok.eos_id:
+            break
+        gen.append(nxt)
+        out = model(torch.tensor([[nxt]], device=device), past_key_values=cache, use_cache=True)
+    return tok.decode(gen).removeprefix(" ")
+
+
+def train_all(profile: str, out_dir: str | Path, archs=ARCHS, objectives=OBJECTIVES, device: str = "cpu",
+              data_dir: str | Path | None = None, progress: bool = True, stop_after: int | None = None,
+              **overrides: Any) -> dict[str, Path | None]:
+    """:func:`train_run` for every (arch, objective) of a profile; returns ``{run name: model.pt}``.
+
+    ``device``, ``data_dir``, ``progress`` and ``stop_after`` go to :func:`train_run`; ``overrides`` to the configs."""
+    out = {}
+    for arch in archs:
+        for obj in objectives:
+            cfg = run_config(profile, arch, obj, **overrides)
+            out[cfg.name] = train_run(cfg, out_dir, data_dir=data_dir, stop_after=stop_after, progress=progress,
+                                      device=device)
+    return out
+
+
+__all__ = ["TrainConfig", "PRESETS", "ARCHS", "OBJECTIVES", "OBJECTIVE_LABELS", "run_config", "train_run",
+           "train_all", "load_trained", "load_data", "evaluate", "exact_match", "answer_scores", "accuracy_table", "greedy_answer",
+           "lm_loss", "loss_mask", "batch_indices", "lr_at", "run_dir"]
