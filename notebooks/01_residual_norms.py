@@ -60,7 +60,7 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 from lmdepth.analyses import residual
 from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.params import check_type
-from lmdepth.charts.theme import across_models, layer_bars, norms_lines
+from lmdepth.charts.residual import across_models, layer_bars, norms_lines
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)

@@ -75,7 +75,9 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 import numpy as np
 import pandas as pd
 
-from lmdepth import complexity, erasure
+from lmdepth.analyses import complexity, erasure
+from lmdepth.charts.complexity import depth_vs_level_chart, effect_profile_chart, solved_chart
+from lmdepth.charts.erasure import map_chart
 from lmdepth.errors import ParameterError
 from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.params import check_choice, check_range, check_type
@@ -100,7 +102,7 @@ for name, value, lo, hi in (("n_per_level", n_per_level, 1, 10_000), ("n_synthet
     check_range(name, value, lo, hi)
 if 0 < max_answer_tokens < 8:
     raise ParameterError(f"Parameter 'max_answer_tokens' must be 0 (whole solution) or at least 8, got {max_answer_tokens}.")
-complexity.check_params(n_cuts=n_cuts, hop_cut=hop_cut, gen_tokens=gen_tokens, n_boot=n_boot)
+complexity.ComplexityParams(n_cuts=n_cuts, hop_cut=hop_cut, gen_tokens=gen_tokens, n_boot=n_boot)
 check_choice("ig_rule", ig_rule, ["left", "midpoint"])
 models = [model_name] + [m for m in compare_models if m != model_name]
 dev = resolve_device(device)
@@ -151,7 +153,7 @@ for m in models:
         synthetic = src in ("vars", "facts")
         n = (n_synthetic if synthetic else n_per_level) if m == model_name else \
             (n_synthetic_compare if synthetic else n_per_level_compare)
-        results[m, src] = complexity.run(m, src, n_per_level=n, lm=load, **common)
+        results[m, src] = complexity.run(m, source=src, n_per_level=n, lm=load, **common)
 levels = complexity.summary_frame(results, "levels")
 slopes = complexity.summary_frame(results, "slopes")
 solved = complexity.summary_frame(results, "solved")
@@ -178,7 +180,7 @@ show_table(sizes.pivot(index=["source", "level"], columns="model", values="cell"
 # ## Depth score vs difficulty (Fig. 7)
 
 # %% mystnb={"figure": {"caption": "Depth score D/(L−1) per difficulty level for each data source and model (rules: bootstrap 95 % intervals over items). Radio buttons switch between the layer effect and the logit effect and between mean and max aggregation over items (the paper: max). A model that used more layers for harder problems would show rising lines.", "name": "fig-depth-level"}}
-complexity.depth_vs_level_chart(levels)
+depth_vs_level_chart(levels)
 
 # %% tags=["hide-input"]
 sl = slopes[(slopes.aggregation == "mean")].copy()
@@ -203,7 +205,7 @@ show_table(sl[["model", "source", "metric", "slope (layers/level)", "rise over a
 # deeper computation, the profiles of the higher levels (darker) would extend further to the right.
 
 # %% mystnb={"figure": {"caption": "Mean layer effect e_s (or logit effect o_s) of each skipped layer for the main model, one line per difficulty level (darker = harder), one panel per data source.", "name": "fig-depth-profiles"}}
-complexity.effect_profile_chart(table, model_name)
+effect_profile_chart(table, model_name)
 
 # %% [markdown]
 # ## Solved vs unsolved items
@@ -219,7 +221,7 @@ acc = items.groupby(["model", "source"]).correct.agg(
 show_table(acc)
 
 # %% mystnb={"figure": {"caption": "Depth score D/(L−1) (layer effect, mean aggregation) of solved and unsolved items per model and source, with bootstrap 95 % intervals.", "name": "fig-depth-solved"}}
-complexity.solved_chart(solved)
+solved_chart(solved)
 
 # %% [markdown]
 # ## Does the claim hold here?
@@ -270,7 +272,7 @@ cs = pd.DataFrame([{"model": m, "prompt": p, "tokens": v["n_tokens"], "answer to
 show_table(cs)
 
 # %% mystnb={"figure": {"caption": "Residual erasure for the main model: effect on the answer predictions of replacing the residual at (layer boundary, token) with the mean residual. Row 0 = embeddings, layer 0 at the bottom; the last token is not shown (it feeds no answer prediction). The colour scale is clipped at the largest effect outside position 0 (erasing the attention-sink token breaks everything; hover for values). A compositional computation would show a left-to-right staircase.", "name": "fig-erasure"}}
-erasure.map_chart(case[model_name].table, "erasure", model_name)
+map_chart(case[model_name].table, "erasure", model_name)
 
 # %% tags=["hide-input"]
 def last_layer_that_matters(t: pd.DataFrame, frac: float = 0.1) -> pd.DataFrame:
@@ -298,7 +300,7 @@ show_table(reach)
 if len(case) > 1:
     import altair as alt
 
-    display_charts = [erasure.map_chart(r.table, "erasure", m).properties(title=m) for m, r in list(case.items())[1:]]
+    display_charts = [map_chart(r.table, "erasure", m).properties(title=m) for m, r in list(case.items())[1:]]
     comparison = alt.vconcat(*display_charts)
 else:
     comparison = None
@@ -333,7 +335,7 @@ else:
 display_table
 
 # %% mystnb={"figure": {"caption": "Integrated gradients for the main model: attribution of the answer probability to each token's residual at the output of each layer (red positive, blue negative; the colour scale is clipped at the largest value outside position 0, as in the paper). Layer 0 at the bottom.", "name": "fig-ig"}}
-erasure.map_chart(case[model_name].table, "ig", model_name, prompts=list(ig_meta)) if ig_meta else None
+map_chart(case[model_name].table, "ig", model_name, prompts=list(ig_meta)) if ig_meta else None
 
 # %% [markdown]
 # ## Differences from the paper

@@ -75,6 +75,7 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.analyses import maps as lmaps
+from lmdepth.charts.maps import floor_lines, map_heatmaps
 from lmdepth.errors import ParameterError
 from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.runtime import environment, resolve_device
@@ -158,14 +159,14 @@ summary_df = pd.DataFrame(rows)
 # ## The error heatmap (Fig. 8)
 
 # %% mystnb={"figure": {"caption": "Held-out relative error (the paper's metric) of the linear map from every source boundary (rows, bottom: embeddings) to every target boundary (columns), both directions of the first pair (the other pairs follow below). Bottom/left axes: boundary index; top/right axes: relative depth. Dashed white: equal relative depth m/L_source = l/L_target. Red dots: the best target of each row; white diamonds: the best source of each column. Hover a cell for its values.", "name": "fig-maps-heatmap"}}
-lmaps.map_heatmaps(table, main_labels[:2], size=250)
+map_heatmaps(table, main_labels[:2], size=250)
 
 # %% tags=["hide-input"]
 if len(main_labels) > 2:
     from IPython.display import display
 
     for k in range(2, len(main_labels), 2):
-        display(lmaps.map_heatmaps(table, main_labels[k : k + 2], size=250))
+        display(map_heatmaps(table, main_labels[k : k + 2], size=250))
 
 # %% [markdown]
 # **Reading it.** The relative error is measured against the full norm of the target residual, and how much of
@@ -180,7 +181,7 @@ if len(main_labels) > 2:
 # %% mystnb={"figure": {"caption": "The same maps, each cell's error divided by the error of predicting the target boundary's training mean (1 = the source tells nothing about that boundary; 0 = perfect). Markers as above; every pair, both directions.", "name": "fig-maps-normalized"}}
 import altair as alt
 
-alt.vconcat(*[lmaps.map_heatmaps(table, main_labels[k : k + 2], size=200, normalized=True)
+alt.vconcat(*[map_heatmaps(table, main_labels[k : k + 2], size=200, normalized=True)
               for k in range(0, len(main_labels), 2)])
 
 # %% tags=["hide-input"]
@@ -223,10 +224,10 @@ shuf_labels = [lab for s in meta["maps"] if s["kind"] == "shuffled" for lab in s
 control_labels = self_labels + shuf_labels
 
 # %% mystnb={"figure": {"caption": "Controls. Left: a model mapped onto itself (every control_stride-th boundary): the best match of every row is the same boundary, on the identity line. Right: the main pair fitted on shuffled token pairs: no diagonal; every cell is about as bad as predicting the target's mean.", "name": "fig-maps-controls"}}
-lmaps.map_heatmaps(table, control_labels, size=220) if control_labels else md("(controls switched off)")
+map_heatmaps(table, control_labels, size=220) if control_labels else md("(controls switched off)")
 
 # %% mystnb={"figure": {"caption": "The floor: for each target boundary, the held-out error of the best source boundary, of the source embeddings alone (m = 0), and of the target's training mean (no information from the source). Click the legend to isolate a line.", "name": "fig-maps-floor"}}
-lmaps.floor_lines(table, main_labels[0])
+floor_lines(table, main_labels[0])
 
 # %% tags=["hide-input"]
 ctrl = []

@@ -63,7 +63,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lmdepth import complexity, scratch_analysis as sa, training
+from lmdepth.analyses import complexity, scratch as sa
+from lmdepth.charts.scratch import accuracy_chart, depth_ops_chart, loss_chart, probe_chart
+from lmdepth.scratch import training
 from lmdepth.data.dm_math import EXTRAPOLATE, PROBES
 from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
 from lmdepth.params import check_choice, check_range, check_type
@@ -152,7 +154,7 @@ show_table(info.round(3))
 # values are not comparable with the answer-only loss.
 
 # %% mystnb={"figure": {"caption": "Training loss (moving average over 25 steps) of the four runs. The two objectives average over different tokens (all tokens vs answer tokens only), so only runs with the same objective are comparable. Click a legend entry to isolate a run.", "name": "fig-moeut-loss"}}
-sa.loss_chart(runs)
+loss_chart(runs)
 
 # %% [markdown]
 # ## Accuracy (the numbers behind Fig. 9)
@@ -171,7 +173,7 @@ show_table(table.pivot(index="run", columns="split", values="exact match").reset
                   .reset_index(), on="run"))
 
 # %% mystnb={"figure": {"caption": "Exact match per run and split (rules: Wilson 95 % intervals) and the mean answer loss per answer token.", "name": "fig-moeut-accuracy"}}
-sa.accuracy_chart(summary)
+accuracy_chart(summary)
 
 # %% tags=["hide-input"]
 gains = pd.concat([sa.paired_gains(per_example, s, n_boot=n_boot, seed=seed) for s in splits], ignore_index=True)
@@ -212,16 +214,16 @@ probe_df = pd.DataFrame(probe_info)
 show_table(probe_df.pivot(index=["probe", "answer"], columns="run", values="greedy answer").reset_index())
 
 # %% mystnb={"figure": {"caption": "Residual erasure on probe 2 of the paper (an add_sub_multiple problem), one row of panels per run: effect on the answer predictions of replacing the residual at (depth step, token) with the reference mean. Row 0 = embeddings, step 0 at the bottom; each panel has its own colour scale (hover for values).", "name": "fig-moeut-erasure"}}
-sa.probe_chart(erasure_table, PROBES[1][0], list(runs))
+probe_chart(erasure_table, PROBES[1][0], list(runs))
 
 # %% mystnb={"figure": {"caption": "The same for probe 3 (add_sub_multiple).", "name": "fig-moeut-erasure-3"}}
-sa.probe_chart(erasure_table, PROBES[2][0], list(runs))
+probe_chart(erasure_table, PROBES[2][0], list(runs))
 
 # %% mystnb={"figure": {"caption": "Probes 1 and 4 (mul_div_multiple, a module the default runs were not trained on), one row per run.", "name": "fig-moeut-erasure-other"}}
 import altair as alt
 
-alt.hconcat(sa.probe_chart(erasure_table, PROBES[0][0], list(runs), cell=7),
-            sa.probe_chart(erasure_table, PROBES[3][0], list(runs), cell=7))
+alt.hconcat(probe_chart(erasure_table, PROBES[0][0], list(runs), cell=7),
+            probe_chart(erasure_table, PROBES[3][0], list(runs), cell=7))
 
 # %% tags=["hide-input"]
 edepth = sa.erasure_depth(erasure_table)
@@ -278,7 +280,7 @@ md(f"{len(sample)} problems ({n_per_operations} per operation count and split, f
    f"{int(n_ops.min())}–{int(n_ops.max())} operations.")
 
 # %% mystnb={"figure": {"caption": "Relative depth score D/(L−1) against the number of operations in the problem, one line per run (rules: bootstrap 95 % intervals). A model that used more depth for longer computations would show a rising line. The radio button switches between the effect on later depth steps and on the answer predictions.", "name": "fig-moeut-depth-ops"}}
-sa.depth_ops_chart(levels)
+depth_ops_chart(levels)
 
 # %% tags=["hide-input"]
 sl_show = slopes[slopes.aggregation == "mean"].copy()

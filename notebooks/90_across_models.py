@@ -49,6 +49,7 @@ profile: str = "default"  # label of the parameter profile this run came from (s
 import pandas as pd
 
 from lmdepth.analyses import atlas
+from lmdepth.charts.atlas import atlas_chart
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.params import check_type
 
@@ -102,7 +103,7 @@ md(f"Over all chapters, **{n_yes} of {n_all}** (claim × model) checks agree wit
 # If the paper's reading holds, these marks cluster around the middle (the dashed line) for every model.
 
 # %% mystnb={"figure": {"caption": "Where each chapter places the end of a model's computation, on relative depth. Pick a model in the drop-down, click a legend entry to isolate a measure, hover a mark for its layer, the model's depth and the sample it comes from. Dashed: mid-depth.", "name": "fig-atlas"}}
-atlas.atlas_chart(table)
+atlas_chart(table)
 
 # %% tags=["hide-input"]
 wide = table.assign(text=[

@@ -51,6 +51,7 @@ dtype: str = "float32"  # "float32", "bfloat16", "float16"
 import os
 
 from lmdepth.book import explorer
+from lmdepth.charts.explorer import exploration_charts
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.params import check_type
 from lmdepth.model.registry import load_model
@@ -89,7 +90,7 @@ md(f"**{model_name}** ({lm.adapter.n_layers} layers), {len(x.tokens)} tokens; lo
    f"({x.tokens[x.position]!r}); layer {skip_layer} skipped at every position ≥ 1.")
 
 # %% mystnb={"figure": {"caption": "One prompt: relative contributions of each layer (left), the logit lens' top-1 probability at the chosen token for the residual entering each layer, the last bar being the model's output (middle; hover for the token), and the largest relative change of every layer's contribution when the chosen layer is skipped (right).", "name": "fig-explorer"}}
-explorer.exploration_charts(x)
+exploration_charts(x)
 
 # %% tags=["hide-input"]
 e = x.skip.set_index("layer")["relative_change"]

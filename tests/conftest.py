@@ -1,5 +1,14 @@
-"""Shared fixtures. Tiers (TransformerLens style): unit tests need no model; integration tests use tiny
-random-init models of each family; tests marked ``slow`` load the real packaged SmolLM2 or execute chapters."""
+"""Shared fixtures, and the test tiers (TransformerLens style; registered in pyproject.toml). Every test carries
+exactly one tier marker, at module level (``pytestmark``) or per test where a module mixes tiers:
+
+* ``unit``: no model at all (pure functions, data, parameters, CLI parsing); ``-m unit`` runs in under a minute;
+* ``integration``: tiny random-init models (``lmdepth.testing``, ``tiny_dirs``), scratch models, tiny training runs;
+* ``packaged``: loads a real packaged model or its tokenizer (SmolLM2 & co.);
+* ``slow``: executes chapters or the book (minutes);
+* ``browser``: draws the executed book in headless Chromium (builds the book too: minutes).
+
+A test with no tier marker, or more than one, stops the collection (see ``pytest_collection_modifyitems``).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +20,22 @@ import pytest
 from lmdepth.testing import FAMILY_CONFIGS, save_tiny_model, tiny_tokenizer
 
 FAMILIES = list(FAMILY_CONFIGS)
+TIERS = ("unit", "integration", "packaged", "slow", "browser")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the machines have no hub access: fail fast, never hang
 os.environ.setdefault("LMDEPTH_PROGRESS", "0")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the whole collected suite is checked
+def pytest_collection_modifyitems(config, items):
+    """Every test has exactly one tier marker (no default: a test that builds a model must not pass as ``unit``)."""
+    bad = []
+    for item in items:
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) != 1:
+            bad.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier marker'}")
+    if bad:
+        raise pytest.UsageError(f"Each test needs exactly one tier marker of {', '.join(TIERS)} "
+                                "(see tests/conftest.py):\n" + "\n".join(bad))
 
 
 @pytest.fixture(scope="session")

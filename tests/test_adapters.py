@@ -21,12 +21,14 @@ def ids(tok):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.integration
 def test_residual_is_additive(family, ids):
     adapter = ModelAdapter.for_model(tiny_model(family))
     assert additivity_error(adapter, ids) < 1e-5
 
 
 @pytest.mark.parametrize("family", ["gemma3", "olmo2"])
+@pytest.mark.integration
 def test_raw_sublayer_outputs_are_wrong_for_sandwich_norms(family, ids):
     """Why the adapter must know the family: Llama-style taps on a sandwich-norm model break additivity."""
     model = tiny_model(family)
@@ -34,6 +36,7 @@ def test_raw_sublayer_outputs_are_wrong_for_sandwich_norms(family, ids):
     assert additivity_error(ModelAdapter(model, wrong), ids) > 0.05
 
 
+@pytest.mark.integration
 def test_post_ln_model_is_refused(ids):
     model = tiny_model("llama")
     for layer in model.model.layers:  # turn every layer into post-LN: h_{l+1} = LN(h_l + a_l + m_l)
@@ -42,12 +45,14 @@ def test_post_ln_model_is_refused(ids):
         check_additivity(ModelAdapter.for_model(model), ids)
 
 
+@pytest.mark.unit
 def test_unknown_architecture_names_supported_ones():
     with pytest.raises(UnsupportedArchitectureError, match="Supported: .*llama"):
         family_for("gpt2")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.integration
 def test_last_layer_logit_lens_equals_logits(family, ids):
     model = tiny_model(family)
     adapter = ModelAdapter.for_model(model)
@@ -57,6 +62,7 @@ def test_last_layer_logit_lens_equals_logits(family, ids):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.integration
 def test_nnsight_trace_equals_plain_hooks(family, ids):
     model = tiny_model(family)
     adapter = ModelAdapter.for_model(model)
@@ -70,6 +76,7 @@ def test_nnsight_trace_equals_plain_hooks(family, ids):
         torch.testing.assert_close(model(ids).logits, tiny_model(family)(ids).logits)
 
 
+@pytest.mark.integration
 def test_hooks_are_removed_after_capture(ids):
     model = tiny_model("llama")
     hooked_residuals(ModelAdapter.for_model(model), ids)

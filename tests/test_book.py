@@ -38,6 +38,7 @@ def notebook_problems(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("stem", list(CHAPTERS.values()))
+@pytest.mark.unit
 def test_committed_notebooks_are_publishable(stem):
     path = REPO_ROOT / "book" / f"{stem}.ipynb"
     assert path.exists(), f"{path} missing: run scripts/build_book.sh"
@@ -95,8 +96,7 @@ def test_smoke_executed_chapters_are_clean(smoke_book, stem):
         assert "agrees with paper" in text
 
 
-@pytest.mark.slow
-@pytest.mark.browser
+@pytest.mark.browser  # builds the book too (smoke_book): deselect with -m "not slow and not browser"
 @pytest.mark.parametrize("stem", list(CHAPTERS.values()))
 def test_charts_draw_offline_in_chromium(smoke_book, stem):
     page = smoke_book / "_build" / "html" / "book" / f"{stem}.html"
@@ -127,8 +127,7 @@ def _html_pages(root: Path) -> list[Path]:
     return [p for p in (root / "_build" / "html").rglob("*.html") if "_static" not in p.parts]
 
 
-@pytest.mark.slow
-@pytest.mark.browser
+@pytest.mark.browser  # builds the book too (smoke_book): deselect with -m "not slow and not browser"
 @pytest.mark.parametrize("stem", ["intro", *PAGES])
 def test_pages_load_without_console_errors_or_network(smoke_book, stem):
     page = smoke_book / "_build" / "html" / "book" / f"{stem}.html"
@@ -172,6 +171,7 @@ def test_colab_buttons_point_to_committed_notebooks(smoke_book):
 
 
 @pytest.mark.parametrize("stem", PAGES)
+@pytest.mark.unit
 def test_committed_colab_cell_uses_the_configured_repository(stem):
     """The Colab cell installs from repository.url of _config.yml (set there once, written in by lmdepth book)."""
     url = yaml.safe_load((REPO_ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")

@@ -7,6 +7,7 @@ from lmdepth.book.cli import main
 from lmdepth.errors import ParameterError
 
 
+@pytest.mark.unit
 def test_declared_parameters_come_from_the_notebook():
     spec = declared_parameters("norms")
     assert spec["n_examples"].type_name == "int" and spec["n_examples"].default == "20"
@@ -14,10 +15,12 @@ def test_declared_parameters_come_from_the_notebook():
     assert "packaged short name" in spec["model_name"].help
 
 
+@pytest.mark.unit
 def test_both_chapters_share_the_parameter_vocabulary():
     assert set(declared_parameters("norms")) == set(declared_parameters("cosine"))
 
 
+@pytest.mark.unit
 def test_default_profile_matches_notebook_defaults():
     """The committed notebooks' defaults are the default profile (the book shows what a plain run computes)."""
     spec = declared_parameters("norms")
@@ -26,6 +29,7 @@ def test_default_profile_matches_notebook_defaults():
             assert parse_cli_value(spec[name].default) == value, name
 
 
+@pytest.mark.unit
 def test_cli_values_are_yaml():
     assert parse_cli_value("5") == 5 and parse_cli_value("true") is True
     assert parse_cli_value("[a, b]") == ["a", "b"] and parse_cli_value("gemma3-270m") == "gemma3-270m"
@@ -41,11 +45,13 @@ def test_cli_values_are_yaml():
         ({"n_examples": -1}, "'n_examples' must be between 1"),
     ],
 )
+@pytest.mark.unit
 def test_bad_parameters_fail_before_execution(params, message):
     with pytest.raises(ParameterError, match=message):
         check_parameters("norms", params)
 
 
+@pytest.mark.unit
 def test_cli_reports_errors_without_traceback(capsys, tmp_path):
     assert main(["run", "norms", "-p", "n_examples", "0", "--results-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -55,6 +61,7 @@ def test_cli_reports_errors_without_traceback(capsys, tmp_path):
     assert not list(tmp_path.rglob("*.ipynb"))
 
 
+@pytest.mark.unit
 def test_cli_list(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out

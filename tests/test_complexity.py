@@ -5,13 +5,14 @@ import numpy as np
 import pytest
 import torch
 
+from lmdepth.data.difficulty import analysis_input, answer_start, difficulty_examples, gsm8k_correct, last_boxed, math_correct
+from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics, slope
 from lmdepth.analyses import complexity as C
 from lmdepth.model.families import ModelAdapter
 from lmdepth.hooks.capture import hooked_residuals
 from lmdepth.data.datasets import Example
-from lmdepth.analyses.erasure import AdapterStack, as_stack, boundary_residuals, erasure_map, integrated_gradients, mean_residuals
+from lmdepth.hooks.stack import AdapterStack, as_stack, boundary_residuals, erasure_map, integrated_gradients, mean_residuals
 from lmdepth.errors import ParameterError
-from lmdepth.hooks.skipping import prompt_effects
 from lmdepth.testing import tiny_model
 
 TEXT = "Q: a=3, b=a+2, c=b+1. What is c? A: 6"
@@ -20,28 +21,31 @@ TEXT = "Q: a=3, b=a+2, c=b+1. What is c? A: 6"
 # ---- depth score (pure) --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("L", [1, 5, 30])
+@pytest.mark.unit
 def test_depth_score_of_a_one_hot_vector_is_its_index(L):
     for i in range(L):
         e = np.zeros(L)
         e[i] = 0.7
-        assert C.depth_score(e) == pytest.approx(i)
-        assert C.depth_score(e, one_based=True) == pytest.approx(i + 1)
+        assert depth_score(e) == pytest.approx(i)
+        assert depth_score(e, one_based=True) == pytest.approx(i + 1)
 
 
+@pytest.mark.unit
 def test_depth_score_edge_cases():
-    assert C.depth_score(np.ones(5)) == pytest.approx(2.0)  # uniform: the middle
-    assert np.isnan(C.depth_score(np.zeros(4)))
-    batch = C.depth_score(np.eye(4))  # the last axis is the layer axis
+    assert depth_score(np.ones(5)) == pytest.approx(2.0)  # uniform: the middle
+    assert np.isnan(depth_score(np.zeros(4)))
+    batch = depth_score(np.eye(4))  # the last axis is the layer axis
     np.testing.assert_allclose(batch, [0, 1, 2, 3])
 
 
+@pytest.mark.unit
 def test_layer_effect_is_the_mean_over_later_layers():
     E = np.zeros((4, 4))
     E[0, 1:] = [0.3, 0.6, 0.9]
     E[2, 3] = 0.4
     E[1, 1] = E[3, 0] = 5.0  # diagonal / below: ignored (zero in the future setting anyway)
-    np.testing.assert_allclose(C.layer_effect(E), [0.6, 0.0, 0.4, 0.0])
-    np.testing.assert_allclose(C.layer_effect(np.stack([E, 2 * E])), [[0.6, 0, 0.4, 0], [1.2, 0, 0.8, 0]])
+    np.testing.assert_allclose(layer_effect(E), [0.6, 0.0, 0.4, 0.0])
+    np.testing.assert_allclose(layer_effect(np.stack([E, 2 * E])), [[0.6, 0, 0.4, 0], [1.2, 0, 0.8, 0]])
 
 
 def _synthetic_effects(levels, depth_of_level, L=10, noise=0.05, seed=0):
@@ -59,11 +63,12 @@ def _synthetic_effects(levels, depth_of_level, L=10, noise=0.05, seed=0):
     return np.array(E), np.array(O)
 
 
+@pytest.mark.unit
 def test_level_statistics_detect_a_rising_and_a_flat_depth():
     levels = np.repeat([1, 2, 3, 4], 6)
     for depth, rising in ((lambda lv: 1 + lv, True), (lambda lv: 4, False)):
         E, O = _synthetic_effects(levels, depth)
-        by_level, slopes = C.level_statistics(E, O, levels, n_boot=200, seed=0)
+        by_level, slopes = level_statistics(E, O, levels, n_boot=200, seed=0)
         assert set(by_level.level) == {1, 2, 3, 4} and set(by_level.aggregation) == {"max", "mean"}
         for _, r in slopes.iterrows():
             assert r.ci_low <= r.slope <= r.ci_high
@@ -75,87 +80,95 @@ def test_level_statistics_detect_a_rising_and_a_flat_depth():
         assert (mean_logit.ci_low <= mean_logit.depth_score + 1e-9).all()
 
 
+@pytest.mark.unit
 def test_group_statistics_handle_empty_groups():
     levels = np.repeat([1, 2], 4)
     E, O = _synthetic_effects(levels, lambda lv: 3)
-    g = C.group_statistics(E, O, {"solved": levels == 1, "unsolved": np.zeros(8, bool)}, n_boot=50)
+    g = group_statistics(E, O, {"solved": levels == 1, "unsolved": np.zeros(8, bool)}, n_boot=50)
     assert g[g.group == "solved"].depth_score.notna().all()
     assert g[g.group == "unsolved"].depth_score.isna().all() and (g[g.group == "unsolved"].n == 0).all()
 
 
+@pytest.mark.unit
 def test_slope():
-    assert C.slope([1, 2, 3], [2, 4, 6]) == pytest.approx(2)
-    assert np.isnan(C.slope([1, 1], [0, 1]))
-    assert C.slope([1, 2, 3], [1, np.nan, 3]) == pytest.approx(1)
+    assert slope([1, 2, 3], [2, 4, 6]) == pytest.approx(2)
+    assert np.isnan(slope([1, 1], [0, 1]))
+    assert slope([1, 2, 3], [1, np.nan, 3]) == pytest.approx(1)
 
 
 # ---- data with known difficulty -------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_math_levels_and_gsm8k_steps():
-    math = C.difficulty_examples("math", [1, 5], 3, seed=0)
+    math = difficulty_examples("math", [1, 5], 3, seed=0)
     assert [e.meta["level"] for e in math] == [1, 1, 1, 5, 5, 5]
     assert all(e.meta["subject"] == "Intermediate Algebra" and e.prompt.startswith("Problem: ")
                and e.prompt.endswith("\nAnswer:") and e.answer.startswith(" ") for e in math)
-    assert math == C.difficulty_examples("math", [1, 5], 3, seed=0)
-    assert math != C.difficulty_examples("math", [1, 5], 3, seed=1)
-    gsm = C.difficulty_examples("gsm8k", None, 4, seed=0)
+    assert math == difficulty_examples("math", [1, 5], 3, seed=0)
+    assert math != difficulty_examples("math", [1, 5], 3, seed=1)
+    gsm = difficulty_examples("gsm8k", None, 4, seed=0)
     for e in gsm:
         steps = e.answer.count("<<")
         assert steps == e.meta["steps"] and (steps >= 5 if e.meta["level"] == 5 else steps == e.meta["level"])
     assert [e.meta["level"] for e in gsm] == [2] * 4 + [3] * 4 + [4] * 4 + [5] * 4
 
 
+@pytest.mark.unit
 def test_synthetic_sources_come_from_the_generator():
-    exs = C.difficulty_examples("facts", [2], 3)
+    exs = difficulty_examples("facts", [2], 3)
     assert all(e.meta["level"] == 2 and e.meta["synthetic"] for e in exs)
 
 
+@pytest.mark.unit
 def test_bad_parameters_are_refused():
     with pytest.raises(ParameterError, match="source"):
-        C.difficulty_examples("mquake")
+        difficulty_examples("mquake")
     with pytest.raises(ParameterError, match="levels"):
-        C.difficulty_examples("gsm8k", [1])
+        difficulty_examples("gsm8k", [1])
     with pytest.raises(ParameterError, match="hop_cut"):
-        C.check_params(hop_cut="last")
+        C.ComplexityParams(hop_cut="last")
     with pytest.raises(ParameterError, match="max_answer_tokens"):
-        C.check_params(max_answer_tokens=2)
+        C.ComplexityParams(max_answer_tokens=2)
 
 
+@pytest.mark.unit
 def test_cut_points(tok):
-    ex = C.difficulty_examples("vars", [2], 1)[0]
+    ex = difficulty_examples("vars", [2], 1)[0]
     full = tok(ex.text, return_tensors="pt").input_ids
-    a = C.answer_start(tok, ex, full)
+    a = answer_start(tok, ex, full)
     assert tok.decode(full[0, a:]) == ex.answer
-    ids, cuts, a2 = C.analysis_input(tok, ex, full, "vars", 0)
+    ids, cuts, a2 = analysis_input(tok, ex, full, "vars", 0)
     assert a2 == a and ids.shape[1] == full.shape[1] - 1 and cuts == [a - 1]  # measure where the answer is predicted
-    ids, cuts, _ = C.analysis_input(tok, ex, full, "vars", 0, hop_cut="answer")
+    ids, cuts, _ = analysis_input(tok, ex, full, "vars", 0, hop_cut="answer")
     assert ids.shape[1] == full.shape[1] and cuts == [a]  # the authors' choice
     m = Example("m", "Problem: x\nAnswer:", " " + "step " * 40)
     full = tok(m.text, return_tensors="pt").input_ids
-    ids, cuts, a = C.analysis_input(tok, m, full, "math", 0, n_cuts=4, cut_stride=4, max_answer_tokens=100)
+    ids, cuts, a = analysis_input(tok, m, full, "math", 0, n_cuts=4, cut_stride=4, max_answer_tokens=100)
     assert ids.shape[1] == a + 100 and len(cuts) == 4
     assert all((c - a) % 4 == 0 and a <= c < a + 96 for c in cuts)
-    assert C.analysis_input(tok, m, full, "math", 0, n_cuts=4)[1] == C.analysis_input(tok, m, full, "math", 0, n_cuts=4)[1]
+    assert analysis_input(tok, m, full, "math", 0, n_cuts=4)[1] == analysis_input(tok, m, full, "math", 0, n_cuts=4)[1]
 
 
 # ---- correctness -----------------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_gsm8k_answer_checking():
-    assert C.gsm8k_correct("so 3+4=7. The final answer is 7", "7")
-    assert C.gsm8k_correct("The final answer is $1,200.", "1200")
-    assert not C.gsm8k_correct("The final answer is 8. Then 7", "7")
-    assert C.gsm8k_correct("she has 5 then 12 apples", "12")  # no cue: the last number
-    assert not C.gsm8k_correct("no numbers", "3")
+    assert gsm8k_correct("so 3+4=7. The final answer is 7", "7")
+    assert gsm8k_correct("The final answer is $1,200.", "1200")
+    assert not gsm8k_correct("The final answer is 8. Then 7", "7")
+    assert gsm8k_correct("she has 5 then 12 apples", "12")  # no cue: the last number
+    assert not gsm8k_correct("no numbers", "3")
 
 
+@pytest.mark.unit
 def test_math_answer_checking():
     ref = "Thus the answer is $\\boxed{\\frac{3}{4}}$."
-    assert C.last_boxed(ref) == "\\frac{3}{4}"
-    assert C.last_boxed("\\boxed{x^{2}} and \\boxed{\\sqrt{2}}") == "\\sqrt{2}"
-    assert C.math_correct("so $\\boxed{\\dfrac34}$", ref)
-    assert C.math_correct("$\\boxed{ 0.75 }$", "$\\boxed{3/4}$")
-    assert not C.math_correct("$\\boxed{4/3}$", ref)
-    assert not C.math_correct("the answer is 3/4", ref)  # no box, no credit
+    assert last_boxed(ref) == "\\frac{3}{4}"
+    assert last_boxed("\\boxed{x^{2}} and \\boxed{\\sqrt{2}}") == "\\sqrt{2}"
+    assert math_correct("so $\\boxed{\\dfrac34}$", ref)
+    assert math_correct("$\\boxed{ 0.75 }$", "$\\boxed{3/4}$")
+    assert not math_correct("$\\boxed{4/3}$", ref)
+    assert not math_correct("the answer is 3/4", ref)  # no box, no credit
 
 
 # ---- residual stacks, generic skip effects, erasure, integrated gradients (tiny models) ---------------------------
@@ -166,6 +179,7 @@ def ids(tok):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.integration
 def test_adapter_stack_runs_and_edits(family, ids):
     adapter = ModelAdapter.for_model(tiny_model(family))
     stack = as_stack(adapter)
@@ -191,18 +205,8 @@ def test_adapter_stack_runs_and_edits(family, ids):
     torch.testing.assert_close(boundary_residuals(stack, ids), res)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
-def test_generic_skip_effects_equal_the_fast_path(family, ids):
-    adapter = ModelAdapter.for_model(tiny_model(family))
-    cuts = [5, 17, 30]
-    E, O = C.stack_skip_effects(adapter, ids, cuts)
-    E2, O2 = prompt_effects(adapter, ids, cuts=cuts, parts=("layer",), local=False, current=False)["future", "layer"]
-    assert (E2 > 0).any()
-    torch.testing.assert_close(E, E2, atol=1e-5, rtol=0)
-    torch.testing.assert_close(O, O2, atol=1e-5, rtol=0)
-
-
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.integration
 def test_erasure_map(family, ids, tok):
     adapter = ModelAdapter.for_model(tiny_model(family))
     stack = AdapterStack(adapter)
@@ -223,6 +227,7 @@ def test_erasure_map(family, ids, tok):
     assert erasure_map(stack, ids, a, clean[:, 5], positions=[5])[:, 5].abs().max() == 0
 
 
+@pytest.mark.integration
 def test_integrated_gradients_completeness(ids):
     adapter = ModelAdapter.for_model(tiny_model("llama"))
     stack = AdapterStack(adapter)
@@ -247,6 +252,7 @@ def test_integrated_gradients_completeness(ids):
 
 # ---- the cached run end to end -------------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_run_on_a_tiny_model_is_cached_and_resumable(tiny_dirs, tmp_path):
     kw = dict(model_name=str(tiny_dirs["llama"]), source="vars", n_per_level=2, levels=[1, 3], n_boot=20,
               results_dir=tmp_path)
@@ -263,8 +269,22 @@ def test_run_on_a_tiny_model_is_cached_and_resumable(tiny_dirs, tmp_path):
     assert {"model", "source", "rel_depth_score"} <= set(frame.columns)
 
 
-def test_run_checks_correctness_by_generation(tiny_dirs, tmp_path):
-    r = C.run(model_name=str(tiny_dirs["qwen2"]), source="gsm8k", n_per_level=1, levels=[2], n_boot=20,
-              gen_tokens=6, max_answer_tokens=16, n_cuts=2, results_dir=tmp_path)
-    item = r.meta["summary"]["items"][0]
-    assert item["correct"] == 0 and item["n_tokens"] <= 1024
+@pytest.mark.integration
+def test_run_checks_correctness_by_generation(tiny_dirs, tmp_path, monkeypatch):
+    kw = dict(model_name=str(tiny_dirs["qwen2"]), source="gsm8k", n_per_level=2, levels=[2], n_boot=20,
+              gen_tokens=6, max_answer_tokens=16, n_cuts=2)
+    # the tiny random model's own greedy generations: checked, and wrong
+    r = C.run(**kw, results_dir=tmp_path / "generated")
+    assert [(i["correct"], i["n_tokens"] <= 1024) for i in r.meta["summary"]["items"]] == [(0, True), (0, True)]
+    # scripted generations: the checker must give the right one 1 and the wrong one 0 (a checker stuck at 0 fails)
+    exs = difficulty_examples("gsm8k", [2], 2, seed=0)  # what the run draws
+    # hand-checked: Mico and Marco's ages sum to 20, in 10 years 20 + 10 + 10 = 40; Sally's mean 630 / 9 = 70
+    assert [(e.id, e.meta["final_answer"]) for e in exs] == [("gsm8k/test/278", "40"), ("gsm8k/test/1231", "70")]
+    replies = {exs[0].prompt: "20 + 10 + 10 = 40.\nThe final answer is 40",
+               exs[1].prompt: "630 / 9 = 75.\nThe final answer is 75"}
+    monkeypatch.setattr(C, "generate_greedy", lambda lm, prompts, max_new_tokens, **_: [replies[p] for p in prompts])
+    r = C.run(**kw, results_dir=tmp_path / "scripted")
+    s = r.meta["summary"]
+    assert {i["item"]: i["correct"] for i in s["items"]} == {"gsm8k/test/278": 1, "gsm8k/test/1231": 0}
+    assert s["accuracy"] == 0.5 and s["generated"]["gsm8k/test/278"].endswith("The final answer is 40")
+    assert r.table.groupby("item").correct.unique().map(list).to_dict() == {"gsm8k/test/278": [1], "gsm8k/test/1231": [0]}

@@ -3,6 +3,8 @@ import pytest
 from lmdepth.data.datasets import GSM8K_INSTRUCTION, load_examples, selection_record
 from lmdepth.errors import DataError
 
+pytestmark = pytest.mark.unit
+
 
 def test_gsm8k_uses_the_papers_prompt_format():
     ex = load_examples("gsm8k", n_examples=1, selection="first")[0]

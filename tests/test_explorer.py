@@ -6,10 +6,13 @@ import pytest
 import torch
 
 from lmdepth.book import explorer
+from lmdepth.charts.explorer import exploration_charts
 from lmdepth.model.registry import load_model
 
 FAMILIES = ["llama", "gemma3"]
 TEXT = "ab cd ef gh ij"
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -74,14 +77,14 @@ def test_skip_effect_structure(lm):
 def test_explore_and_charts(lm):
     x = explorer.explore(lm, TEXT, layer=0, position=2)
     assert x.position == 2 and len(x.tokens) == lm.encode(TEXT).shape[1]
-    spec = explorer.exploration_charts(x).to_dict()
+    spec = exploration_charts(x).to_dict()
     assert len(spec["hconcat"]) == 3
     table = explorer.lens_token_table(x)
     assert list(table.columns[:2]) == ["layer", "top 1"] and len(table) == lm.adapter.n_layers + 1
 
 
 def test_widget_runs_and_reports_bad_input(tiny_dirs, capsys):
-    pytest.importorskip("ipywidgets")
+    pytest.importorskip("ipywidgets", reason="the explorer widget needs ipywidgets")
     w = explorer.explorer_widget([str(tiny_dirs["llama"])], "ab cd ef", 1)
     text, row, out = w.children
     model, layer, position, run = row.children
@@ -100,9 +103,9 @@ def test_widget_in_a_live_kernel(tiny_dirs):
     """The explorer in a real Jupyter kernel: Run fills the Output widget with the charts and the token table, and
     bad input appears there as a message. nbclient acts as the front end and syncs the Output widget's state back
     to the kernel, so a later cell can read what the user would see."""
-    pytest.importorskip("ipywidgets")
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipywidgets", reason="the explorer widget needs ipywidgets")
+    nbformat = pytest.importorskip("nbformat", reason="a live kernel needs nbformat")
+    nbclient = pytest.importorskip("nbclient", reason="a live kernel needs nbclient")
     src = [
         "from lmdepth.book.explorer import explorer_widget\n"
         f"w = explorer_widget([{str(tiny_dirs['llama'])!r}], 'ab cd ef', 1)\n"

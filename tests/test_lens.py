@@ -9,6 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
+from lmdepth.hooks.lens import lens_stats
+from lmdepth.metrics.distributions import FinalDistribution, Scratch, kl_divergence, lens_metrics, sampled_kl, topk_overlap
+from lmdepth.model.unembed import Unembedding
+from lmdepth.scratch.tuned_lens import TrainConfig, Translators, sample_candidates, train_translators
 from lmdepth.analyses import lens
 from lmdepth.hooks.capture import hooked_residuals
 from lmdepth.errors import ParameterError
@@ -18,69 +22,75 @@ from lmdepth.testing import FAMILY_CONFIGS
 
 # ---- unit: pure functions -------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_kl_divergence_known_values():
     p = torch.tensor([[0.5, 0.5, 0.0], [0.25, 0.25, 0.5]])
     q = torch.tensor([[0.25, 0.25, 0.5], [0.25, 0.25, 0.5]])
-    kl = lens.kl_divergence(p.log(), q.log())
+    kl = kl_divergence(p.log(), q.log())
     # Σ p log(p/q): first row 2 · 0.5 · log 2 (the zero-probability entry contributes 0), second row 0.
     torch.testing.assert_close(kl, torch.tensor([math.log(2), 0.0]))
-    assert torch.isinf(lens.kl_divergence(q.log()[:1], p.log()[:1])).all()  # q puts mass where p has none
+    assert torch.isinf(kl_divergence(q.log()[:1], p.log()[:1])).all()  # q puts mass where p has none
 
 
+@pytest.mark.unit
 def test_kl_divergence_is_nonnegative_and_matches_torch():
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(64, 50, generator=g) * 3).log_softmax(-1), (torch.randn(64, 50, generator=g) * 3).log_softmax(-1)
-    kl = lens.kl_divergence(a, b)
+    kl = kl_divergence(a, b)
     assert (kl >= 0).all()
     ref = torch.nn.functional.kl_div(b, a, log_target=True, reduction="none").sum(-1)  # KL(a ‖ b) in torch's order
     torch.testing.assert_close(kl, ref)
-    torch.testing.assert_close(lens.kl_divergence(a, a), torch.zeros(64))
+    torch.testing.assert_close(kl_divergence(a, a), torch.zeros(64))
 
 
+@pytest.mark.unit
 def test_topk_overlap_known_values():
     a = torch.tensor([[5.0, 4, 3, 2, 1, 0, 0], [5.0, 4, 3, 2, 1, 0, 0]])
     b = torch.tensor([[0.0, 0, 1, 2, 3, 4, 5], [1.0, 2, 3, 4, 5, 0, 0]])
-    torch.testing.assert_close(lens.topk_overlap(a, b, k=5), torch.tensor([0.6, 1.0]))  # {2,3,4} shared; all shared
-    torch.testing.assert_close(lens.topk_overlap(a, b, k=1), torch.tensor([0.0, 0.0]))
+    torch.testing.assert_close(topk_overlap(a, b, k=5), torch.tensor([0.6, 1.0]))  # {2,3,4} shared; all shared
+    torch.testing.assert_close(topk_overlap(a, b, k=1), torch.tensor([0.0, 0.0]))
 
 
 @pytest.mark.parametrize("with_scratch", [False, True])
+@pytest.mark.unit
 def test_lens_metrics_equal_the_pure_functions(with_scratch):
     g = torch.Generator().manual_seed(1)
     z, zf = torch.randn(6, 300, generator=g) * 4, torch.randn(6, 300, generator=g) * 4
-    final = lens.FinalDistribution.from_logits(zf)
-    got = lens.lens_metrics(z, final, lens.Scratch(8, 300) if with_scratch else None)
+    final = FinalDistribution.from_logits(zf)
+    got = lens_metrics(z, final, Scratch(8, 300) if with_scratch else None)
     lp, lpf = z.log_softmax(-1), zf.log_softmax(-1)
-    torch.testing.assert_close(got[0], lens.kl_divergence(lp, lpf), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(got[1], lens.kl_divergence(lpf, lp), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(got[2], lens.topk_overlap(z, zf))
+    torch.testing.assert_close(got[0], kl_divergence(lp, lpf), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[1], kl_divergence(lpf, lp), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[2], topk_overlap(z, zf))
     # several readings (e.g. layers) of the same tokens share one final distribution
     many = torch.stack([z, 2 * z, zf])  # [3, tokens, vocab]
-    got3 = lens.lens_metrics(many, final, lens.Scratch(18, 300) if with_scratch else None)
+    got3 = lens_metrics(many, final, Scratch(18, 300) if with_scratch else None)
     assert got3.shape == (3, 3, 6)
     torch.testing.assert_close(got3[:, 0], got, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got3[:, 2], torch.stack([torch.zeros(6), torch.zeros(6), torch.ones(6)]), rtol=0, atol=1e-5)
-    torch.testing.assert_close(got3[0, 1], lens.kl_divergence((2 * z).log_softmax(-1), lpf), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got3[0, 1], kl_divergence((2 * z).log_softmax(-1), lpf), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_sampled_kl_is_exact_on_the_full_vocabulary_and_unbiased_on_a_sample():
     g = torch.Generator().manual_seed(2)
     V = 400
     zl, zf = torch.randn(3, 2, V, generator=g) * 2, torch.randn(3, V, generator=g) * 2
     lse_f = torch.logsumexp(zf, -1)
-    exact = lens.kl_divergence(zf.log_softmax(-1)[:, None, :], zl.log_softmax(-1))  # KL(P_final ‖ P_lens)
-    full = lens.sampled_kl(zl, zf, lse_f, torch.zeros(V))
+    exact = kl_divergence(zf.log_softmax(-1)[:, None, :], zl.log_softmax(-1))  # KL(P_final ‖ P_lens)
+    full = sampled_kl(zl, zf, lse_f, torch.zeros(V))
     torch.testing.assert_close(full, exact, rtol=1e-4, atol=1e-5)
     # head = top 50 final tokens, tail = 100 uniform samples with weight |tail|/100: close on average
     head = zf.mean(0).topk(50).indices
     tail = torch.tensor([v for v in range(V) if v not in set(head.tolist())])
     est = []
     for _ in range(200):
-        cand, log_w = lens._candidates(head, tail, 100, g)
-        est.append(lens.sampled_kl(zl[..., cand], zf[..., cand], lse_f, log_w))
+        cand, log_w = sample_candidates(head, tail, 100, g)
+        est.append(sampled_kl(zl[..., cand], zf[..., cand], lse_f, log_w))
     assert (torch.stack(est).mean(0) - exact).abs().max() < 0.15 * exact.abs().max()
 
 
+@pytest.mark.unit
 def test_sample_positions_is_seeded_and_respects_bos():
     a = lens.sample_positions(100, 10, "0:ex")
     assert torch.equal(a, lens.sample_positions(100, 10, "0:ex")) and len(a) == 10 and torch.all(a[1:] > a[:-1])
@@ -89,6 +99,7 @@ def test_sample_positions_is_seeded_and_respects_bos():
     assert torch.equal(lens.sample_positions(5, 10, "k", include_bos=False), torch.arange(1, 5))
 
 
+@pytest.mark.unit
 def test_settling_layers_and_summary():
     rows = []
     for l, (kl, ov) in enumerate([(10.0, 0.0), (5.0, 0.1), (0.9, 0.3), (0.5, 0.5)]):
@@ -118,60 +129,64 @@ def _residuals(lm, ids):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.integration
 def test_lens_at_the_last_layer_reproduces_the_models_logits(family, tiny_dirs):
     lm = load_model(str(tiny_dirs[family]))
     ids = lm.encode(TEXT)
     with torch.no_grad():
         logits = lm.model(ids).logits[0].float()
         hs = _residuals(lm, ids)
-        un = lens.Unembedding.of(lm, "float32", traced=False)
+        un = Unembedding.of(lm, "float32", traced=False)
         torch.testing.assert_close(un(hs[-1]), logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(un(hs[3]), lm.adapter.unembed(hs[3]).float(), rtol=1e-5, atol=1e-5)
         # the lens at h_L against itself: KL 0, overlap 1 (the metric path the chapter uses)
-        stats = lens.lens_stats([hs[-1], hs[-1]], un)
+        stats = lens_stats([hs[-1], hs[-1]], un)
     assert stats[0, 0].abs().max() < 1e-5 and stats[0, 1].abs().max() < 1e-5 and (stats[0, 2] == 1).all()
     # inside the nnsight trace, too: the self-check compares with the logits the model produced
-    _, check = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), lens.Unembedding.of(lm, "float32"))
+    _, check = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), Unembedding.of(lm, "float32"))
     assert abs(check) < 1e-5
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.integration
 def test_traced_lens_equals_a_direct_computation(family, tiny_dirs):
     """The trace reads the right tensors: layer inputs h_l (h_0 = embeddings) and the final output."""
     lm = load_model(str(tiny_dirs[family]))
     ids = lm.encode(TEXT)
     pos = torch.tensor([0, 5, 17, ids.shape[1] - 1])
-    vals, _ = lens.prompt_lens(lm, ids, pos, lens.Unembedding.of(lm, "float32"))
+    vals, _ = lens.prompt_lens(lm, ids, pos, Unembedding.of(lm, "float32"))
     with torch.no_grad():
         hs = _residuals(lm, ids)
         final = lm.model(ids).logits[0, pos].float()
     for l in (0, 2, lm.n_layers - 1):
         z = lm.adapter.unembed(hs[l][pos]).float()
-        torch.testing.assert_close(vals[0, 0, l], lens.kl_divergence(z.log_softmax(-1), final.log_softmax(-1)), rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(vals[0, 2, l], lens.topk_overlap(z, final))
+        torch.testing.assert_close(vals[0, 0, l], kl_divergence(z.log_softmax(-1), final.log_softmax(-1)), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(vals[0, 2, l], topk_overlap(z, final))
     assert (vals[0, 0, 1:] > 1e-4).any()  # not trivially zero: random layers change the prediction
 
 
 @pytest.mark.parametrize("family", ["qwen2", "olmo2"])
+@pytest.mark.integration
 def test_identity_translators_equal_the_logit_lens(family, tiny_dirs):
     lm = load_model(str(tiny_dirs[family]))
     ids = lm.encode(TEXT)
-    identity = lens.Translators(lm.n_layers, lm.adapter.d_model, scale=torch.rand(lm.n_layers) + 0.5)
-    vals, _ = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), lens.Unembedding.of(lm, "float32"), identity)
+    identity = Translators(lm.n_layers, lm.adapter.d_model, scale=torch.rand(lm.n_layers) + 0.5)
+    vals, _ = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), Unembedding.of(lm, "float32"), identity)
     torch.testing.assert_close(vals[1], vals[0])
     # and a non-identity translator changes the reading (so the comparison above can fail)
     with torch.no_grad():
         identity.b.add_(0.5)
-    moved, _ = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), lens.Unembedding.of(lm, "float32"), identity)
+    moved, _ = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), Unembedding.of(lm, "float32"), identity)
     assert not torch.allclose(moved[1], moved[0])
 
 
+@pytest.mark.integration
 def test_training_reduces_the_tuned_lens_loss(tiny_dirs):
     lm = load_model(str(tiny_dirs["llama"]))
     texts = [f"Problem {i}: {i} apples and {2 * i} pears; {3 * i} fruits in all. " * 3 for i in range(8)]
     h = torch.cat([torch.stack(_residuals(lm, lm.encode(t)), 1) for t in texts])  # [tokens, L+1, d]
-    cfg = lens.TrainConfig(n_tokens=len(h) - 64, epochs=6, batch_tokens=32, lr=1e-2, head_k=8, n_negatives=16)
-    tr, curve, info = lens.train_translators(lm, h[:-64], h[-64:], cfg, lens_dtype="float32", log_every=2)
+    cfg = TrainConfig(n_tokens=len(h) - 64, epochs=6, batch_tokens=32, lr=1e-2, head_k=8, n_negatives=16)
+    tr, curve, info = train_translators(lm, h[:-64], h[-64:], cfg, lens_dtype="float32", log_every=2)
     train = curve[curve.split == "train"].groupby("step")["value"].mean()
     held = curve[curve.split == "held-out"].groupby("step")["value"].mean()
     assert train.iloc[-1] < 0.7 * train.iloc[0] and held.iloc[-1] < held.iloc[0]
@@ -182,12 +197,12 @@ def test_training_reduces_the_tuned_lens_loss(tiny_dirs):
     for l, step in enumerate(info["selected_step"]):
         assert (step == 0) == bool((tr.A[l] == 0).all() and (tr.b[l] == 0).all())
     # the full-vocabulary KL(P_final ‖ P_tuned) on the training tokens goes down at every layer
-    un = lens.Unembedding.of(lm, "float32", traced=False)
+    un = Unembedding.of(lm, "float32", traced=False)
     with torch.no_grad():
         lpf = un(h[:-64, -1]).log_softmax(-1)
         for l in range(lm.n_layers):
-            before = lens.kl_divergence(lpf, un(h[:-64, l]).log_softmax(-1)).mean()
-            after = lens.kl_divergence(lpf, un(tr(h[:-64, l], l)).log_softmax(-1)).mean()
+            before = kl_divergence(lpf, un(h[:-64, l]).log_softmax(-1)).mean()
+            after = kl_divergence(lpf, un(tr(h[:-64, l], l)).log_softmax(-1)).mean()
             assert after < before, l
 
 
@@ -202,6 +217,7 @@ RUN_KW = dict(n_examples=4, selection="first", n_boot=20, positions_per_example=
               n_train_tokens=128, train_epochs=1)
 
 
+@pytest.mark.integration
 def test_run_writes_both_lenses_and_caches_translators(tiny_dirs, texts, tmp_path):
     r = lens.run(str(tiny_dirs["gemma3"]), dataset=str(texts), results_dir=tmp_path, **RUN_KW)
     t = r.table
@@ -223,12 +239,14 @@ def test_run_writes_both_lenses_and_caches_translators(tiny_dirs, texts, tmp_pat
     assert other.meta["tuned_lens"]["from_cache"] and other.meta["tuned_lens"]["cache_key"] == tl["cache_key"]
 
 
+@pytest.mark.integration
 def test_logit_lens_only_run(tiny_dirs, texts, tmp_path):
     r = lens.run(str(tiny_dirs["olmo2"]), dataset=str(texts), results_dir=tmp_path, **{**RUN_KW, "tuned_lens": False})
     assert set(r.table.component) == {"logit_lens"} and r.meta["tuned_lens"] is None
     assert not (tmp_path / "tuned_lens").exists() and lens.training_curve(r).empty
 
 
+@pytest.mark.integration
 def test_interrupted_run_resumes_from_checkpoints(tiny_dirs, texts, tmp_path, monkeypatch):
     model = str(tiny_dirs["qwen2"])
     kw = dict(RUN_KW, dataset=str(texts), tuned_lens=False)
@@ -262,21 +280,22 @@ def test_interrupted_run_resumes_from_checkpoints(tiny_dirs, texts, tmp_path, mo
         (dict(n_examples=0), "'n_examples' must be between 1"),
     ],
 )
+@pytest.mark.integration
 def test_bad_parameters_are_named(kwargs, message, tiny_dirs, tmp_path):
     with pytest.raises(ParameterError, match=message):
         lens.run(str(tiny_dirs["llama"]), results_dir=tmp_path, **kwargs)
 
 
-# ---- slow: the packaged SmolLM2 --------------------------------------------------------------------------------
+# ---- packaged: the real SmolLM2 -------------------------------------------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.packaged
 def test_packaged_smollm2_lens_matches_its_logits():
     """bf16 unembedding (the chapter's default) against the model's fp32 output, and the fp32 lens exactly."""
     lm = load_model("smollm2-135m")
     ids = lm.encode("The capital of France is Paris. The capital of Germany is")
     pos = torch.arange(ids.shape[1])
-    vals, check_bf16 = lens.prompt_lens(lm, ids, pos, lens.Unembedding.of(lm, "bfloat16"))
-    _, check_fp32 = lens.prompt_lens(lm, ids, pos, lens.Unembedding.of(lm, "float32"))
+    vals, check_bf16 = lens.prompt_lens(lm, ids, pos, Unembedding.of(lm, "bfloat16"))
+    _, check_fp32 = lens.prompt_lens(lm, ids, pos, Unembedding.of(lm, "float32"))
     assert check_fp32 < 1e-5 and check_bf16 < 1e-2
     kl, overlap = vals[0, 0].mean(-1), vals[0, 2].mean(-1)
     assert kl[-1] < kl[: lm.n_layers // 2].min()  # the prediction is closer to the output entering the last layer

@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from lmdepth.data.corpus import SPLITS, plan_corpus
+from lmdepth.metrics.ridge import boundary_layers, fit_maps, ridge_fit
+from lmdepth.hooks.stack import AdapterStack, boundary_residuals
 from lmdepth.analyses import maps as lmaps
 from lmdepth.data.alignment import align, general_docs, interleave, math_docs, token_ends
 from lmdepth.errors import ParameterError
@@ -20,15 +23,16 @@ def _splits(n_train: int, n_val: int, n_test: int) -> dict[str, slice]:
 
 # ---- ridge ------------------------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_ridge_fit_recovers_exact_affine_map():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 6)) * [1, 10, 0.1, 3, 1, 5] + 7.0
     w, b = rng.normal(size=(6, 4)), rng.normal(size=4) * 5
     y = x @ w + b
-    w_hat, b_hat = lmaps.ridge_fit(x, y, alpha=0.0)
+    w_hat, b_hat = ridge_fit(x, y, alpha=0.0)
     np.testing.assert_allclose(w_hat, w, atol=1e-9)
     np.testing.assert_allclose(b_hat, b, atol=1e-8)
-    w_small, b_small = lmaps.ridge_fit(x, y, alpha=1e-12)
+    w_small, b_small = ridge_fit(x, y, alpha=1e-12)
     np.testing.assert_allclose(w_small, w, atol=1e-6)
     np.testing.assert_allclose(b_small, b, atol=1e-5)
 
@@ -44,10 +48,11 @@ def _synthetic(n: int = 900, d_s: int = 5, d_t: int = 4, seed: int = 0):
     return src, tgt
 
 
+@pytest.mark.unit
 def test_fit_maps_recovers_exact_maps_on_the_diagonal():
     src, tgt = _synthetic()
     rows = _splits(500, 150, 250)
-    fwd, _ = lmaps.fit_maps(src, tgt, rows, alphas=[1e-10, 1e-3], product_dtype="float64", chunk=64)
+    fwd, _ = fit_maps(src, tgt, rows, alphas=[1e-10, 1e-3], product_dtype="float64", chunk=64)
     assert fwd.rel_error.shape == (3, 4)
     assert np.all(np.diag(fwd.rel_error[:, :3]) < 1e-5)
     assert np.all(fwd.rel_error[~np.eye(3, 4, dtype=bool)] > 0.05)
@@ -62,25 +67,26 @@ def test_fit_maps_recovers_exact_maps_on_the_diagonal():
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.unit
 def test_streamed_statistics_equal_direct_per_token_errors(shuffle):
     """The ratio-of-sums errors from the statistics equal errors computed token by token from a direct fit."""
     src, tgt = _synthetic(seed=1)
     tgt = tgt + np.random.default_rng(2).normal(size=tgt.shape).astype(np.float32)  # no exact fits
     rows = _splits(400, 100, 300)
     alpha = 1e-2
-    fwd, bwd = lmaps.fit_maps(src, tgt, rows, alphas=[alpha], both_directions=True, product_dtype="float64",
+    fwd, bwd = fit_maps(src, tgt, rows, alphas=[alpha], both_directions=True, product_dtype="float64",
                               chunk=37, shuffle_seed=5 if shuffle else None)
 
     def perm(k):
         n = rows[k].stop - rows[k].start
-        return (np.random.default_rng([5, lmaps.SPLITS.index(k)]).permutation(n) if shuffle else np.arange(n))
+        return (np.random.default_rng([5, SPLITS.index(k)]).permutation(n) if shuffle else np.arange(n))
 
-    xs = {k: src[rows[k]][perm(k)].astype(np.float64) for k in lmaps.SPLITS}
-    ys = {k: tgt[rows[k]].astype(np.float64) for k in lmaps.SPLITS}
+    xs = {k: src[rows[k]][perm(k)].astype(np.float64) for k in SPLITS}
+    ys = {k: tgt[rows[k]].astype(np.float64) for k in SPLITS}
     for direction, fit, a, b in (("fwd", fwd, xs, ys), ("bwd", bwd, ys, xs)):
         for i in range(a["train"].shape[1]):
             for j in range(b["train"].shape[1]):
-                w, c = lmaps.ridge_fit(a["train"][:, i], b["train"][:, j], alpha)
+                w, c = ridge_fit(a["train"][:, i], b["train"][:, j], alpha)
                 resid = b["test"][:, j] - (a["test"][:, i] @ w + c)
                 direct = np.sqrt((resid ** 2).sum() / (b["test"][:, j] ** 2).sum())
                 assert fit.rel_error[i, j] == pytest.approx(direct, rel=1e-7), (direction, i, j)
@@ -88,30 +94,33 @@ def test_streamed_statistics_equal_direct_per_token_errors(shuffle):
         np.testing.assert_allclose(fit.baseline, mean_only, rtol=1e-7)
 
 
+@pytest.mark.unit
 def test_memory_bounded_groups_give_the_same_maps():
     src, tgt = _synthetic(seed=4)
     rows = _splits(500, 150, 250)
     kw = dict(alphas=[1e-6, 1e-2], both_directions=True, product_dtype="float64", chunk=128)
-    whole = lmaps.fit_maps(src, tgt, rows, **kw)
+    whole = fit_maps(src, tgt, rows, **kw)
     tiny_budget = 3 * 3 * 5 * 4 * 8 * 1.5 / 2**30  # room for one and a half target boundaries: groups of one
-    grouped = lmaps.fit_maps(src, tgt, rows, max_stats_gb=tiny_budget, **kw)
+    grouped = fit_maps(src, tgt, rows, max_stats_gb=tiny_budget, **kw)
     for a, b in zip(whole, grouped):
         np.testing.assert_allclose(a.rel_error, b.rel_error, rtol=1e-9, atol=1e-7)
         np.testing.assert_allclose(a.baseline, b.baseline, rtol=1e-12)
         assert a.tgt_layers == b.tgt_layers
 
 
+@pytest.mark.unit
 def test_self_map_symmetric_path_equals_general_path():
     src, _ = _synthetic(seed=3)
     rows = _splits(500, 150, 250)
-    same, _ = lmaps.fit_maps(src, src, rows, alphas=[1e-8, 1e-2], product_dtype="float64", chunk=100)
-    other, _ = lmaps.fit_maps(src, src.copy(), rows, alphas=[1e-8, 1e-2], product_dtype="float64", chunk=100)
+    same, _ = fit_maps(src, src, rows, alphas=[1e-8, 1e-2], product_dtype="float64", chunk=100)
+    other, _ = fit_maps(src, src.copy(), rows, alphas=[1e-8, 1e-2], product_dtype="float64", chunk=100)
     np.testing.assert_allclose(same.rel_error, other.rel_error, atol=1e-6)  # cancellation noise at 0
     assert np.all(np.diag(same.rel_error) < 1e-4)
 
 
 # ---- alignment --------------------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_align_rules_on_offsets():
     ends_a = np.array([-1, 3, 5, 9, 9, 12])  # BOS, …, a character split into two pieces ending at 9
     ends_b = np.array([2, 5, 7, 9, 12])  # no BOS: position 0 is the attention sink and is dropped
@@ -120,6 +129,7 @@ def test_align_rules_on_offsets():
     assert pa.tolist() == [2, 4, 5] and pb.tolist() == [1, 3, 4]
 
 
+@pytest.mark.unit
 def test_identical_tokenizers_align_to_the_identity(tok):
     text = "Natalia sold 48 clips in April, and half as many in May."
     ids, ends = token_ends(tok, text)
@@ -129,6 +139,7 @@ def test_identical_tokenizers_align_to_the_identity(tok):
     assert offsets.tolist() == list(range(1, len(text) + 1))
 
 
+@pytest.mark.unit
 def test_corpus_texts_mix_both_sources():
     g, m = general_docs(800), math_docs("gsm8k", 800)
     assert len(g) > 200 and len(m) > 1000 and all(len(d.text) <= 800 for d in g[:50])
@@ -140,13 +151,14 @@ def test_corpus_texts_mix_both_sources():
 
 # ---- capture and the run on tiny models -------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_boundary_residuals_match_hooked_residuals(tiny_dirs):
     from lmdepth.hooks.capture import hooked_residuals
     from lmdepth.model.registry import load_model
 
     lm = load_model(str(tiny_dirs["gemma3"]))
     ids = lm.encode("The cat sat on the mat.")
-    h = lmaps.boundary_residuals(lm.adapter, ids)[:, 0]
+    h = boundary_residuals(AdapterStack(lm.adapter), ids).float()[:, 0]
     r = hooked_residuals(lm.adapter, ids)
     assert h.shape == (lm.n_layers + 1, ids.shape[1], lm.adapter.d_model)
     torch.testing.assert_close(h[:-1], r["resid_pre"][:, 0])
@@ -154,7 +166,7 @@ def test_boundary_residuals_match_hooked_residuals(tiny_dirs):
     # right padding with any token changes nothing before it (causal attention)
     padded = torch.cat([ids, torch.full((1, 5), 7, device=ids.device)], 1)
     both = torch.cat([padded, torch.cat([ids[:, :4], torch.full((1, ids.shape[1] + 1), 9)], 1)])
-    hb = lmaps.boundary_residuals(lm.adapter, both)
+    hb = boundary_residuals(AdapterStack(lm.adapter), both).float()
     torch.testing.assert_close(hb[:, 0, : ids.shape[1]], h, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(hb[:, 1, :4], h[:, :4], rtol=1e-5, atol=1e-5)
 
@@ -172,10 +184,8 @@ def tiny_run(tiny_dirs, tmp_path_factory):
               product_dtype="float64", results_dir=root / "results")
     import weakref
 
-    from lmdepth.model import registry
-
     refs, alive_at_load = [], []
-    real = registry.load_model
+    real = lmaps.load_model
 
     def tracked(*a, **k):
         alive_at_load.append(sum(r() is not None for r in refs))
@@ -184,13 +194,14 @@ def tiny_run(tiny_dirs, tmp_path_factory):
         return lm
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(registry, "load_model", tracked)
+        mp.setattr(lmaps, "load_model", tracked)  # the name maps.run calls
         res = lmaps.run(**kw)
     # one model in memory at a time (the paper profile maps 1.5B ↔ 14B): each earlier model was released first
     assert alive_at_load == [0, 0], alive_at_load
     return res, kw
 
 
+@pytest.mark.integration
 def test_run_on_tiny_models(tiny_run):
     res, kw = tiny_run
     meta, table = res.meta, res.table
@@ -205,7 +216,7 @@ def test_run_on_tiny_models(tiny_run):
     # a model mapped onto itself: the error of a boundary onto itself is ~0, and the best match is the identity
     self_label = next(l for l in labels if "self-map" in l)
     e = lmaps.error_matrix(table, self_label)
-    assert list(e.index) == lmaps.boundary_layers(n_layers, 2)
+    assert list(e.index) == boundary_layers(n_layers, 2)
     assert np.diag(e.to_numpy()).max() < 1e-4
     s = meta["summaries"][self_label]
     for k in ("row", "col"):
@@ -213,6 +224,7 @@ def test_run_on_tiny_models(tiny_run):
     assert set(meta["timings_s"]) >= {"total", "tokenize_and_align"}
 
 
+@pytest.mark.integration
 def test_all_pairs_maps_every_pair_as_its_own_run_would(tiny_run, tiny_dirs, tmp_path):
     """With three models, all_pairs adds the pair of the two compare models, both directions, wired to the right
     residuals: its errors equal those of a run made for that pair alone. (The tiny models share one character
@@ -232,6 +244,7 @@ def test_all_pairs_maps_every_pair_as_its_own_run_would(tiny_run, tiny_dirs, tmp
     assert [(s.source, s.target) for s in without] == [(a, b), (a, c)]
 
 
+@pytest.mark.integration
 def test_run_is_cached(tiny_run):
     res, kw = tiny_run
     again = lmaps.run(**kw)
@@ -248,18 +261,19 @@ def test_run_is_cached(tiny_run):
     (dict(product_dtype="float16"), "product_dtype"),
     (dict(all_pairs="yes"), "all_pairs"),
 ])
+@pytest.mark.unit
 def test_bad_parameters_fail_before_loading(bad, msg, tmp_path):
     with pytest.raises(ParameterError, match=msg):
         lmaps.run(**{"results_dir": tmp_path, **bad})
 
 
-# ---- the packaged tokenizers (slow: loads three tokenizers) ------------------------------------------------------
+# ---- the packaged tokenizers (packaged tier: three real tokenizers) -----------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.packaged
 def test_packaged_tokenizers_align_on_english_and_word_problems():
     names = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]
-    toks = {n: lmaps._tokenizer(n)[0] for n in names}
+    toks = {n: lmaps.tokenizer_of(n)[0] for n in names}
     docs = interleave(general_docs(1200), math_docs("gsm8k", 1200), 0.5, seed=0)
-    plan = lmaps.plan_corpus(toks, docs, {"train": 1000, "val": 200, "test": 1000})
+    plan = plan_corpus(toks, docs, {"train": 1000, "val": 200, "test": 1000})
     cov = plan.coverage()
     assert all(0.8 < c <= 1.0 for c in cov.values()), cov

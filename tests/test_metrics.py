@@ -4,6 +4,8 @@ import torch
 
 from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats, cosine, relative_norm, residual_token_metrics
 
+pytestmark = pytest.mark.unit
+
 
 def test_relative_norm_known_values():
     x = torch.tensor([[3.0, 4.0]])

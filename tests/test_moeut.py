@@ -25,7 +25,7 @@ TINY_MOEUT = dict(vocab_size=99, d_model=32, n_layers=4, n_heads=2, d_head=16, g
 TINY_DENSE = dict(vocab_size=99, d_model=32, n_layers=4, n_heads=2, d_head=16, d_ff=64)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]  # see conftest.py
 
 
 def tiny(arch: str, **kw):

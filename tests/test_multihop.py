@@ -11,6 +11,8 @@ import pytest
 from lmdepth.errors import ParameterError
 from lmdepth.data.multihop import COLOURS, KINDS, MAX_HOPS, generate, generate_examples, one_token_answers
 
+pytestmark = pytest.mark.unit
+
 N = 30
 
 

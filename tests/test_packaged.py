@@ -1,4 +1,5 @@
-"""The real packaged model (SmolLM2-135M from PyPI): slow, but what the book actually runs."""
+"""The real packaged model (SmolLM2-135M from PyPI): the packaged tier, slower than the rest, but what the book
+actually runs."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ import torch
 from lmdepth.analyses import residual
 from lmdepth.model.registry import PACKAGED, load_model
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.packaged
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ def texts(jsonl):
     return jsonl([json.dumps({"text": f"Problem {i}: {i} apples plus {i + 1} pears make {2 * i + 1} fruits."}) for i in range(5)])
 
 
+@pytest.mark.integration
 def test_tidy_table_and_sidecar(tiny_dirs, texts, tmp_path):
     r = residual.run(str(tiny_dirs["gemma3"]), dataset=str(texts), n_examples=5, selection="first",
                      results_dir=tmp_path, n_boot=20)
@@ -33,6 +34,7 @@ def test_tidy_table_and_sidecar(tiny_dirs, texts, tmp_path):
                         results_dir=tmp_path, n_boot=20).from_cache
 
 
+@pytest.mark.integration
 def test_include_bos_changes_the_token_count(tiny_dirs, texts, tmp_path):
     kw = dict(dataset=str(texts), n_examples=5, results_dir=tmp_path, n_boot=10)
     with_bos = residual.run(str(tiny_dirs["llama"]), include_bos=True, **kw)
@@ -41,6 +43,7 @@ def test_include_bos_changes_the_token_count(tiny_dirs, texts, tmp_path):
     assert with_bos.path != without.path
 
 
+@pytest.mark.integration
 def test_interrupted_run_resumes_from_checkpoints(tiny_dirs, texts, tmp_path, monkeypatch):
     model = str(tiny_dirs["qwen2"])
     kw = dict(dataset=str(texts), n_examples=5, selection="first", n_boot=20)
@@ -73,6 +76,7 @@ def test_interrupted_run_resumes_from_checkpoints(tiny_dirs, texts, tmp_path, mo
     assert calls["n"] == 0
 
 
+@pytest.mark.integration
 def test_use_cache_false_recomputes(tiny_dirs, texts, tmp_path, monkeypatch):
     model = str(tiny_dirs["llama"])
     kw = dict(dataset=str(texts), n_examples=2, results_dir=tmp_path, n_boot=10)
@@ -86,6 +90,7 @@ def test_use_cache_false_recomputes(tiny_dirs, texts, tmp_path, monkeypatch):
     assert n["calls"] == 2
 
 
+@pytest.mark.integration
 def test_prompt_longer_than_context_fails_before_compute(tmp_path, jsonl):
     from lmdepth.testing import save_tiny_model
 
@@ -107,11 +112,13 @@ def test_prompt_longer_than_context_fails_before_compute(tmp_path, jsonl):
         (dict(include_bos="yes"), ParameterError, "'include_bos' must be true/false"),
     ],
 )
+@pytest.mark.integration
 def test_bad_parameters_are_named(kwargs, error, message, tiny_dirs, tmp_path):
     with pytest.raises(error, match=message):
         residual.run(str(tiny_dirs["llama"]), results_dir=tmp_path, **kwargs)
 
 
+@pytest.mark.unit
 def test_unknown_model_and_offline_hub_id():
     with pytest.raises(UnknownModelError, match="Unknown model 'smolm2'. Use a packaged short name"):
         load_model("smolm2")
@@ -119,6 +126,7 @@ def test_unknown_model_and_offline_hub_id():
         load_model("nobody/no-such-model")
 
 
+@pytest.mark.unit
 def test_missing_package_says_how_to_install(monkeypatch, tmp_path):
     import importlib.util
 
@@ -132,6 +140,9 @@ def test_missing_package_says_how_to_install(monkeypatch, tmp_path):
     assert not list(tmp_path.rglob("lmdepth_source.json"))  # no half-converted model left behind
 
 
+@pytest.mark.unit
 def test_bad_dtype_for_load_model():
-    with pytest.raises(UnknownModelError, match="dtype must be one of"):
+    """A bad dtype is a bad parameter, not an unknown model: refused before anything is loaded."""
+    with pytest.raises(ParameterError,
+                       match=r"Parameter 'dtype' must be one of \['float32', 'bfloat16', 'float16'\], got 'fp8'"):
         load_model("smollm2-135m", dtype="fp8")

@@ -21,16 +21,18 @@ SMALL = dict(modules=MODULES, n_train_per_module=48, n_eval_per_module=12, steps
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    pytest.importorskip("mathematics_dataset")
+    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
     root = tmp_path_factory.mktemp("scratch")
     return sa.trained_runs("smoke", root / "ck", root / "data", progress=False, **SMALL), root
 
 
+@pytest.mark.unit
 def test_missing_run_without_training_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="train=True"):
         sa.trained_runs("smoke", tmp_path / "none", tmp_path / "data", train=False, **SMALL)
 
 
+@pytest.mark.integration
 def test_trained_runs_are_four_and_reloaded_from_checkpoints(runs):
     got, root = runs
     assert set(got) == {f"{a}-{o}" for a in tr.ARCHS for o in tr.OBJECTIVES}
@@ -42,6 +44,7 @@ def test_trained_runs_are_four_and_reloaded_from_checkpoints(runs):
             assert k == k2 and torch.equal(v, v2)
 
 
+@pytest.mark.unit
 def test_wilson_interval_known_values():
     lo, hi = sa.wilson_interval(0, 10)
     assert lo == 0 and hi == pytest.approx(0.2775, abs=1e-4)
@@ -50,6 +53,7 @@ def test_wilson_interval_known_values():
     assert sa.wilson_interval(10, 10)[1] == 1.0
 
 
+@pytest.mark.integration
 def test_answer_scores_match_an_independent_computation(runs):
     got, root = runs
     r = got["transformer-lm"]
@@ -65,6 +69,7 @@ def test_answer_scores_match_an_independent_computation(runs):
         assert ok[i] == bool((logits[ans].argmax(-1) == target[ans]).all())
 
 
+@pytest.mark.unit
 def test_accuracy_summary():
     rows = []
     for arch, obj, k in (("moeut", "lm", 1), ("moeut", "answer_only", 3), ("transformer", "lm", 2),
@@ -79,6 +84,7 @@ def test_accuracy_summary():
         sa.wilson_interval(1, 4))
 
 
+@pytest.mark.unit
 def test_paired_gains_are_paired_differences():
     rows = []
     for i in range(20):  # MoEUT: the answer-only run solves every problem, the all-token run none; Transformer equal
@@ -92,6 +98,7 @@ def test_paired_gains_are_paired_differences():
     assert (g.n == 20).all()
 
 
+@pytest.mark.integration
 def test_probe_erasure_layout(runs):
     got, _ = runs
     r = got["moeut-answer_only"]
@@ -109,6 +116,7 @@ def test_probe_erasure_layout(runs):
         assert info[q]["correct"] == (info[q]["greedy"] == a)
 
 
+@pytest.mark.unit
 def test_erasure_depth_is_the_weighted_mean_boundary():
     rows = [{"model": "m", "prompt": "p", "method": "erasure", "layer": l, "position": p, "is_answer": p == 3,
              "value": v} for l, p, v in ((0, 1, 0.0), (1, 1, 0.0), (2, 1, 1.0), (3, 1, 0.0), (0, 2, 0.0),
@@ -117,6 +125,7 @@ def test_erasure_depth_is_the_weighted_mean_boundary():
     assert d.erasure_depth.item() == pytest.approx(1.5 / 3)  # (2·1 + 1·1) / 2 over 3; the answer token ignored
 
 
+@pytest.mark.unit
 def test_operation_sample_is_seeded_and_capped():
     ex = [dm.MathExample(f"What is {' + '.join(['1'] * (k + 1))}?", str(k + 1), "add_sub_multiple", "interpolate")
           for k in (1, 1, 1, 2, 2, 5) for _ in range(1)]
@@ -128,6 +137,7 @@ def test_operation_sample_is_seeded_and_capped():
     assert [e.n_operations for e in sa.operation_sample(ex, 2, min_count=2)] == [1, 1, 2, 2]
 
 
+@pytest.mark.integration
 def test_depth_inputs_have_the_skip_structure(runs):
     got, root = runs
     r = got["moeut-lm"]
@@ -137,5 +147,6 @@ def test_depth_inputs_have_the_skip_structure(runs):
     assert E.shape == (3, L, L) and O.shape == (3, L)
     assert np.all(np.tril(E, -1) == 0)  # skipping step s changes no earlier step
     # the last step writes nothing that a later position reads: skipping it on the prompt changes no answer
-    assert np.all(O[:, -1] == 0) and np.all(E[:, -1] == 0)
+    # (up to float noise: the fast path unembeds the measured positions apart from the clean pass's rows)
+    assert np.all(np.abs(O[:, -1]) < 1e-6) and np.all(np.abs(E[:, -1]) < 1e-6)
     assert np.all(O[:, :-1] > 0) and np.all(np.isfinite(E))

@@ -19,6 +19,7 @@ def ids(tok):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.integration
 def test_fast_path_equals_naive_loop(family, ids):
     adapter = ModelAdapter.for_model(tiny_model(family))
     kw = dict(cuts=[9, 24, 40], parts=PARTS, local=True, current=True)
@@ -31,6 +32,7 @@ def test_fast_path_equals_naive_loop(family, ids):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.integration
 def test_future_only_uses_the_last_cut_as_lead(family, ids):
     adapter = ModelAdapter.for_model(tiny_model(family))
     kw = dict(cuts=[16, 33], parts=("layer",), local=False, current=False)
@@ -40,6 +42,7 @@ def test_future_only_uses_the_last_cut_as_lead(family, ids):
 
 
 @pytest.mark.parametrize("part", PARTS)
+@pytest.mark.integration
 def test_cut_at_one_intervenes_nowhere(part, ids):
     """t = 1: positions 1..0 are empty, so every effect is exactly zero (same batch shape as the clean pass)."""
     adapter = ModelAdapter.for_model(tiny_model("qwen2"))
@@ -51,6 +54,7 @@ def test_cut_at_one_intervenes_nowhere(part, ids):
     assert torch.count_nonzero(E) == 0 and torch.count_nonzero(O) == 0
 
 
+@pytest.mark.integration
 def test_skipping_a_layer_that_writes_nothing_has_no_effect(ids):
     model = tiny_model("llama")
     with torch.no_grad():  # layer 1 adds nothing to the residual: skipping it is a no-op
@@ -63,6 +67,7 @@ def test_skipping_a_layer_that_writes_nothing_has_no_effect(ids):
         assert E[0].abs().max() > 0  # while skipping layer 0 does change things
 
 
+@pytest.mark.integration
 def test_all_tokens_identities(ids):
     adapter = ModelAdapter.for_model(tiny_model("olmo2"))
     E, O = prompt_effects(adapter, ids, parts=("layer",), local=True, current=True)["current", "layer"]
@@ -72,6 +77,7 @@ def test_all_tokens_identities(ids):
     assert (O > 0).all() and (O <= 2 ** 0.5).all()  # ||P − P'||₂ of two distributions lies in [0, √2]
 
 
+@pytest.mark.integration
 def test_local_variant_pins_the_intervened_positions(ids):
     """Current + local: every later layer sees exactly its clean input at intervened positions, so only the
     skipped layer itself changes (E = identity)."""
@@ -80,6 +86,7 @@ def test_local_variant_pins_the_intervened_positions(ids):
     torch.testing.assert_close(E, torch.eye(adapter.n_layers), atol=1e-5, rtol=0)
 
 
+@pytest.mark.unit
 def test_cut_points_follow_the_paper_and_are_seeded():
     cuts = draw_cuts(200, 4, seed=0, key="gsm8k/test/1")
     assert cuts == sorted(cuts) and len(cuts) == 4
@@ -88,6 +95,7 @@ def test_cut_points_follow_the_paper_and_are_seeded():
     assert draw_cuts(20, 4, 0, "x") == [8]  # short texts have fewer candidates
 
 
+@pytest.mark.unit
 def test_cutoff_layer_and_interval():
     E = np.zeros((6, 6))
     E[0, 1:] = 0.9
@@ -101,6 +109,7 @@ def test_cutoff_layer_and_interval():
     assert ci["cutoff"] == 3 and 0 <= ci["ci_low"] <= 3 == ci["ci_high"] and ci["rel_depth"] == 0.5
 
 
+@pytest.mark.integration
 def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
     p = jsonl([f'{{"text": "Problem {i}: {TEXT}"}}' for i in range(3)])
     kw = dict(analysis="future", dataset=str(p), n_examples=3, selection="first", parts=["layer", "mlp"],
@@ -126,6 +135,7 @@ def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
     assert skip_analysis.run(str(tiny_dirs["llama"]), **kw).from_cache
 
 
+@pytest.mark.unit
 def test_work_units_count_the_algorithms():
     from lmdepth.hooks.skipping import work_units
 
@@ -140,6 +150,7 @@ def test_work_units_count_the_algorithms():
     assert work_units(4, 10, [], current=True, n_variants=1, logit_cost=0.0) == {"naive": 160.0, "fast": 100.0}
 
 
+@pytest.mark.integration
 def test_work_ratios_use_the_analysis_cut_points():
     from lmdepth.hooks.skipping import unembed_cost, work_ratios, work_units
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    pytest.importorskip("mathematics_dataset")
+    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
     d = tmp_path_factory.mktemp("dm")
     dm.load_or_generate(d, MODULES, n_train_per_module=60, n_eval_per_module=6, seed=0)
     return d
@@ -35,6 +35,7 @@ def cfg(arch="moeut", objective="lm", **kw):
 
 # ---- data -------------------------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_generation_is_seeded_cached_and_split_correctly(data_dir):
     data = dm.load_or_generate(data_dir, MODULES, n_train_per_module=60, n_eval_per_module=6, seed=0)
     assert data.meta["seed"] == 0 and (data.path / "meta.json").exists()
@@ -50,8 +51,9 @@ def test_generation_is_seeded_cached_and_split_correctly(data_dir):
     assert min(longer) > max(shorter) - 3 and sum(longer) > sum(shorter)
 
 
+@pytest.mark.unit
 def test_training_levels_are_selectable(tmp_path):
-    pytest.importorskip("mathematics_dataset")
+    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
     easy = dm.load_or_generate(tmp_path, ("add_sub_multiple",), 9, 3, seed=0, train_levels=("train-easy",))
     assert easy.meta["train_levels"] == ["train-easy"] and len(easy.train) == 9
     assert easy.path != dm.load_or_generate(tmp_path, ("add_sub_multiple",), 9, 3, seed=0).path
@@ -59,11 +61,13 @@ def test_training_levels_are_selectable(tmp_path):
         dm.load_or_generate(tmp_path, ("add_sub_multiple",), 9, 3, train_levels=("train-impossible",))
 
 
+@pytest.mark.unit
 def test_n_operations_on_the_paper_probes():
     assert [dm.n_operations(q) for q, _ in dm.PROBES] == [3, 5, 4, 5]
     assert dm.n_operations("Add 3 and 5.") == 1
 
 
+@pytest.mark.unit
 def test_tokenizer_format_and_masks():
     tok = dm.CharTokenizer()
     ex = dm.MathExample("What is 2 + 3?", "5", "add_or_sub", "train")
@@ -80,6 +84,7 @@ def test_tokenizer_format_and_masks():
 # ---- objectives ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("objective", ["lm", "answer_only"])
+@pytest.mark.integration
 def test_question_tokens_get_no_gradient_under_answer_only(objective):
     tok = dm.CharTokenizer()
     c = cfg("transformer", objective)
@@ -109,6 +114,7 @@ def test_question_tokens_get_no_gradient_under_answer_only(objective):
 
 # ---- training: resume, cache, learning ----------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     c = cfg("moeut", "answer_only", steps=6)
     straight = tr.train_run(c, tmp_path / "a", data_dir=data_dir, progress=False)
@@ -122,6 +128,7 @@ def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
         assert torch.equal(value, b["state_dict"][key]), key
 
 
+@pytest.mark.integration
 def test_finished_run_is_a_cached_noop(data_dir, tmp_path):
     c = cfg("transformer", "lm", steps=2)
     path = tr.train_run(c, tmp_path, data_dir=data_dir, progress=False)
@@ -135,6 +142,7 @@ def test_finished_run_is_a_cached_noop(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["moeut", "transformer"])
+@pytest.mark.integration
 def test_a_few_steps_reduce_the_loss(arch):
     torch.manual_seed(0)
     tok = dm.CharTokenizer()
@@ -152,6 +160,7 @@ def test_a_few_steps_reduce_the_loss(arch):
     assert sum(losses[-3:]) / 3 < 0.6 * sum(losses[:3]) / 3
 
 
+@pytest.mark.unit
 def test_batches_and_schedule_are_pure_functions_of_the_step():
     assert torch.equal(tr.batch_indices(7, 50, 8, 0), tr.batch_indices(7, 50, 8, 0))
     seen = torch.cat([tr.batch_indices(s, 48, 8, 0) for s in range(6)])
@@ -175,6 +184,7 @@ class Oracle(torch.nn.Module):
         return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float())
 
 
+@pytest.mark.unit
 def test_exact_match_counts_answer_tokens_and_eos_only():
     tok = dm.CharTokenizer()
     exs = [dm.MathExample("What is 2 + 3?", "5", "add_or_sub", "interpolate")]
@@ -189,6 +199,7 @@ def test_exact_match_counts_answer_tokens_and_eos_only():
         assert not tr.exact_match(Oracle(wrong, tok.vocab_size), tok, exs).any()
 
 
+@pytest.mark.integration
 def test_evaluate_and_greedy_answer_on_a_tiny_model(data_dir):
     tok = dm.CharTokenizer()
     c = cfg("moeut")

@@ -1,17 +1,31 @@
-"""Parameter checks with messages that say which parameter, what was given and what is allowed.
+"""Typed parameters: one dataclass per analysis, validated in one place.
 
-Chapters call these right after their ``parameters`` cell, so a papermill or CLI run with a bad value stops
-before any model is loaded.
+Every analysis's ``run`` builds its parameters object first, so a papermill, CLI or library call with a bad value
+stops before any model is loaded, with a message that says which parameter, what was given and what is allowed.
+The CLI checks a chapter's ``-p`` values through the same classes (:func:`check_known`).
+
+A field declares its constraints with :func:`param`::
+
+    n_examples: int = param(20, lo=1, hi=100_000, help="problems")
+
+and its type through the annotation (``int``, ``float``, ``str``, ``bool``, ``list[str]``, ``list[float]`` …).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
 
-from .errors import ParameterError
+from lmdepth.errors import ParameterError
 
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "a list"}
+P = TypeVar("P", bound="Params")
 
 
 def check_type(name: str, value: Any, expected: type | tuple[type, ...]) -> None:
@@ -37,19 +51,118 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
         raise ParameterError(f"Parameter {name!r} must be one of {choices}, got {value!r}.")
 
 
-def check_common(
-    model_name: Any = "x", dataset: Any = "gsm8k", n_examples: Any = 1, seed: Any = 0, selection: Any = "random",
-    device: Any = "cpu", dtype: Any = "float32", use_cache: Any = True, remote: Any = False,
-    **_: Any,
-) -> None:
-    """Checks of the parameter vocabulary shared by every chapter."""
-    check_type("model_name", model_name, str)
-    check_type("dataset", dataset, str)
-    check_type("n_examples", n_examples, int)
-    check_range("n_examples", n_examples, 1, 100_000)
-    check_type("seed", seed, int)
-    check_choice("selection", selection, ["random", "first"])
-    check_type("device", device, str)
-    check_choice("dtype", dtype, ["float32", "bfloat16", "float16"])
-    check_type("use_cache", use_cache, bool)
-    check_type("remote", remote, bool)
+def param(default: Any, help: str = "", choices: Iterable[Any] | None = None, lo: float | None = None,
+          hi: float | None = None, nullable: bool = False) -> Any:
+    """A dataclass field with its constraints (checked by :meth:`Params.validate`). ``choices`` and the bounds
+    apply to every element of a list."""
+    meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "lo": lo, "hi": hi,
+            "nullable": nullable}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _check_value(name: str, value: Any, hint: Any, meta: dict[str, Any]) -> None:
+    if value is None and meta.get("nullable"):
+        return
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):  # X | None: check against the non-None member
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None and len(args) < len(typing.get_args(hint)):
+            return
+        if len(args) == 1:
+            return _check_value(name, value, args[0], meta)
+        check_type(name, value, tuple(typing.get_origin(a) or a for a in args))
+    elif origin in (list, tuple):
+        check_type(name, value, (list, tuple))
+        (elem,) = typing.get_args(hint)[:1] or (Any,)
+        for v in value:
+            _check_value(f"{name}[]", v, elem, meta)
+        return
+    elif hint in (int, float, str, bool):
+        check_type(name, value, hint)
+    if meta.get("choices") is not None:
+        check_choice(name, value, meta["choices"])
+    if meta.get("lo") is not None or meta.get("hi") is not None:
+        check_range(name, value, meta.get("lo"), meta.get("hi"))
+
+
+@dataclass(frozen=True)
+class Params:
+    """Base of every analysis's parameters: validation from the fields' annotations and :func:`param` metadata."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def _hints(cls) -> dict[str, Any]:
+        return typing.get_type_hints(cls)
+
+    def validate(self) -> None:
+        hints = self._hints()
+        for f in fields(self):
+            _check_value(f.name, getattr(self, f.name), hints[f.name], dict(f.metadata))
+        self.check_consistency()
+
+    def check_consistency(self) -> None:
+        """Constraints between fields (override)."""
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def check_known(cls, values: dict[str, Any]) -> None:
+        """Validate the given values of this class's fields (others are ignored): the CLI's check."""
+        hints = cls._hints()
+        for f in fields(cls):
+            if f.name in values:
+                _check_value(f.name, values[f.name], hints[f.name], dict(f.metadata))
+
+    @classmethod
+    def of(cls: type[P], params: P | str | None = None, **kwargs: Any) -> P:
+        """``params`` if given (then ``kwargs`` override its fields), else a new object from ``kwargs``.
+
+        A string ``params`` is the model name (``run("smollm2-135m", n_examples=5)``).
+        """
+        if isinstance(params, str):
+            params, kwargs = None, {"model_name": params, **kwargs}
+        if params is None:
+            unknown = set(kwargs) - set(cls.names())
+            if unknown:
+                raise ParameterError(f"Unknown parameter(s) {sorted(unknown)} for {cls.__name__}; "
+                                     f"parameters: {', '.join(cls.names())}.")
+            return cls(**kwargs)
+        return dataclasses.replace(params, **kwargs) if kwargs else params
+
+    def asdict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelParams(Params):
+    """Where and how the model runs, and where results go."""
+
+    model_name: str = param("smollm2-135m", help="packaged short name, hub id or local directory")
+    seed: int = param(0, help="seed of every random choice")
+    device: str = param("cpu", help="'cpu', 'cuda', 'cuda:1', 'auto' …")
+    dtype: str = param("float32", choices=DTYPE_NAMES, help="model weights' dtype")
+    results_dir: str | Path = param("results", help="root of the results cache")
+    use_cache: bool = param(True, help="reuse finished runs and checkpoints; False recomputes")
+    n_boot: int = param(1000, lo=10, hi=1_000_000, help="bootstrap resamples for the intervals")
+
+
+@dataclass(frozen=True)
+class CommonParams(ModelParams):
+    """The vocabulary shared by the chapters that read a data set of texts."""
+
+    dataset: str = param("gsm8k", help="'gsm8k', 'math' or a .jsonl file")
+    n_examples: int = param(20, lo=1, hi=100_000, help="number of examples")
+    selection: str = param("random", choices=("random", "first"), help="seeded random sample or the first N")
+    remote: bool = param(False, help="run the traces on NDIF (hub ids only)")
+
+
+
+def check_common(**values: Any) -> None:
+    """Checks of the parameter vocabulary shared by every chapter (the names :class:`CommonParams` declares)."""
+    CommonParams.check_known(values)

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,17 +42,35 @@ def cache_key(params: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory and ``os.replace``: readers never see half a file."""
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
+    """The one atomic file write: ``write(tmp)`` fills a temporary file beside ``path`` (same suffix, so writers
+    such as ``np.savez`` keep the name), which is flushed to disk and moved into place with ``os.replace``.
+    Readers never see half a file, and a crash leaves the old file or none."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600: give the file ordinary permissions
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write` of a UTF-8 text."""
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 @dataclass
@@ -102,12 +121,7 @@ class RunStore:
             return {k: z[k] for k in z.files}
 
     def save_item(self, item: str, arrays: dict[str, np.ndarray]) -> None:
-        p = self._item_path(item)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".item-", suffix=".npz")
-        os.close(fd)
-        np.savez(tmp, **arrays)
-        os.replace(tmp, p)
+        atomic_write(self._item_path(item), lambda tmp: np.savez(tmp, **arrays))
 
     # ---- finishing ------------------------------------------------------------------------------------
     def finalize(self, table: pd.DataFrame, meta: dict[str, Any]) -> RunResult:
@@ -125,9 +139,3 @@ class RunStore:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return RunResult(table, meta, self.dir)
-
-
-def load_all(results_dir: str | Path, analysis: str) -> pd.DataFrame:
-    """Concatenate the tables of every finished run of an analysis (for cross-model pages)."""
-    frames = [pd.read_csv(p) for p in sorted(Path(results_dir, analysis).glob("*/*/table.csv"))]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -18,6 +18,7 @@ import torch
 from lmdepth import __version__
 
 T = TypeVar("T")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -6,8 +6,7 @@ pass per prompt yields every metric (METHOD §3–4).
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,10 +15,10 @@ import pandas as pd
 from lmdepth.hooks.capture import trace_layer_reductions
 from lmdepth.data.datasets import dataset_id, Example, load_examples, selection_record
 from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats, residual_token_metrics
-from lmdepth.params import check_common, check_type
+from lmdepth.analyses.run import Job, concat_tables, per_unit, run_many as many
 from lmdepth.model.registry import LoadedModel, load_model
+from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
-from lmdepth.runtime import environment, progress
 
 ANALYSIS = "residual_stream"
 
@@ -53,86 +52,60 @@ def tidy_table(stats: DatasetStats, model: str, n_boot: int, seed: int) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def run(
-    model_name: str = "smollm2-135m",
-    dataset: str = "gsm8k",
-    n_examples: int = 20,
-    seed: int = 0,
-    selection: str = "random",
-    include_bos: bool = True,
-    device: str = "cpu",
-    dtype: str = "float32",
-    remote: bool = False,
-    results_dir: str | Path = "results",
-    use_cache: bool = True,
-    n_boot: int = 1000,
-) -> RunResult:
+@dataclass(frozen=True)
+class ResidualParams(CommonParams):
+    """Parameters of the residual-stream run (chapters 01 and 02)."""
+
+    include_bos: bool = param(True, help="include position 0 in the averages (faithful default; METHOD §1.3)")
+
+
+def run(params: ResidualParams | None = None, **kwargs: Any) -> RunResult:
     """Compute (or load from cache) the residual statistics of one model on a data set.
 
     Args:
-        model_name: packaged short name, hub id or local directory.
-        dataset: ``"gsm8k"``, ``"math"`` or a JSONL path.
-        n_examples: number of examples (the paper: 10–20 GSM8K problems).
-        seed, selection: see :func:`lmdepth.data.datasets.load_examples`.
-        include_bos: include position 0 in the averages (faithful default; METHOD §1.3).
-        device, dtype, remote: where and how the model runs.
-        results_dir: root of the results cache.
-        use_cache: reuse a finished run and the checkpoints of an interrupted one; False recomputes.
-        n_boot: bootstrap resamples (over prompts) for the confidence intervals of the means.
+        params: a :class:`ResidualParams`, or its fields as keyword arguments (``model_name``, ``dataset``,
+            ``n_examples``, ``include_bos``, ``n_boot`` (bootstrap resamples over prompts) …).
 
     Returns:
         The tidy table (``model, metric, component, stat, layer, n_layers, rel_depth, value, ci_low, ci_high``)
         and the sidecar.
     """
-    check_common(model_name=model_name, dataset=dataset, n_examples=n_examples, seed=seed, selection=selection,
-                 device=device, dtype=dtype, use_cache=use_cache, remote=remote)
-    check_type("include_bos", include_bos, bool)
-    check_type("n_boot", n_boot, int)
-    examples = load_examples(dataset, n_examples=n_examples, seed=seed, selection=selection)
-    data_id = dataset_id(dataset)
-    key_params = dict(dataset=data_id, n_examples=n_examples, seed=seed, selection=selection,
-                      include_bos=include_bos, dtype=dtype, n_boot=n_boot)
-    per_item = {k: v for k, v in key_params.items() if k not in ("n_examples", "n_boot")}
-    store = RunStore(results_dir, ANALYSIS, model_name, key_params, item_params=per_item)
-    if use_cache and store.complete:
-        return store.load()
-    if not use_cache:
-        store.clear()
+    p = ResidualParams.of(params, **kwargs)
+    examples = load_examples(p.dataset, n_examples=p.n_examples, seed=p.seed, selection=p.selection)
+    key = dict(dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed, selection=p.selection,
+               include_bos=p.include_bos, dtype=p.dtype, n_boot=p.n_boot)
+    per_item = {k: v for k, v in key.items() if k not in ("n_examples", "n_boot")}
+    return Job(ANALYSIS, p, key, per_item).execute(lambda store: _compute(p, key, examples, store))
 
-    t0 = time.time()
-    lm = load_model(model_name, device=device, dtype=dtype, remote=remote)
+
+def _compute(p: ResidualParams, key: dict[str, Any], examples: list[Example], store: RunStore
+             ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    lm = load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote)
     # Tokenize everything first: a prompt that does not fit fails before any compute is spent.
-    encoded = [(e, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
-    stats = DatasetStats()
-    for ex, ids in progress(encoded, desc=f"{model_name}: residual stats"):
-        cached = store.load_item(ex.id)
-        if cached is None:
-            vals = prompt_metrics(lm, ids)
-            if not include_bos:
-                vals = vals[:, :, 1:]
-            ps = PromptStats.from_tokens(vals)
-            store.save_item(ex.id, {"sum": ps.sum, "max": ps.max, "count": np.array(ps.count)})
-        else:
-            ps = PromptStats(cached["sum"], cached["max"], int(cached["count"]))
-        stats.add(ps)
+    encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
 
-    table = tidy_table(stats, model_name, n_boot=n_boot, seed=seed)
+    def one(_: str, ids: Any) -> dict[str, np.ndarray]:
+        vals = prompt_metrics(lm, ids)
+        ps = PromptStats.from_tokens(vals if p.include_bos else vals[:, :, 1:])
+        return {"sum": ps.sum, "max": ps.max, "count": np.array(ps.count)}
+
+    stats = DatasetStats()
+    for item in per_unit(store, encoded, one, desc=f"{p.model_name}: residual stats"):
+        stats.add(PromptStats(item["sum"], item["max"], int(item["count"])))
+    table = tidy_table(stats, p.model_name, n_boot=p.n_boot, seed=p.seed)
     meta = {
-        "analysis": ANALYSIS,
-        "parameters": {"model_name": model_name, **key_params, "device": device, "remote": remote},
+        "parameters": {"model_name": p.model_name, **key, "device": p.device, "remote": p.remote},
         "model": lm.provenance(),
-        "data": selection_record(dataset, selection, seed, examples),
+        "data": selection_record(p.dataset, p.selection, p.seed, examples),
         "n_tokens": stats.count,
-        "environment": environment(),
-        "wall_time_s": round(time.time() - t0, 2),
     }
-    return store.finalize(table, meta)
+    return table, meta
 
 
 def run_many(model_names: list[str], **kwargs: Any) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
     """:func:`run` for several models; returns the concatenated table and each model's sidecar."""
-    results = {m: run(model_name=m, **kwargs) for m in model_names}
-    return pd.concat([r.table for r in results.values()], ignore_index=True), {m: r.meta for m, r in results.items()}
+    results = many(run, model_names, **kwargs)
+    return concat_tables(results), {m: r.meta for m, r in results.items()}
 
 
 # ---- summaries used by the chapters' claim checks ---------------------------------------------------------

@@ -27,6 +27,8 @@ import torch
 
 from lmdepth.data.dm_math import ERASURE_REFERENCE, PROBES, CharTokenizer, MathExample
 from lmdepth.errors import DataError
+from lmdepth.hooks.skipping import prompt_effects
+from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
 from lmdepth.scratch.models import ScratchLM, adapter_for
 from lmdepth.scratch.training import (
     ARCHS,
@@ -159,12 +161,10 @@ def probe_erasure(run: TrainedRun, probes: Sequence[tuple[str, str]] = PROBES,
 
     Returns:
         (table ``model, prompt, method, layer, position, token, is_answer, value`` in the layout of
-         :func:`lmdepth.analyses.erasure.map_chart`, with ``model`` = the run name;
+         :func:`lmdepth.charts.erasure.map_chart`, with ``model`` = the run name;
          per probe: greedy answer, whether it is right, the number of tokens and the answer start).
     """
-    from lmdepth.analyses.erasure import as_stack, erasure_map, mean_residuals
-
-    stack = as_stack(adapter_for(run.model))
+    stack = AdapterStack(adapter_for(run.model))
     ref_ids, _ = run.tok.encode_example(*reference, eos=False)
     mu = mean_residuals(stack, [torch.tensor([ref_ids], device=device)])  # [L+1, D]
     rows, info = [], {}
@@ -219,7 +219,8 @@ def operation_sample(examples: Sequence[MathExample], n_per_count: int, seed: in
 @torch.no_grad()
 def depth_by_operations(run: TrainedRun, examples: Sequence[MathExample], device: str = "cpu",
                         ) -> tuple[np.ndarray, np.ndarray]:
-    """Layer-skip effects of each example for the depth score (:func:`lmdepth.analyses.complexity.stack_skip_effects`).
+    """Layer-skip effects of each example for the depth score (:func:`lmdepth.hooks.skipping.prompt_effects`, part
+    "layer", future version).
 
     The cut is the first answer token: each depth step is skipped on the whole prompt (positions 1 … a−1) and the
     effect measured where the answer is written (positions ≥ a).
@@ -227,106 +228,17 @@ def depth_by_operations(run: TrainedRun, examples: Sequence[MathExample], device
     Returns:
         E [P, L, L] and O [P, L].
     """
-    from lmdepth.analyses.complexity import stack_skip_effects
-    from lmdepth.analyses.erasure import as_stack
-
-    stack = as_stack(adapter_for(run.model))
+    adapter = adapter_for(run.model)
     Es, Os = [], []
     for e in examples:
         ids, a_start = run.tok.encode_example(e.question, e.answer, eos=False)
-        E, O = stack_skip_effects(stack, torch.tensor([ids], device=device), [a_start])
+        effects = prompt_effects(adapter, torch.tensor([ids], device=device), cuts=[a_start], parts=("layer",),
+                                 local=False, current=False)
+        E, O = effects["future", "layer"]
         Es.append(E.numpy())
         Os.append(O.numpy())
     return np.stack(Es), np.stack(Os)
 
 
-# ---- charts ----------------------------------------------------------------------------------------------------
-
-RUN_COLORS = {"moeut-lm": "#9ecae9", "moeut-answer_only": "#3366cc", "transformer-lm": "#ffbf79",
-              "transformer-answer_only": "#e45756"}
-
-
-def _run_scale(names: Sequence[str]):
-    import altair as alt
-
-    return alt.Scale(domain=list(names), range=[RUN_COLORS.get(n, "#888888") for n in names])
-
-
-def loss_chart(runs: dict[str, TrainedRun], window: int = 25, width: int = 420, height: int = 220):
-    """Training loss per step (moving average over ``window`` steps), one line per run; legend click isolates."""
-    import altair as alt
-
-    frames = []
-    for name, r in runs.items():
-        h = pd.DataFrame(r.meta["history"], columns=["step", "loss"])
-        h["loss"] = h.loss.rolling(window, min_periods=1).mean()
-        frames.append(h.iloc[:: max(1, len(h) // 150)].assign(run=name))  # ~150 points per line keep the page small
-    d = pd.concat(frames).round(4)
-    pick = alt.selection_point(fields=["run"], bind="legend")
-    return alt.Chart(d).mark_line().encode(
-        x=alt.X("step:Q", title="Training step"), y=alt.Y("loss:Q", title="Training loss (nats / token)"),
-        color=alt.Color("run:N", scale=_run_scale(list(runs)), legend=alt.Legend(title="Run")),
-        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)), tooltip=["run:N", "step:Q", "loss:Q"],
-    ).add_params(pick).properties(width=width, height=height)
-
-
-def accuracy_chart(summary: pd.DataFrame, width: int = 190, height: int = 200):
-    """Exact match with Wilson 95 % intervals per run, one panel per split; a radio button switches to answer loss."""
-    import altair as alt
-
-    d = summary.round(4).copy()
-    names = list(dict.fromkeys(d.run))
-    x = alt.X("run:N", title=None, sort=names, axis=alt.Axis(labelAngle=-35))
-    color = alt.Color("run:N", scale=_run_scale(names), legend=None)
-    bars = alt.Chart(d).mark_bar().encode(
-        x=x, y=alt.Y("accuracy:Q", title="Exact match", axis=alt.Axis(format="%")), color=color,
-        tooltip=["run:N", "split:N", "n:Q", "correct:Q", alt.Tooltip("accuracy:Q", format=".1%"),
-                 alt.Tooltip("ci_low:Q", format=".1%"), alt.Tooltip("ci_high:Q", format=".1%"),
-                 alt.Tooltip("answer_nll:Q", format=".3f")])
-    err = alt.Chart(d).mark_rule(strokeWidth=1.5).encode(x=x, y="ci_low:Q", y2="ci_high:Q")
-    acc = alt.layer(bars, err).properties(width=width, height=height).facet(column=alt.Column("split:N", title=None))
-    nll = alt.Chart(d).mark_bar().encode(
-        x=x, y=alt.Y("answer_nll:Q", title="Answer loss (nats / token)"), color=color,
-        tooltip=["run:N", "split:N", alt.Tooltip("answer_nll:Q", format=".3f")],
-    ).properties(width=width, height=height).facet(column=alt.Column("split:N", title=None))
-    return alt.vconcat(acc, nll)
-
-
-def probe_chart(table: pd.DataFrame, probe: str, runs: Sequence[str], cell: int = 9):
-    """Erasure maps of one probe, one row per run (layer 0 at the bottom)."""
-    import altair as alt
-
-    from lmdepth.analyses.erasure import map_chart
-
-    return alt.vconcat(*[map_chart(table, "erasure", r, prompts=[probe], cell=cell).properties(title=r)
-                         for r in runs]).resolve_scale(color="independent")
-
-
-def depth_ops_chart(levels: pd.DataFrame, width: int = 420, height: int = 220):
-    """Relative depth score per number of operations, one line per run, with bootstrap 95 % intervals; a radio
-    button picks the effect (layer / logit)."""
-    import altair as alt
-
-    d = levels[levels.aggregation == "mean"].round(4).copy()
-    names = list(dict.fromkeys(d.run))
-    effect = alt.param(name="ops_effect", value="layer_effect",
-                       bind=alt.binding_radio(options=["layer_effect", "logit_effect"],
-                                              labels=["layer effect", "logit effect"], name="Effect: "))
-    pick = alt.selection_point(fields=["run"], bind="legend")
-    base = alt.Chart(d).transform_filter(alt.datum.metric == effect)
-    x = alt.X("level:O", title="Operations in the problem", axis=alt.Axis(labelAngle=0))
-    color = alt.Color("run:N", scale=_run_scale(names), legend=alt.Legend(title="Run"))
-    line = base.mark_line(point=True).encode(
-        x=x, y=alt.Y("rel_depth_score:Q", title="Depth score D / (L − 1)", scale=alt.Scale(zero=False)), color=color,
-        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.12)),
-        tooltip=["run:N", alt.Tooltip("level:O", title="operations"), "n:Q",
-                 alt.Tooltip("rel_depth_score:Q", format=".3f"), alt.Tooltip("rel_ci_low:Q", format=".3f"),
-                 alt.Tooltip("rel_ci_high:Q", format=".3f")])
-    band = base.mark_rule(strokeWidth=2).encode(x=x, y="rel_ci_low:Q", y2="rel_ci_high:Q", color=color,
-                                                 opacity=alt.condition(pick, alt.value(0.4), alt.value(0.05)))
-    return alt.layer(band, line).add_params(effect, pick).properties(width=width, height=height)
-
-
 __all__ = ["TrainedRun", "trained_runs", "wilson_interval", "evaluate_runs", "accuracy_summary", "paired_gains",
-           "probe_erasure", "erasure_depth", "operation_sample", "depth_by_operations", "loss_chart",
-           "accuracy_chart", "probe_chart", "depth_ops_chart", "ARCH_LABELS", "RUN_COLORS"]
+           "probe_erasure", "erasure_depth", "operation_sample", "depth_by_operations", "ARCH_LABELS"]

@@ -6,18 +6,18 @@ points; over problems, the elementwise max. The mean over problems is kept too (
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from lmdepth.data.datasets import dataset_id, load_examples, selection_record
-from lmdepth.params import check_choice, check_common, check_range, check_type
+from lmdepth.analyses.run import Job, per_unit
+from lmdepth.data.datasets import Example
 from lmdepth.model.registry import load_model
+from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
-from lmdepth.runtime import environment, progress
 from lmdepth.hooks.skipping import PARTS, draw_cuts, prompt_effects, variants
 
 ANALYSIS = "layer_skipping"
@@ -67,91 +67,84 @@ def cutoff_with_ci(E_per_problem: np.ndarray, threshold: float, n_boot: int = 10
             "threshold": threshold}
 
 
-def run(
-    model_name: str = "smollm2-135m",
-    analysis: str = "future",
-    dataset: str = "gsm8k",
-    n_examples: int = 10,
-    seed: int = 0,
-    selection: str = "random",
-    parts: list[str] | tuple[str, ...] = PARTS,
-    local: bool = True,
-    n_cuts: int = 4,
-    cut_stride: int = 8,
-    threshold: float = 0.1,
-    device: str = "cpu",
-    dtype: str = "float32",
-    results_dir: str | Path = "results",
-    use_cache: bool = True,
-    n_boot: int = 1000,
-) -> RunResult:
+@dataclass(frozen=True)
+class SkipParams(CommonParams):
+    """Parameters of the layer-skipping run (chapter 03)."""
+
+    n_examples: int = param(10, lo=1, hi=100_000, help="problems")
+    analysis: str = param("future", choices=("future", "current"),
+                          help="'future': intervene before a cut point, measure after it (Fig. 3b); "
+                               "'current': intervene and measure at all tokens (Fig. 3a)")
+    parts: list[str] = param(list(PARTS), choices=PARTS, help="which parts to skip: layer, attention, mlp")
+    local: bool = param(True, help="add the local (direct-effect) variant of the layer skip (METHOD §5.5)")
+    n_cuts: int = param(4, lo=1, hi=64, help="future analysis: cut points per problem")
+    cut_stride: int = param(8, lo=1, hi=1024, help="future analysis: cut points drawn from every k-th token")
+    threshold: float = param(0.1, lo=0.0, hi=10.0,
+                             help="future-effect level below which a layer counts as not feeding later computation")
+
+
+@dataclass(frozen=True)
+class Cutoff:
+    """The future-effect cutoff of one variant (sidecar ``summary``)."""
+
+    cutoff: int
+    ci_low: float
+    ci_high: float
+    n_layers: int
+    rel_depth: float
+    threshold: float
+
+
+def cutoffs(result: RunResult) -> dict[str, Cutoff]:
+    """The typed ``summary`` of a future-analysis run: variant → :class:`Cutoff`."""
+    return {v: Cutoff(**c) for v, c in result.meta.get("summary", {}).items()}
+
+
+def run(params: SkipParams | None = None, **kwargs: Any) -> RunResult:
     """Skip effects of every layer of one model over a data set (cached; resumes per problem).
 
     Args:
-        analysis: ``"future"`` (intervene before a cut point, measure after it; Fig. 3b) or ``"current"``
-            (intervene and measure at all tokens; Fig. 3a).
-        parts: any of ``"layer"``, ``"attention"``, ``"mlp"``; ``local`` adds the direct-effect variant (§5.5).
-        n_cuts, cut_stride: future analysis: ``n_cuts`` cut points drawn from every ``cut_stride``-th token.
-        threshold: the future-effect level below which a layer counts as not feeding later computation.
+        params: a :class:`SkipParams`, or its fields as keyword arguments.
 
     Returns:
         Tidy table (``model, analysis, variant, stat, metric, skipped_layer, affected_layer, value``) and a
-        sidecar whose ``summary`` holds the cutoff layer per variant with its bootstrap interval.
+        sidecar whose ``summary`` holds the cutoff layer per variant with its bootstrap interval (:func:`cutoffs`).
     """
-    check_common(model_name=model_name, dataset=dataset, n_examples=n_examples, seed=seed, selection=selection,
-                 device=device, dtype=dtype, use_cache=use_cache)
-    check_choice("analysis", analysis, ["future", "current"])
-    check_type("parts", list(parts), list)
-    for p in parts:
-        check_choice("parts", p, PARTS)
-    check_type("local", local, bool)
-    check_type("n_cuts", n_cuts, int)
-    check_range("n_cuts", n_cuts, 1, 64)
-    check_type("threshold", threshold, float)
-    check_range("threshold", threshold, 0.0, 10.0)
-    parts = [p for p in PARTS if p in parts]
-    examples = load_examples(dataset, n_examples=n_examples, seed=seed, selection=selection)
-    data_id = dataset_id(dataset)
-    key = dict(analysis=analysis, dataset=data_id, n_examples=n_examples, seed=seed, selection=selection,
-               parts=parts, local=local, dtype=dtype, threshold=threshold, n_boot=n_boot,
-               **({"n_cuts": n_cuts, "cut_stride": cut_stride} if analysis == "future" else {}))
+    p = SkipParams.of(params, **kwargs)
+    parts = [x for x in PARTS if x in p.parts]
+    examples = load_examples(p.dataset, n_examples=p.n_examples, seed=p.seed, selection=p.selection)
+    key = dict(analysis=p.analysis, dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed,
+               selection=p.selection, parts=parts, local=p.local, dtype=p.dtype, threshold=p.threshold, n_boot=p.n_boot,
+               **({"n_cuts": p.n_cuts, "cut_stride": p.cut_stride} if p.analysis == "future" else {}))
     per_item = {k: v for k, v in key.items() if k not in ("n_examples", "threshold", "n_boot")}
-    store = RunStore(results_dir, ANALYSIS, model_name, key, item_params=per_item)
-    if use_cache and store.complete:
-        return store.load()
-    if not use_cache:
-        store.clear()
+    return Job(ANALYSIS, p, key, per_item).execute(lambda store: _compute(p, parts, key, examples, store))
 
-    t0 = time.time()
-    lm = load_model(model_name, device=device, dtype=dtype)
-    encoded = [(e, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
-    names = [v.name for v in variants(parts, local)]
-    per: dict[str, list[np.ndarray]] = {f"{n}_{x}": [] for n in names for x in "EO"}
-    cuts_used = {}
-    for ex, ids in progress(encoded, desc=f"{model_name}: skip effects ({analysis})"):
-        cuts = draw_cuts(ids.shape[1], n_cuts, seed, ex.id, cut_stride) if analysis == "future" else []
-        cuts_used[ex.id] = cuts
-        item = store.load_item(ex.id)
-        if item is None:
-            res = prompt_effects(lm.adapter, ids, cuts=cuts, parts=parts, local=local, current=analysis == "current")
-            item = {f"{v}_{x}": res[analysis, v][i].numpy() for v in names for i, x in enumerate("EO")}
-            store.save_item(ex.id, item)
-        for k in per:
-            per[k].append(item[k])
-    E = {(analysis, n): np.stack(per[f"{n}_E"]) for n in names}
-    O = {(analysis, n): np.stack(per[f"{n}_O"]) for n in names}
-    table = _tidy(model_name, E, O)
-    summary = {n: cutoff_with_ci(E[analysis, n], threshold, n_boot, seed) for n in names} if analysis == "future" else {}
+
+def _compute(p: SkipParams, parts: list[str], key: dict[str, Any], examples: list[Example], store: RunStore
+             ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    lm = load_model(p.model_name, device=p.device, dtype=p.dtype)
+    encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
+    names = [v.name for v in variants(parts, p.local)]
+    future = p.analysis == "future"
+    cuts_used = {uid: draw_cuts(ids.shape[1], p.n_cuts, p.seed, uid, p.cut_stride) if future else []
+                 for uid, ids in encoded}
+
+    def one(uid: str, ids: Any) -> dict[str, np.ndarray]:
+        res = prompt_effects(lm.adapter, ids, cuts=cuts_used[uid], parts=parts, local=p.local, current=not future)
+        return {f"{v}_{x}": res[p.analysis, v][i].numpy() for v in names for i, x in enumerate("EO")}
+
+    items = per_unit(store, encoded, one, desc=f"{p.model_name}: skip effects ({p.analysis})")
+    E = {(p.analysis, n): np.stack([it[f"{n}_E"] for it in items]) for n in names}
+    O = {(p.analysis, n): np.stack([it[f"{n}_O"] for it in items]) for n in names}
+    table = _tidy(p.model_name, E, O)
+    summary = {n: cutoff_with_ci(E[p.analysis, n], p.threshold, p.n_boot, p.seed) for n in names} if future else {}
     meta = {
-        "analysis": ANALYSIS,
-        "parameters": {"model_name": model_name, **key, "device": device},
+        "parameters": {"model_name": p.model_name, **key, "device": p.device},
         "model": lm.provenance(),
-        "data": {**selection_record(dataset, selection, seed, examples), "cuts": cuts_used},
+        "data": {**selection_record(p.dataset, p.selection, p.seed, examples), "cuts": cuts_used},
         "summary": summary,
-        "environment": environment(),
-        "wall_time_s": round(time.time() - t0, 2),
     }
-    return store.finalize(table, meta)
+    return table, meta
 
 
 def matrix(table: pd.DataFrame, analysis: str, variant: str, stat: str = "max", model: str | None = None) -> np.ndarray:
@@ -164,8 +157,3 @@ def matrix(table: pd.DataFrame, analysis: str, variant: str, stat: str = "max", 
     E = np.zeros((L, L))
     E[t.skipped_layer.to_numpy(), t.affected_layer.to_numpy()] = t.value.to_numpy()
     return E
-
-
-def run_models(models: list[str], **kwargs: Any) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
-    results = {m: run(model_name=m, **kwargs) for m in models}
-    return pd.concat([r.table for r in results.values()], ignore_index=True), {m: r.meta for m, r in results.items()}

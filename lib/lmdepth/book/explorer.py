@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import altair as alt
 import pandas as pd
 import torch
 
 from lmdepth.hooks.capture import hooked_residuals
+from lmdepth.charts.explorer import exploration_charts
 from lmdepth.metrics.residual import RESIDUAL_METRICS, residual_token_metrics
-from lmdepth.charts.theme import COMPONENT_COLORS
 from lmdepth.model.registry import LoadedModel, load_model
 from lmdepth.hooks.skipping import CleanPass, Row, clean_pass, naive_effect
 
@@ -113,31 +112,6 @@ def explore(lm: LoadedModel, text: str, layer: int, position: int = -1, k: int =
                        skip, out)
 
 
-# ---- charts -----------------------------------------------------------------------------------------------------
-
-def exploration_charts(x: Exploration, width: int = 260) -> alt.HConcatChart:
-    """Three panels: relative contributions, logit-lens top-1 probability per layer, skip effect of the layer."""
-    comps = list(dict.fromkeys(x.contributions.component))
-    contrib = alt.Chart(x.contributions.round(4)).mark_line(point=True).encode(
-        x=alt.X("layer:Q", title="Layer"), y=alt.Y("value:Q", title="Relative contribution"),
-        color=alt.Color("component:N", scale=alt.Scale(domain=comps, range=[COMPONENT_COLORS[c] for c in comps]),
-                        legend=alt.Legend(orient="top", title=None)),
-        tooltip=["layer:Q", "component:N", alt.Tooltip("value:Q", format=".3f")],
-    ).properties(title="Contributions (mean over tokens)", width=width, height=200)
-    top1 = x.lens[x.lens["rank"] == 1].round(4)
-    lens = alt.Chart(top1).mark_bar().encode(
-        x=alt.X("layer:O", title="Residual entering layer (last = output)", axis=alt.Axis(labelOverlap="greedy")),
-        y=alt.Y("prob:Q", title="Top-1 probability", scale=alt.Scale(domain=[0, 1])),
-        tooltip=["layer:O", "token:N", alt.Tooltip("prob:Q", format=".3f")],
-    ).properties(title=f"Logit lens at token {x.position} ({x.tokens[x.position]!r})", width=width, height=200)
-    skip = alt.Chart(x.skip.round(4)).mark_bar(color=COMPONENT_COLORS["layer"]).encode(
-        x=alt.X("layer:O", title="Affected layer", axis=alt.Axis(labelOverlap="greedy")),
-        y=alt.Y("relative_change:Q", title="Max relative change", scale=alt.Scale(domain=[0, 1], clamp=True)),
-        tooltip=["layer:O", alt.Tooltip("relative_change:Q", format=".3f")],
-    ).properties(title=f"Skipping layer {x.skipped} (output change {x.output_change:.3f})", width=width, height=200)
-    return alt.hconcat(contrib, lens, skip).resolve_scale(color="independent")
-
-
 def lens_token_table(x: Exploration) -> pd.DataFrame:
     """Top-k tokens per layer as one row per layer (for display)."""
     return (x.lens.assign(cell=[f"{t!r} {p:.2f}" for t, p in zip(x.lens.token, x.lens.prob)])
@@ -194,5 +168,5 @@ def explorer_widget(models: list[str], prompt: str, layer: int = 0, device: str 
     return w.VBox([text, w.HBox([model, lay, pos, run]), out])
 
 
-__all__ = ["Exploration", "contributions", "lens_top_tokens", "skip_effect", "explore", "exploration_charts",
+__all__ = ["Exploration", "contributions", "lens_top_tokens", "skip_effect", "explore",
            "lens_token_table", "explorer_widget"]

@@ -14,14 +14,15 @@ from typing import Any
 
 import torch
 
-from lmdepth.model.families import ModelAdapter, resolve, take
+from lmdepth.model.families import ModelAdapter
+from lmdepth.model.paths import resolve, take
 from lmdepth.errors import UnsupportedArchitectureError
 
 #: The four taps of every layer l: h_l, a_l, m_l, h_{l+1} (TransformerLens' resid_pre/attn_out/mlp_out/resid_post).
 TAPS = ("resid_pre", "attn_out", "mlp_out", "resid_post")
 
 
-def _layer_output(output: Any) -> torch.Tensor:
+def layer_output(output: Any) -> torch.Tensor:
     # transformers v5 decoder layers return a tensor; older ones a tuple whose [0] is the hidden state.
     return output[0] if isinstance(output, (tuple, list)) else output
 
@@ -54,7 +55,7 @@ def hooked_residuals(adapter: ModelAdapter, input_ids: torch.Tensor, **forward_k
     for l, layer in enumerate(adapter.layers):
         def on_layer(mod, args, out, l=l):
             store["resid_pre"][l] = args[0].detach()
-            store["resid_post"][l] = _layer_output(out).detach()
+            store["resid_post"][l] = layer_output(out).detach()
 
         def on_attn(mod, args, out, l=l):
             store["attn_out"][l] = take(out, fam.attn_contrib[1]).detach()
@@ -139,6 +140,6 @@ def trace_layer_reductions(
             h = layer.input
             a = take(resolve(layer, fam.attn_contrib[0]).output, fam.attn_contrib[1])
             m = take(resolve(layer, fam.mlp_contrib[0]).output, fam.mlp_contrib[1])
-            o = _layer_output(layer.output)
+            o = layer_output(layer.output)
             saved.append(reduce(h, a, m, o).save())
     return torch.stack([torch.as_tensor(s).detach().cpu() for s in saved])

@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 import torch
 
-from lmdepth.model.families import ModelAdapter, resolve, take
-from lmdepth.hooks.capture import _layer_output, forward_hooks
+from lmdepth.model.families import ModelAdapter
+from lmdepth.model.paths import resolve, take
+from lmdepth.hooks.capture import layer_output, forward_hooks
 from lmdepth.metrics.residual import REL_EPS
 
 PARTS = ("layer", "attention", "mlp")
@@ -88,7 +88,7 @@ def clean_pass(adapter: ModelAdapter, ids: torch.Tensor, with_probs: bool = Fals
 
     def grab(l: int) -> Callable:
         def hook(mod, args, out):
-            ins[l], outs[l] = args[0][0], _layer_output(out)[0]
+            ins[l], outs[l] = args[0][0], layer_output(out)[0]
         return hook
 
     with forward_hooks([(layer, grab(l)) for l, layer in enumerate(adapter.layers)]):
@@ -130,7 +130,7 @@ def intervention_hooks(
 
     if layer_m.any():
         def skip_layer(mod, args, out):
-            return _set_rows(_layer_output(out), layer_m, args[0])
+            return _set_rows(layer_output(out), layer_m, args[0])
         hooks.append((adapter.layers[s], skip_layer))
     for m, (path, idx) in ((attn_m, fam.attn_contrib), (mlp_m, fam.mlp_contrib)):
         if m.any():
@@ -144,7 +144,7 @@ def intervention_hooks(
             pinned = (clean.resid_out[j][positions].float() - removed).to(clean.resid_out.dtype)
 
             def pin(mod, args, out, pinned=pinned):
-                return _set_rows(_layer_output(out), local_m, pinned.expand(len(rows), -1, -1))
+                return _set_rows(layer_output(out), local_m, pinned.expand(len(rows), -1, -1))
             hooks.append((adapter.layers[j], pin))
     return hooks
 
@@ -171,7 +171,7 @@ def naive_effect(adapter: ModelAdapter, ids: torch.Tensor, clean: CleanPass, row
 
     def grab(l: int) -> Callable:
         def hook(mod, args, out):
-            contrib[l] = _layer_output(out)[0].float() - args[0][0].float()
+            contrib[l] = layer_output(out)[0].float() - args[0][0].float()
         return hook
 
     hooks = intervention_hooks(adapter, clean, [row], positions)
@@ -260,10 +260,10 @@ def run_rows(
         ref = clean.contrib[j][positions]  # [W, D]
 
         def hook(mod, args, out):
-            rel = relative_change(_layer_output(out).float() - args[0].float(), ref)  # [B, W]
+            rel = relative_change(layer_output(out).float() - args[0].float(), ref)  # [B, W]
             E[:, j] = rel.masked_fill(~meas, float("-inf")).amax(1).clamp_min(0)
             if j == L - 1:
-                final.append(_layer_output(out))
+                final.append(layer_output(out))
         return hook
 
     hooks = intervention_hooks(adapter, clean, rows, positions)

@@ -17,12 +17,14 @@ outputs are wrong there by ~100 %. Same module name, different role: hence one s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
 
 import torch
 from torch import nn
 
 from lmdepth.errors import UnsupportedArchitectureError
+from lmdepth.model.paths import resolve
+from lmdepth.model.unembed import Unembedding
 
 
 @dataclass(frozen=True)
@@ -83,21 +85,6 @@ def family_for(model_type: str) -> FamilySpec:
     )
 
 
-def resolve(root: Any, path: str) -> Any:
-    """Follow a dotted path (digits index into lists) on a module or an nnsight envoy."""
-    obj = root
-    for part in path.split("."):
-        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
-    return obj
-
-
-def take(output: Any, index: int | None) -> Any:
-    """Select ``output[index]`` when a module returns a tuple (e.g. ``self_attn`` returns (out, weights))."""
-    if index is None:
-        return output
-    return output[index] if isinstance(output, (tuple, list)) else output
-
-
 @dataclass
 class ModelAdapter:
     """Typed access to one model's residual stream.
@@ -144,6 +131,11 @@ class ModelAdapter:
     def mlp_path(self, layer: int) -> str:
         return f"{self.layer_path(layer)}.{self.family.mlp_contrib[0]}"
 
+    @cached_property
+    def unembedding(self) -> Unembedding:
+        """The model's unembedding (final norm, ``lm_head``, soft-capping), in the model's dtype."""
+        return Unembedding.of_modules(self.final_norm, self.lm_head, self.model.config)
+
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:
         """Logit lens on a raw residual: ``lm_head(final_norm(h))`` with the model's logit soft-capping.
 
@@ -151,10 +143,6 @@ class ModelAdapter:
             resid: [..., d_model] residual stream (raw, before the final norm).
 
         Returns:
-            [..., vocab] logits.
+            [..., vocab] fp32 logits.
         """
-        logits = self.lm_head(self.final_norm(resid))
-        cap = getattr(self.model.config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return self.unembedding(resid)

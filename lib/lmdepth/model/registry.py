@@ -25,9 +25,9 @@ import torch
 
 from lmdepth.model.families import ModelAdapter
 from lmdepth.hooks.capture import check_additivity
-from lmdepth.errors import DataError, MissingPackageError, UnknownModelError
+from lmdepth.runtime import DTYPES
+from lmdepth.errors import DataError, MissingPackageError, ParameterError, UnknownModelError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def cache_dir() -> Path:
@@ -278,7 +278,7 @@ def load_model(
         check: run the additivity self-check (refuses non-additive, e.g. post-LN, models).
     """
     if dtype not in DTYPES:
-        raise UnknownModelError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}.")
+        raise ParameterError(f"Parameter 'dtype' must be one of {list(DTYPES)}, got {dtype!r}.")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if remote:

@@ -28,7 +28,6 @@ import math
 import os
 import random
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,6 +50,7 @@ from lmdepth.data.dm_math import (
     load_or_generate,
 )
 from lmdepth.errors import ParameterError
+from lmdepth.results import atomic_write, atomic_write_text
 from lmdepth.scratch.models import (
     DenseConfig,
     MoEUTConfig,
@@ -245,21 +245,6 @@ def run_dir(cfg: TrainConfig, out_dir: str | Path) -> Path:
     return Path(out_dir) / f"{cfg.name}-{cfg.key()}"
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the checkpoint ordinary file permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _rng_state() -> dict[str, Any]:
     return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
 
@@ -322,8 +307,9 @@ def train_run(
         _set_rng_state(state["rng"])
 
     def save_ckpt() -> None:
-        _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
-                      "wall_time_s": wall, "rng": _rng_state(), "train_config": cfg.key_params()}, ckpt)
+        state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
+                 "wall_time_s": wall, "rng": _rng_state(), "train_config": cfg.key_params()}
+        atomic_write(ckpt, lambda tmp: torch.save(state, tmp))
 
     end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
     bar = _progress_bar(cfg.steps, step, cfg.name) if progress else None
@@ -366,9 +352,10 @@ def train_run(
             "active_parameters": active_parameters(model.config), "wall_time_s": round(wall, 1),
             "steps_per_s": round(cfg.steps / wall, 3) if wall else None, "data": data.meta,
             "objective_label": OBJECTIVE_LABELS[cfg.objective], "environment": environment()}
-    _atomic_save({"config": model.config.to_dict(), "state_dict": model.state_dict(), "tokenizer": tok.to_dict(),
-                  "history": history, "meta": meta}, final)
-    (rd / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    trained = {"config": model.config.to_dict(), "state_dict": model.state_dict(), "tokenizer": tok.to_dict(),
+               "history": history, "meta": meta}
+    atomic_write(final, lambda tmp: torch.save(trained, tmp))
+    atomic_write_text(rd / "meta.json", json.dumps(meta, indent=2, default=str))
     ckpt.unlink(missing_ok=True)
     return final
 

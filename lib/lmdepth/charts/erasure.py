@@ -1,0 +1,44 @@
+"""Charts of the erasure / integrated-gradients case studies (chapters 05 and 07), built from the tidy table of
+:mod:`lmdepth.analyses.erasure`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import altair as alt
+
+import lmdepth.charts.theme  # noqa: F401  (registers and enables the book's theme)
+
+
+def map_chart(table, method: str, model: str, prompts: Sequence[str] | None = None, cell: int = 16):
+    """Token × layer heatmaps, one per case-study prompt (layer 0 at the bottom; the last token, which feeds no
+    answer prediction, is dropped as in the paper). Erasure: sequential scale from 0; integrated gradients:
+    diverging scale centred at 0. Both scales are clipped at the largest |value| outside position 0 (the paper's
+    choice for IG), because erasing the attention-sink token can dwarf every other cell."""
+    t = table[(table.method == method) & (table.model == model)]
+    charts = []
+    for name in (prompts or list(dict.fromkeys(t.prompt))):
+        d = t[t.prompt == name]
+        d = d[d.position < d.position.max()][["layer", "position", "token", "value", "is_answer"]].copy()
+        d["value"] = d.value.round(5)
+        order = list(dict.fromkeys(d.sort_values("position").token))
+        n_rows = int(d.layer.max()) + 1
+        if method == "ig":
+            r = float(d[d.position > 0].value.abs().max() or 1e-9)
+            scale = alt.Scale(scheme="redblue", domain=[-r, r], reverse=True, clamp=True)
+            title = "IG attribution"
+        else:  # position 0 (BOS / attention sink) can dwarf the rest: clip there too, the tooltip keeps the value
+            r = float(d[d.position > 0].value.max() or 1e-9)
+            scale = alt.Scale(scheme="viridis", domain=[0, r], clamp=True)
+            title = "‖P − P′‖₂"
+        charts.append(alt.Chart(d).mark_rect().encode(
+            x=alt.X("token:N", sort=order, title=None, axis=alt.Axis(labelAngle=-60, labelLimit=90, grid=False)),
+            y=alt.Y("layer:O", sort="descending", title="Layer boundary" if method == "erasure" else "Layer (output of)",
+                    axis=alt.Axis(labelOverlap="greedy", grid=False)),
+            color=alt.Color("value:Q", title=title, scale=scale),
+            tooltip=["token:N", "layer:O", alt.Tooltip("value:Q", format=".4f"), "is_answer:N"],
+        ).properties(title=name, width=cell * len(order), height=max(120, 7 * n_rows)))
+    return alt.hconcat(*charts).resolve_scale(color="independent")
+
+
+__all__ = ["map_chart"]

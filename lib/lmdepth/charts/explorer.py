@@ -1,0 +1,38 @@
+"""Charts of the explorer (chapter 91), built from an :class:`lmdepth.book.explorer.Exploration`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import altair as alt
+
+from lmdepth.charts.theme import COMPONENT_COLORS
+
+if TYPE_CHECKING:  # the explorer widget imports this module
+    from lmdepth.book.explorer import Exploration
+
+
+def exploration_charts(x: Exploration, width: int = 260) -> alt.HConcatChart:
+    """Three panels: relative contributions, logit-lens top-1 probability per layer, skip effect of the layer."""
+    comps = list(dict.fromkeys(x.contributions.component))
+    contrib = alt.Chart(x.contributions.round(4)).mark_line(point=True).encode(
+        x=alt.X("layer:Q", title="Layer"), y=alt.Y("value:Q", title="Relative contribution"),
+        color=alt.Color("component:N", scale=alt.Scale(domain=comps, range=[COMPONENT_COLORS[c] for c in comps]),
+                        legend=alt.Legend(orient="top", title=None)),
+        tooltip=["layer:Q", "component:N", alt.Tooltip("value:Q", format=".3f")],
+    ).properties(title="Contributions (mean over tokens)", width=width, height=200)
+    top1 = x.lens[x.lens["rank"] == 1].round(4)
+    lens = alt.Chart(top1).mark_bar().encode(
+        x=alt.X("layer:O", title="Residual entering layer (last = output)", axis=alt.Axis(labelOverlap="greedy")),
+        y=alt.Y("prob:Q", title="Top-1 probability", scale=alt.Scale(domain=[0, 1])),
+        tooltip=["layer:O", "token:N", alt.Tooltip("prob:Q", format=".3f")],
+    ).properties(title=f"Logit lens at token {x.position} ({x.tokens[x.position]!r})", width=width, height=200)
+    skip = alt.Chart(x.skip.round(4)).mark_bar(color=COMPONENT_COLORS["layer"]).encode(
+        x=alt.X("layer:O", title="Affected layer", axis=alt.Axis(labelOverlap="greedy")),
+        y=alt.Y("relative_change:Q", title="Max relative change", scale=alt.Scale(domain=[0, 1], clamp=True)),
+        tooltip=["layer:O", alt.Tooltip("relative_change:Q", format=".3f")],
+    ).properties(title=f"Skipping layer {x.skipped} (output change {x.output_change:.3f})", width=width, height=200)
+    return alt.hconcat(contrib, lens, skip).resolve_scale(color="independent")
+
+
+__all__ = ["exploration_charts"]

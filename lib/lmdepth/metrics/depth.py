@@ -1,0 +1,122 @@
+"""The depth score (paper Fig. 7, METHOD §7.1) and its per-level statistics: pure numpy functions.
+
+With E[s, j] the effect of skipping layer s on layer j and O[s] on the output:
+
+* layer effect ``e[s] = Σ_{j>s} E[s, j] / max(L − 1 − s, 1)`` (the mean over later layers);
+* logit effect ``o[s] = O[s]``;
+* ``D(e) = Σ_s s·e[s] / Σ_s e[s]`` with the **0-based** layer index s = 0..L−1, as in the authors' code. The paper
+  writes Σ_{l=1}^{L} l·e_l / Σ e_l (1-based): that is D + 1. Across models we report D / (L − 1).
+
+Per level, E and O are aggregated over items by the elementwise max (the paper) or the mean, and D is computed
+from the aggregate. Intervals: percentile bootstrap over items, resampled within each level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+METRICS = ("layer_effect", "logit_effect")
+AGGREGATIONS = ("max", "mean")
+
+
+def layer_effect(E: np.ndarray) -> np.ndarray:
+    """[..., L, L] → [..., L]: mean effect of skipping s on the later layers, Σ_{j>s} E[s, j] / max(L−1−s, 1)."""
+    L = E.shape[-1]
+    return np.triu(E, 1).sum(-1) / np.maximum(L - 1 - np.arange(L), 1)
+
+
+def depth_score(e: np.ndarray, one_based: bool = False) -> np.ndarray:
+    """D = Σ_s s·e[s] / Σ_s e[s] over the last axis, s = 0..L−1 (``one_based``: s = 1..L, the paper's formula).
+
+    NaN where every effect is 0. A one-hot e at index i gives i (or i + 1).
+    """
+    e = np.asarray(e, dtype=float)
+    s = np.arange(e.shape[-1]) + (1 if one_based else 0)
+    total = e.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, (e * s).sum(-1) / np.where(total > 0, total, 1), np.nan)
+
+
+def effect_vectors(E: np.ndarray, O: np.ndarray, how: str) -> dict[str, np.ndarray]:
+    """Aggregate items ([P, L, L] and [P, L]) by ``how`` ("max" or "mean") → the layer and logit effect vectors."""
+    agg = np.max if how == "max" else np.mean
+    return {"layer_effect": layer_effect(agg(E, axis=0)), "logit_effect": agg(O, axis=0)}
+
+
+def _scores(E: np.ndarray, O: np.ndarray, how: str) -> dict[str, float]:
+    return {m: float(depth_score(v)) for m, v in effect_vectors(E, O, how).items()}
+
+
+def _stratified(rng: np.random.Generator, groups: list[np.ndarray]) -> list[np.ndarray]:
+    return [g[rng.integers(0, len(g), len(g))] for g in groups]
+
+
+def slope(x: Sequence[float], y: Sequence[float]) -> float:
+    """Least-squares slope of y on x (NaN values dropped; NaN if fewer than 2 distinct x remain)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(y)
+    if len(set(x[ok])) < 2:
+        return float("nan")
+    return float(np.polyfit(x[ok], y[ok], 1)[0])
+
+
+def level_statistics(E: np.ndarray, O: np.ndarray, levels: np.ndarray, n_boot: int = 1000, seed: int = 0,
+                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Depth score per level and its slope over levels, both with percentile bootstrap 95 % intervals.
+
+    Items are resampled within each level (stratified bootstrap); every resample recomputes the per-level
+    aggregates, their depth scores and the fitted slope.
+
+    Args:
+        E: [P, L, L] per-item skip effects; O: [P, L] output effects; levels: [P] difficulty of each item.
+
+    Returns:
+        (per level: ``level, aggregation, metric, depth_score, ci_low, ci_high, n``;
+         slopes: ``aggregation, metric, slope, ci_low, ci_high, n_levels``), depth scores 0-based.
+    """
+    uniq = np.array(sorted(set(levels.tolist())))
+    idx = [np.nonzero(levels == lv)[0] for lv in uniq]
+    rng = np.random.default_rng(seed)
+    boots = [_stratified(rng, idx) for _ in range(n_boot)]
+    rows, slopes = [], []
+    for how in AGGREGATIONS:
+        point = [_scores(E[i], O[i], how) for i in idx]
+        dist = [[_scores(E[i], O[i], how) for i in b] for b in boots]  # [boot][level][metric]
+        for m in METRICS:
+            for k, lv in enumerate(uniq):
+                vals = np.array([d[k][m] for d in dist])
+                lo, hi = np.nanquantile(vals, [0.025, 0.975]) if np.isfinite(vals).any() else (np.nan, np.nan)
+                rows.append({"level": int(lv), "aggregation": how, "metric": m, "depth_score": point[k][m],
+                             "ci_low": float(lo), "ci_high": float(hi), "n": len(idx[k])})
+            sl = np.array([slope(uniq, [d[k][m] for k in range(len(uniq))]) for d in dist])
+            lo, hi = np.nanquantile(sl, [0.025, 0.975]) if np.isfinite(sl).any() else (np.nan, np.nan)
+            slopes.append({"aggregation": how, "metric": m, "slope": slope(uniq, [p[m] for p in point]),
+                           "ci_low": float(lo), "ci_high": float(hi), "n_levels": len(uniq)})
+    return pd.DataFrame(rows), pd.DataFrame(slopes)
+
+
+def group_statistics(E: np.ndarray, O: np.ndarray, groups: dict[str, np.ndarray], how: str = "mean",
+                     n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Depth score of item groups (e.g. solved / unsolved) with bootstrap 95 % intervals.
+
+    Args:
+        groups: name → bool mask over items. Groups with no item get NaN.
+
+    Returns:
+        ``group, metric, depth_score, ci_low, ci_high, n``.
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    for name, mask in groups.items():
+        i = np.nonzero(mask)[0]
+        point = _scores(E[i], O[i], how) if len(i) else {m: np.nan for m in METRICS}
+        dist = [_scores(E[b], O[b], how) for b in (i[rng.integers(0, len(i), len(i))] for _ in range(n_boot))] if len(i) else []
+        for m in METRICS:
+            vals = np.array([d[m] for d in dist]) if dist else np.array([np.nan])
+            lo, hi = np.nanquantile(vals, [0.025, 0.975]) if np.isfinite(vals).any() else (np.nan, np.nan)
+            rows.append({"group": name, "metric": m, "depth_score": point[m], "ci_low": float(lo), "ci_high": float(hi),
+                         "n": len(i)})
+    return pd.DataFrame(rows)
