@@ -55,13 +55,12 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 
 # %% tags=["remove-cell"]
 from lmdepth.analyses import residual
-from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
-from lmdepth.params import check_type
+from lmdepth.book.notebook import Claim, chapter_models, claims_table, md, setup, show_table
 from lmdepth.charts.residual import across_models, layer_bars
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
-check_type("compare_models", compare_models, list)
+models = chapter_models(model_name, compare_models)  # checked: a typo stops here, before any model runs
 run_kw = dict(dataset=dataset, n_examples=n_examples, seed=seed, selection=selection, include_bos=include_bos, n_boot=n_boot,
               device=resolve_device(device), dtype=dtype, remote=remote, results_dir=results_dir, use_cache=use_cache)
 
@@ -107,7 +106,6 @@ layer_bars(table, "cosine", "cos(h_(l+1), h_l)", ["io"], stats=("mean",))
 # ## Across models, on relative depth
 
 # %% tags=["hide-input"]
-models = [model_name] + [m for m in compare_models if m != model_name]
 all_tables, all_meta = residual.run_many(models, **run_kw)
 md(", ".join(f"**{m}**: {all_meta[m]['model']['n_layers']} layers" for m in models))
 

@@ -63,23 +63,21 @@ use_cache: bool = True  # reuse finished runs and resume interrupted ones; False
 results_dir: str = "results"  # where tidy tables and sidecars are written
 
 # %% tags=["remove-cell"]
-import numpy as np
-import pandas as pd
+from IPython.display import display
 
 from lmdepth.analyses import skipping as skip_analysis
-from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
-from lmdepth.params import check_type
-from lmdepth.charts.theme import effect_heatmaps, later_effect_lines, output_effect_bars
+from lmdepth.book.notebook import chapter_models, claims_table, md, setup, show_table
+from lmdepth.book.pages import skipping as page
+from lmdepth.charts.skipping import comparison_panels, effect_heatmaps, later_effect_lines, output_effect_bars
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
-for name, value in (("compare_models", compare_models), ("parts", parts)):
-    check_type(name, value, list)
 common = dict(dataset=dataset, seed=seed, selection=selection, parts=parts, local=local, threshold=threshold,
               device=resolve_device(device), dtype=dtype, results_dir=results_dir, use_cache=use_cache, n_boot=n_boot)
-TITLES = {"layer": "Layer skipped", "attention": "Attention removed", "mlp": "MLP removed", "local": "Layer, local (direct) effect"}
-variants = [p for p in ("layer", "attention", "mlp") if p in parts] + (["local"] if local and "layer" in parts else [])
-models = [model_name] + [m for m in compare_models if m != model_name]
+TITLES = page.VARIANT_TITLES
+variants = skip_analysis.variant_names(parts, local)
+output_variants = [v for v in variants if v != "local"]  # the output-change bars leave the local variant out
+models = chapter_models(model_name, compare_models)  # checked: a typo stops here, before any model runs
 
 # %% [markdown]
 # ## The intervention
@@ -100,16 +98,7 @@ models = [model_name] + [m for m in compare_models if m != model_name]
 # %% tags=["hide-input"]
 current = skip_analysis.run(model_name, analysis="current", n_examples=n_examples_current, **common)
 future = skip_analysis.run(model_name, analysis="future", n_examples=n_examples, n_cuts=n_cuts, **common)
-cur_meta, fut_meta = current.meta, future.meta
-L = fut_meta["model"]["n_layers"]
-
-
-def origin(r) -> str:
-    return "cached" if r.from_cache else f"{r.meta['wall_time_s']:.0f} s"
-
-
-md(f"**{model_name}** ({L} layers): all-token analysis on {cur_meta['data']['n']} problems ({origin(current)}), "
-   f"future-token analysis on {fut_meta['data']['n']} problems with {n_cuts} cut points each ({origin(future)}).")
+md(page.runs_md(model_name, current, future, n_cuts))
 
 # %% [markdown]
 # ## Effects on all tokens (Fig. 3a)
@@ -118,7 +107,7 @@ md(f"**{model_name}** ({L} layers): all-token analysis on {cur_meta['data']['n']
 effect_heatmaps(current.table, "current", variants, TITLES, size=250)
 
 # %% mystnb={"figure": {"caption": "All tokens: change of the output distribution ‖P − P′‖₂ (max over positions and problems) when each layer or sublayer is skipped. Click the legend to isolate a part.", "name": "fig-skip-current-out"}}
-output_effect_bars(current.table, "current", [v for v in variants if v != "local"], TITLES)
+output_effect_bars(current.table, "current", output_variants, TITLES)
 
 # %% [markdown]
 # ## Effects on future tokens (Fig. 3b)
@@ -127,23 +116,10 @@ output_effect_bars(current.table, "current", [v for v in variants if v != "local
 effect_heatmaps(future.table, "future", variants, TITLES, size=250)
 
 # %% mystnb={"figure": {"caption": "Future tokens: change of the output distribution at positions ≥ t when a layer or sublayer is skipped only at positions < t.", "name": "fig-skip-future-out"}}
-output_effect_bars(future.table, "future", [v for v in variants if v != "local"], TITLES)
+output_effect_bars(future.table, "future", output_variants, TITLES)
 
 # %% tags=["hide-input"]
-def halves(values: np.ndarray) -> tuple[float, float]:
-    n = len(values)
-    return float(values[: n // 2].mean()), float(values[(n + 1) // 2 :].mean())
-
-
-fut_later = skip_analysis.later_effect(skip_analysis.matrix(future.table, "future", "layer"))
-cur_later = skip_analysis.later_effect(skip_analysis.matrix(current.table, "current", "layer"))
-s = fut_meta["summary"]["layer"]
-md(f"Largest effect of a skipped layer on any later layer, mean over the first vs the second half of the layers: "
-   f"all tokens {halves(cur_later)[0]:.2f} → {halves(cur_later)[1]:.2f}; future tokens "
-   f"{halves(fut_later)[0]:.2f} → {halves(fut_later)[1]:.2f}. **Cutoff** (the first layer from which skipping "
-   f"changes no later layer's future contribution by ≥ {threshold:g}): layer {s['cutoff']} of {L} "
-   f"(relative depth {s['rel_depth']:.2f}; 95 % bootstrap interval over problems: layers "
-   f"{s['ci_low']:.0f}–{s['ci_high']:.0f}).")
+md(page.later_effects_md(current, future, threshold))
 
 # %% [markdown]
 # ## Across models
@@ -153,47 +129,24 @@ md(f"Largest effect of a skipped layer on any later layer, mean over the first v
 # cutoffs rest on little data: read them as a first look, not a measurement.
 
 # %% tags=["hide-input"]
-tables, metas = [future.table, current.table], {model_name: fut_meta}
-for m in models[1:]:
-    f = skip_analysis.run(m, analysis="future", n_examples=n_examples_compare, n_cuts=n_cuts_compare, **common)
-    tables.append(f.table)
-    metas[m] = f.meta
-    if current_compare:
-        tables.append(skip_analysis.run(m, analysis="current", n_examples=n_examples_compare, **common).table)
-everything = pd.concat(tables, ignore_index=True)
-rows = []
-for m in models:
-    E = skip_analysis.matrix(everything, "future", "layer", model=m)
-    n = len(E)
-    rows += [{"model": m, "layer": i, "n_layers": n, "rel_depth": (i + 0.5) / n, "value": v}
-             for i, v in enumerate(skip_analysis.later_effect(E))]
-later = pd.DataFrame(rows)
-cutoffs = pd.DataFrame([{"model": m, "part": TITLES[v], "problems": metas[m]["data"]["n"],
-                         "cutoff layer": metas[m]["summary"][v]["cutoff"], "of layers": metas[m]["summary"][v]["n_layers"],
-                         "relative depth": round(metas[m]["summary"][v]["rel_depth"], 2),
-                         "95% CI (layers)": f"{metas[m]['summary'][v]['ci_low']:.0f}–{metas[m]['summary'][v]['ci_high']:.0f}"}
-                        for m in models for v in variants])
+comparison = skip_analysis.compare(models, current, future, n_examples=n_examples_compare, n_cuts=n_cuts_compare,
+                                   with_current=current_compare, **common)
 
 # %% mystnb={"figure": {"caption": "Future tokens: for each skipped layer, the largest relative change it causes in any later layer (max over problems), per model on relative depth. Dashed: the cutoff threshold.", "name": "fig-skip-models"}}
-later_effect_lines(later, threshold)
+later_effect_lines(skip_analysis.later_effect_table(comparison.table, models), threshold)
 
 # %% tags=["hide-input"]
-show_table(cutoffs)
+show_table(page.cutoff_table(comparison.metas, models, variants))
 
 # %% [markdown]
 # The heatmaps and output changes of each comparison model (all parts and the local variant; all tokens when
 # `current_compare` is on, future tokens always), on their smaller samples.
 
 # %% tags=["hide-input"]
-from IPython.display import display
-
-for m in models[1:]:
-    for a, title in (("current", "all tokens"), ("future", "future tokens")):
-        t = everything[(everything.model == m) & (everything.analysis == a)]
-        if len(t):
-            md(f"**{m}**, {title} ({metas[m]['data']['n'] if a == 'future' else n_examples_compare} problem(s)):")
-            display(effect_heatmaps(t, a, variants, TITLES, size=170))
-            display(output_effect_bars(t, a, [v for v in variants if v != "local"], TITLES, width=450))
+for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.metas, models[1:], variants, TITLES,
+                                                 n_examples_compare):
+    md(heading)
+    display(heatmaps, bars)
 
 # %% [markdown]
 # ## Does the claim hold here?
@@ -205,34 +158,12 @@ for m in models[1:]:
 # later effect than first-half layers (below half).
 
 # %% tags=["hide-input"]
-claims = []
-with_current = set(everything[everything.analysis == "current"].model)
-for m in models:
-    if m in with_current:
-        ce = skip_analysis.later_effect(skip_analysis.matrix(everything, "current", "layer", model=m))
-        out = everything[(everything.model == m) & (everything.analysis == "current") & (everything.variant == "layer")
-                         & (everything.metric == "output_change") & (everything.stat == "max")].sort_values("skipped_layer").value.to_numpy()
-        (c1, c2), (o1, o2) = halves(ce), halves(out)
-        claims += [
-            Claim("all tokens: 2nd half barely affects later layers", "later effect 2nd/1st half < 0.5", m,
-                  f"{c1:.2f} → {c2:.2f}", c2 < 0.5 * c1),
-            Claim("all tokens: 2nd half still changes the output", "output change 2nd/1st half ≥ 0.5", m,
-                  f"{o1:.3f} → {o2:.3f}", o2 >= 0.5 * o1),
-        ]
-    f1, f2 = halves(skip_analysis.later_effect(skip_analysis.matrix(everything, "future", "layer", model=m)))
-    claims.append(Claim("future tokens: 2nd half feeds little forward", "later effect 2nd/1st half < 0.5", m,
-                        f"{f1:.2f} → {f2:.2f}", f2 < 0.5 * f1))
-claims_df = claims_table(claims, chapter="skipping", results_dir=results_dir)
+claims_df = claims_table(page.claims(comparison.table, models), chapter="skipping", results_dir=results_dir)
 show_table(claims_df)
 
 # %% tags=["remove-cell"]
 # Identities that hold whatever the model (checks of the code, not of the claim).
-for m in models:
-    if m in with_current:
-        E = skip_analysis.matrix(everything, "current", "layer", model=m)
-        assert np.allclose(np.diag(E), 1.0, atol=1e-4), "all tokens: a skipped layer's own contribution vanishes"
-        assert np.allclose(np.tril(E, -1), 0.0), "earlier layers cannot change"
-    assert np.allclose(np.tril(skip_analysis.matrix(everything, "future", "layer", model=m)), 0.0, atol=1e-5)
+page.check_identities(comparison.table, models)
 
 # %% [markdown]
 # ## Speed
@@ -255,45 +186,10 @@ for m in models:
 # counted ratio of 2.05× for that input: the implementation gets what the shortcuts allow.
 
 # %% tags=["hide-input"]
-if benchmark:
-    import time
-
-    import torch
-
-    from lmdepth.data.datasets import load_examples
-    from lmdepth.model.registry import load_model
-    from lmdepth.hooks.skipping import draw_cuts, prompt_effects, prompt_effects_naive, unembed_cost, work_ratios, work_units
-
-    lm = load_model(model_name, device=resolve_device(device), dtype=dtype)
-    ex = load_examples(dataset, n_examples=1, seed=seed, selection=selection)[0]
-    ids = lm.encode(ex.text)
-    # two cut points keep the live naive loop to 2 × L passes; scripts/bench_skipping.py runs the full setting
-    kw = dict(cuts=draw_cuts(ids.shape[1], min(n_cuts, 2), seed, ex.id), parts=("layer",), local=False, current=False)
-    # CPU time of this process is the fair measure on a shared machine (wall time is shown too): another job on
-    # the same cores slows whichever path happens to run beside it.
-    w0, c0 = time.perf_counter(), time.process_time()
-    fast = prompt_effects(lm.adapter, ids, **kw)
-    w1, c1 = time.perf_counter(), time.process_time()
-    naive = prompt_effects_naive(lm.adapter, ids, **kw)
-    w2, c2 = time.perf_counter(), time.process_time()
-    diff = max(float((fast[k][i] - naive[k][i]).abs().max()) for k in naive for i in (0, 1))
-    md(f"Future-token analysis, layer skip, one problem ({ids.shape[1]} tokens, {len(kw['cuts'])} cut points, "
-       f"{len(kw['cuts']) * lm.n_layers} naive forward passes), {torch.get_num_threads()} CPU threads. CPU time: naive "
-       f"{c2 - c1:.1f} s, fast {c1 - c0:.1f} s — **{(c2 - c1) / (c1 - c0):.1f}× less**; wall time: naive {w2 - w1:.1f} s, "
-       f"fast {w1 - w0:.1f} s ({(w2 - w1) / (w1 - w0):.1f}×). Largest difference between the two results {diff:.1e}.")
-    assert diff <= 1e-5
-    u = work_units(lm.n_layers, ids.shape[1], kw["cuts"], False, 1, unembed_cost(lm.adapter))
-    r4 = work_ratios(lm.adapter, [(ex.id, ids.shape[1])], 4, seed, False, 1)[0]  # the paper's 4 cuts
-    md(f"Work the two paths do on this input, counted rather than timed (layer × position units, unembedding "
-       f"included): naive / fast = **{u['naive'] / u['fast']:.1f}×** with these {len(kw['cuts'])} cut points, "
-       f"{r4:.1f}× with the paper's 4.")
-    # the same count over many problems (tokenization only): how far exact shortcuts can go on this data
-    pool = load_examples(dataset, n_examples=200, seed=seed, selection=selection)
-    ratios = np.array(work_ratios(lm.adapter, [(e.id, lm.encode(e.text).shape[1]) for e in pool], 4, seed, False, 1))
-    md(f"Over {len(pool)} problems of the data set with the paper's 4 cut points, the counted ratio is "
-       f"{ratios.min():.2f}× at least, **{np.median(ratios):.2f}× in the median**, {ratios.max():.2f}× at most "
-       f"({(ratios >= 5).mean():.0%} of problems reach 5×): a 5× speed-up over the naive loop is beyond what exact "
-       "shortcuts allow on a typical problem; timing cannot beat the count by much.")
+if benchmark:  # CPU time of this process is the fair measure on a shared machine; wall time is shown too
+    for paragraph in page.benchmark_md(model_name, dataset, seed, selection, n_cuts, device=resolve_device(device),
+                                                dtype=dtype):
+        md(paragraph)
 
 # %% [markdown]
 # ## Differences from the paper

@@ -65,21 +65,20 @@ use_cache: bool = True  # reuse finished runs and resume interrupted ones; False
 results_dir: str = "results"  # where tidy tables, sidecars and tuned-lens translators are written
 
 # %% tags=["remove-cell"]
-from lmdepth import lens, residual
+from lmdepth.analyses import lens, residual
 from lmdepth.charts.lens import lens_across_models, lens_layers, settling_chart, training_curves
-from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
-from lmdepth.params import check_type
+from lmdepth.book.notebook import chapter_models, claims_table, md, setup, show_table
+from lmdepth.book.pages import lens as page
+from lmdepth.scratch.tuned_lens import TrainConfig
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
-check_type("compare_models", compare_models, list)
 common_kw = dict(dataset=dataset, n_examples=n_examples, seed=seed, selection=selection, include_bos=include_bos,
                  n_boot=n_boot, device=resolve_device(device), dtype=dtype, remote=remote, results_dir=results_dir,
                  use_cache=use_cache)
 lens_kw = dict(common_kw, positions_per_example=positions_per_example, lens_dtype=lens_dtype, tuned_lens=tuned_lens,
                n_train_tokens=n_train_tokens, train_epochs=train_epochs)
-models = [model_name] + [m for m in compare_models if m != model_name]
-LENSES = [l for l in lens.LENSES if tuned_lens or l == "logit_lens"]
+models = chapter_models(model_name, compare_models)  # checked: a typo stops here, before any model runs
 
 # %% [markdown]
 # ## Two ways to read a residual
@@ -133,32 +132,11 @@ LENSES = [l for l in lens.LENSES if tuned_lens or l == "logit_lens"]
 # so that the loss estimates the full-vocabulary KL. The evaluation below always uses the full vocabulary.
 
 # %% tags=["hide-input"]
-recipe = lens.TrainConfig(n_tokens=n_train_tokens, epochs=train_epochs, seed=seed)
-md(f"Recipe: {recipe.n_tokens:,} training tokens × {recipe.epochs} epochs, {recipe.batch_tokens} tokens per step, peak "
-   f"learning rate {recipe.lr:g}; vocabulary head = the top {recipe.head_k} output tokens of every training token, "
-   f"plus {recipe.n_negatives:,} uniform negatives per step; held-out tokens: {recipe.val_fraction:.1%} of the "
-   "training count." if tuned_lens else "Tuned lens switched off (`tuned_lens=False`).")
+md(page.recipe_md(TrainConfig(n_tokens=n_train_tokens, epochs=train_epochs, seed=seed), enabled=tuned_lens))
 
 # %% tags=["hide-input"]
 all_tables, all_meta, curves = lens.run_many(models, **lens_kw)
-main_meta = all_meta[model_name]
-
-
-def describe(m: str) -> str:
-    meta = all_meta[m]
-    tl = meta.get("tuned_lens")
-    origin = "computed" if not tl else ("loaded from the cache" if tl["from_cache"] else f"trained in {tl['train_time_s']:.0f} s")
-    tuned = "" if not tl else (
-        f"; tuned lens {origin} ({tl['train_tokens']:,} tokens × {tl['recipe']['epochs']} epochs, vocabulary head "
-        f"{tl['head_size']:,} + {tl['n_negatives']:,} sampled of {tl['vocab']:,}; {tl['layers_kept_identity']} of "
-        f"{meta['model']['n_layers']} layers kept the identity)")
-    return (f"**{m}**: {meta['model']['n_layers']} layers, {meta['data']['n']} problems, "
-            f"{meta['n_positions_evaluated']:,} of {meta['n_tokens']:,} positions evaluated{tuned}; "
-            f"last-layer check KL(lens on h_L ‖ model output) ≤ {meta['last_layer_check_kl_max']:.1e} nats "
-            f"({lens_dtype} unembedding).")
-
-
-md("\n\n".join(describe(m) for m in models))
+md(page.runs_md(all_meta, models, lens_dtype))
 
 # %% [markdown]
 # The last-layer check decodes $h_L$ with the lens and compares it with the logits the model itself produced:
@@ -176,15 +154,7 @@ training_curves(curves) if tuned_lens and not curves.empty else md("*Tuned lens 
 
 # %% tags=["hide-input"]
 if tuned_lens and not curves.empty:
-    ends = lens.curve_ends(curves)
-    md("Mean over layers of the sampled KL(P_final ‖ P_tuned) on the held-out problems, before training (the logit "
-       "lens) → with the selected translators, and on the last training batches: " + "; ".join(
-        f"**{m}** {ends.loc[m, 'held-out start']:.2f} → {ends.loc[m, 'held-out selected']:.2f} (train "
-        f"{ends.loc[m, 'train end']:.2f})" for m in models if m in ends.index) + ". "
-       + ("Held-out above training: the $d \\times d$ translators overfit their few thousand tokens; the held-out "
-          "value is the honest one, and the test problems evaluated below are held out too."
-          if (ends["held-out selected"] > ends["train end"]).any() else
-          "No overfitting is visible at this budget (held-out at or below the training batches)."))
+    md(page.curve_ends_md(curves, models))
 
 # %% [markdown]
 # ## Per layer, for the main model (Fig. 4)
@@ -201,30 +171,7 @@ lens_layers(all_tables, model_name, transitions[model_name])
 
 # %% tags=["hide-input"]
 summary = lens.settling_summary(all_tables, transitions)
-L = main_meta["model"]["n_layers"]
-
-
-def at(m: str, lens_name: str, criterion: str) -> str:
-    d = lens.settled_depth(summary, m, lens_name, criterion)
-    n = all_meta[m]["model"]["n_layers"]
-    return "at no layer before the output" if d is None or round(d * n) >= n else f"at layer {round(d * n)} (l/L = {d:.2f})"
-
-
-ov = {name: lens.select(all_tables, "top5_overlap", name, model=model_name) for name in LENSES}
-kl = {name: lens.select(all_tables, "kl", name, model=model_name) for name in LENSES}
-text = (f"**{model_name}.** Logit lens: top-5 overlap {ov['logit_lens'].iloc[0]:.2f} at the embeddings, "
-        f"{ov['logit_lens'].iloc[L // 2]:.2f} at mid-depth (l = {L // 2}), {ov['logit_lens'].iloc[-1]:.2f} entering the "
-        f"last layer; it first exceeds 0.2 {at(model_name, 'logit_lens', lens.OVERLAP_CRITERION)}, and KL first "
-        f"falls below 10 % of its maximum {at(model_name, 'logit_lens', lens.KL_CRITERION)}.")
-if tuned_lens:
-    text += (f" Tuned lens: top-5 overlap {ov['tuned_lens'].iloc[0]:.2f} → {ov['tuned_lens'].iloc[L // 2]:.2f} → "
-             f"{ov['tuned_lens'].iloc[-1]:.2f}; it first exceeds 0.2 {at(model_name, 'tuned_lens', lens.OVERLAP_CRITERION)}. "
-             f"At mid-depth its KL(P_lens ‖ P_final) is {kl['tuned_lens'].iloc[L // 2]:.2f} nats against "
-             f"{kl['logit_lens'].iloc[L // 2]:.2f} for the logit lens.")
-tr = transitions[model_name]
-text += (f" The cosine phase transition of chapter 02 is at layer {tr} ((t + 0.5)/L = {(tr + 0.5) / L:.2f})."
-         if tr is not None else " The cosines of chapter 02 show no sign change for this model.")
-md(text)
+md(page.main_model_md(all_tables, all_meta, summary, transitions, model_name, tuned=tuned_lens))
 
 # %% [markdown]
 # ## Across models, on relative depth
@@ -256,22 +203,8 @@ show_table(lens.summary_wide(summary))
 settling_chart(summary)
 
 # %% tags=["hide-input"]
-def disagreement(m: str) -> str:
-    lo = lens.settled_depth(summary, m, "logit_lens", lens.OVERLAP_CRITERION)
-    to = lens.settled_depth(summary, m, "tuned_lens", lens.OVERLAP_CRITERION)
-    n = all_meta[m]["model"]["n_layers"]
-    o0 = lens.select(all_tables, "top5_overlap", "tuned_lens", model=m).iloc[0]
-    klf = lens.select(all_tables, "kl_final_lens", "tuned_lens", model=m)
-    share = klf.iloc[n // 2] / klf.iloc[0]
-    shift = round((lo - to) * n)
-    when = f"{abs(shift)} layers {'earlier' if shift > 0 else 'later'} with the tuned lens" if shift else "the same layer"
-    return (f"**{m}**: top-5 overlap > 0.2 at l/L = {lo:.2f} (logit) vs {to:.2f} (tuned), {when}; the tuned lens "
-            f"reaches {o0:.2f} on the embeddings alone, and at mid-depth {share:.0%} of its KL(P_final ‖ P_tuned) "
-            f"at the embeddings is left.")
-
-
 if tuned_lens:
-    md("Logit lens vs tuned lens: " + " ".join(disagreement(m) for m in models))
+    md(page.disagreement_md(all_tables, all_meta, summary, models))
 
 # %% [markdown]
 # **What the disagreement means.** The tuned lens at $l = 0$ is a learned linear function of the current token's
@@ -296,57 +229,16 @@ if tuned_lens:
 # about that model, not an error.
 
 # %% tags=["hide-input"]
-claims = []
-for m in models:
-    n = all_meta[m]["model"]["n_layers"]
-    lo = lens.settled_depth(summary, m, "logit_lens", lens.OVERLAP_CRITERION)
-    lk = lens.settled_depth(summary, m, "logit_lens", lens.KL_CRITERION)
-    cos_d = lens.settled_depth(summary, m, "cosine", lens.COSINE_CRITERION)
-    claims += [
-        Claim("logit lens: overlap rises only from mid-depth", "first l/L with top-5 overlap > 0.2 ≥ 0.5", m,
-              f"{lo:.2f}", lo >= 0.5),
-        Claim("logit lens: KL falls only from mid-depth", "first l/L with KL < 10 % of max ≥ 0.5", m, f"{lk:.2f}", lk >= 0.5),
-        Claim("settles at the phase transition", "|overlap l/L − cosine (t+0.5)/L| ≤ 0.15", m,
-              "no transition" if cos_d is None else f"{lo:.2f} vs {cos_d:.2f}", cos_d is not None and abs(lo - cos_d) <= 0.15),
-    ]
-    if tuned_lens:
-        to = lens.settled_depth(summary, m, "tuned_lens", lens.OVERLAP_CRITERION)
-        klf = lens.select(all_tables, "kl_final_lens", "tuned_lens", model=m)
-        share = float(klf.iloc[n // 2] / klf.iloc[0])
-        claims += [
-            Claim("tuned lens: overlap rises only from mid-depth", "first l/L with top-5 overlap > 0.2 ≥ 0.5", m,
-                  f"{to:.2f}", to >= 0.5),
-            Claim("tuned lens: first half does little", "KL(final‖tuned) at l = ⌊L/2⌋ ≥ 0.5 × at l = 0", m,
-                  f"{share:.2f} ×", share >= 0.5),
-        ]
-claims_df = claims_table(claims, chapter="lens", results_dir=results_dir)
+claims_df = claims_table(page.claims(all_tables, all_meta, summary, models, tuned=tuned_lens), chapter="lens",
+                         results_dir=results_dir)
 show_table(claims_df)
 
 # %% tags=["remove-cell"]
 # Invariants that must hold whatever the model (checks of the code, not of the paper's claim).
-import numpy as np
-
-for m in models:
-    assert all_meta[m]["last_layer_check_kl_max"] < (1e-2 if lens_dtype != "float32" else 1e-4), "lens on h_L != output"
-    for name in LENSES:
-        for stat in lens.STATS:
-            k = lens.select(all_tables, "kl", name, stat=stat, model=m).to_numpy()
-            kr = lens.select(all_tables, "kl_final_lens", name, stat=stat, model=m).to_numpy()
-            o = lens.select(all_tables, "top5_overlap", name, stat=stat, model=m).to_numpy()
-            assert np.isfinite(k).all() and (k >= -1e-4).all() and (kr >= -1e-4).all(), "KL must be >= 0"
-            assert ((o >= 0) & (o <= 1)).all(), "overlap must lie in [0, 1]"
-    if tuned_lens:
-        c = curves[curves.model == m]
-        assert (c.step == 0).any() and c["value"].notna().all()
+page.check_invariants(all_tables, all_meta, curves, models, lens_dtype, tuned=tuned_lens)
 
 # %% tags=["hide-input"]
-gap = max(float((lens.select(all_tables, "top5_overlap", name, stat="mean", model=m)
-                 - lens.select(all_tables, "top5_overlap", name, stat="token_mean", model=m)).abs().max())
-          for m in models for name in LENSES)
-moved = (lens.settling_summary(all_tables, stat="token_mean")["layer"] - lens.settling_summary(all_tables)["layer"]).abs()
-md(f"Per-problem means vs token-weighted means ([NB]): the top-5 overlap differs by at most {gap:.3f} at any layer "
-   f"of any model, and the settling layers of the table above move by at most {int(moved.max())} layer(s) when "
-   "computed from token-weighted means (both averages are in the results table, `stat` = `mean` / `token_mean`).")
+md(page.averaging_md(all_tables, models, tuned=tuned_lens))
 
 # %% [markdown]
 # ## Explore
@@ -378,5 +270,5 @@ md(f"Per-problem means vs token-weighted means ([NB]): the top-5 overlap differs
 
 # %% tags=["hide-input"]
 md(f"Claims that hold: {int((claims_df['agrees with paper'] == 'yes').sum())} of {len(claims_df)} "
-   f"(model × criterion). Evaluation time ({model_name}): {main_meta['eval_time_s']:.0f} s.")
+   f"(model × criterion). Evaluation time ({model_name}): {all_meta[model_name]['eval_time_s']:.0f} s.")
 md(" · ".join(f"{k} {v}" for k, v in environment().items() if v is not None))

@@ -72,42 +72,24 @@ use_cache: bool = True  # reuse finished runs and resume interrupted ones; False
 results_dir: str = "results"  # where tidy tables and sidecars are written
 
 # %% tags=["remove-cell"]
-import numpy as np
-import pandas as pd
-
 from lmdepth.analyses import complexity, erasure
+from lmdepth.analyses.run import concat_tables
 from lmdepth.charts.complexity import depth_vs_level_chart, effect_profile_chart, solved_chart
-from lmdepth.charts.erasure import map_chart
-from lmdepth.errors import ParameterError
-from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
-from lmdepth.params import check_choice, check_range, check_type
+from lmdepth.charts.erasure import comparison_maps, map_chart
+from lmdepth.book.notebook import chapter_models, claims_table, md, setup, show_table
+from lmdepth.book.pages import complexity as page
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
-for name, value in (("compare_models", compare_models), ("sources", sources)):
-    check_type(name, value, list)
-for s in sources:
-    check_choice("sources", s, complexity.SOURCES)
-if not sources:
-    raise ParameterError("Parameter 'sources' must name at least one of " + ", ".join(complexity.SOURCES) + ".")
-for name, value, lo, hi in (("n_per_level", n_per_level, 1, 10_000), ("n_synthetic", n_synthetic, 1, 10_000),
-                            ("n_per_level_compare", n_per_level_compare, 1, 10_000),
-                            ("n_synthetic_compare", n_synthetic_compare, 1, 10_000),
-                            ("max_answer_tokens", max_answer_tokens, 0, 100_000),
-                            ("n_case_studies", n_case_studies, 1, len(erasure.CASE_STUDIES)),
-                            ("n_case_studies_compare", n_case_studies_compare, 0, len(erasure.CASE_STUDIES)),
-                            ("n_ig_prompts", n_ig_prompts, 0, len(erasure.CASE_STUDIES)),
-                            ("ig_steps", ig_steps, 0, 4096)):
-    check_type(name, value, int)
-    check_range(name, value, lo, hi)
-if 0 < max_answer_tokens < 8:
-    raise ParameterError(f"Parameter 'max_answer_tokens' must be 0 (whole solution) or at least 8, got {max_answer_tokens}.")
-complexity.ComplexityParams(n_cuts=n_cuts, hop_cut=hop_cut, gen_tokens=gen_tokens, n_boot=n_boot)
-check_choice("ig_rule", ig_rule, ["left", "midpoint"])
-models = [model_name] + [m for m in compare_models if m != model_name]
+models = chapter_models(model_name, compare_models)  # checked: a typo stops here, before any model runs
+complexity.check_chapter_parameters(
+    sources=sources, n_per_level=n_per_level, n_synthetic=n_synthetic, n_per_level_compare=n_per_level_compare,
+    n_synthetic_compare=n_synthetic_compare, max_answer_tokens=max_answer_tokens, n_cuts=n_cuts, hop_cut=hop_cut,
+    gen_tokens=gen_tokens, n_boot=n_boot)
+erasure.check_chapter_parameters(n_case_studies=n_case_studies, n_case_studies_compare=n_case_studies_compare,
+                                 n_ig_prompts=n_ig_prompts, ig_steps=ig_steps, ig_rule=ig_rule)
 dev = resolve_device(device)
-common = dict(seed=seed, n_cuts=n_cuts, max_answer_tokens=max_answer_tokens or None, hop_cut=hop_cut,
-              gen_tokens=gen_tokens, n_boot=n_boot, device=dev, dtype=dtype, results_dir=results_dir, use_cache=use_cache)
+loaders = complexity.model_loaders(models, device=dev, dtype=dtype)  # each model loads at most once
 
 # %% [markdown]
 # ## Data with known difficulty
@@ -145,32 +127,15 @@ common = dict(seed=seed, n_cuts=n_cuts, max_answer_tokens=max_answer_tokens or N
 # intervals resample items within each level (percentile bootstrap).
 
 # %% tags=["hide-input"]
-results: dict[tuple[str, str], object] = {}
-loaders = {m: complexity.model_loader(m, device=dev, dtype=dtype) for m in models}  # each model loads at most once
-for m in models:
-    load = loaders[m]
-    for src in sources:
-        synthetic = src in ("vars", "facts")
-        n = (n_synthetic if synthetic else n_per_level) if m == model_name else \
-            (n_synthetic_compare if synthetic else n_per_level_compare)
-        results[m, src] = complexity.run(m, source=src, n_per_level=n, lm=load, **common)
-levels = complexity.summary_frame(results, "levels")
-slopes = complexity.summary_frame(results, "slopes")
-solved = complexity.summary_frame(results, "solved")
-items = complexity.summary_frame(results, "items")
-table = pd.concat([r.table for r in results.values()], ignore_index=True)
-L_of = {m: results[m, sources[0]].meta["summary"]["n_layers"] for m in models}
-wall = sum(r.meta["wall_time_s"] for r in results.values() if not r.from_cache)
-md(f"Depth-score runs: {len(results)} (model × source), {len(items)} items in all; "
-   + ", ".join(f"**{m}** {L_of[m]} layers" for m in models)
-   + f". Computed now: {wall:.0f} s ({sum(not r.from_cache for r in results.values())} runs; the rest from the cache).")
+results = complexity.run_grid(models, sources, n_per_level, n_synthetic, n_per_level_compare, n_synthetic_compare,
+                              max_answer_tokens, loaders, seed=seed, n_cuts=n_cuts, hop_cut=hop_cut,
+                              gen_tokens=gen_tokens, n_boot=n_boot, device=dev, dtype=dtype, results_dir=results_dir,
+                              use_cache=use_cache)
+levels, slopes, solved, items, table = complexity.grid_frames(results)
+md(page.runs_note(results))
 
 # %% tags=["hide-input"]
-sizes = items.groupby(["source", "level", "model"]).agg(
-    n=("item", "size"), tokens=("n_tokens", "mean"),
-    solved=("correct", lambda c: f"{int((c == 1).sum())}" if (c >= 0).all() else "–")).reset_index()
-sizes["cell"] = [f"{r.n} items · {r.tokens:.0f} tokens · {r.solved} solved" for r in sizes.itertuples()]
-show_table(sizes.pivot(index=["source", "level"], columns="model", values="cell").reset_index())
+show_table(page.sizes_table(items))
 
 # %% [markdown]
 # Items per level, mean tokens analysed (prompt plus the kept part of the solution; for the synthetic sets the
@@ -183,16 +148,8 @@ show_table(sizes.pivot(index=["source", "level"], columns="model", values="cell"
 depth_vs_level_chart(levels)
 
 # %% tags=["hide-input"]
-sl = slopes[(slopes.aggregation == "mean")].copy()
-span = sl.source.map(lambda s: max(complexity.LEVELS[s]) - min(complexity.LEVELS[s]))
-sl["rise over all levels (rel. depth)"] = (sl.rel_slope * span).round(3)
-# with fewer than 3 items per level every bootstrap resample is (nearly) the same item: no usable interval
-min_n = levels[levels.aggregation == "mean"].groupby(["model", "source"])["n"].min()
-sl["items per level"] = [int(min_n.get((m, src), 0)) for m, src in zip(sl.model, sl.source)]
-sl["95% CI"] = [f"{lo * sp:+.3f} … {hi * sp:+.3f}" if n >= 3 else f"n/a ({n} per level)"
-                for lo, hi, sp, n in zip(sl.rel_ci_low, sl.rel_ci_high, span, sl["items per level"])]
-sl["slope (layers/level)"] = sl.slope.round(3)
-show_table(sl[["model", "source", "metric", "slope (layers/level)", "rise over all levels (rel. depth)", "95% CI"]])
+sl = page.slope_table(slopes, levels)
+show_table(sl)
 
 # %% [markdown]
 # The fitted slope of $D$ over the levels (mean aggregation), in layers per level and as the rise over the whole
@@ -216,9 +173,7 @@ effect_profile_chart(table, model_name)
 # so those comparisons rest on a handful of items.
 
 # %% tags=["hide-input"]
-acc = items.groupby(["model", "source"]).correct.agg(
-    solved=lambda c: int((c == 1).sum()), unsolved=lambda c: int((c == 0).sum())).reset_index()
-show_table(acc)
+show_table(page.solved_counts(items))
 
 # %% mystnb={"figure": {"caption": "Depth score D/(L−1) (layer effect, mean aggregation) of solved and unsolved items per model and source, with bootstrap 95 % intervals.", "name": "fig-depth-solved"}}
 solved_chart(solved)
@@ -232,20 +187,14 @@ solved_chart(solved)
 # interval reaching above 0.05 means a real increase cannot be ruled out with this many items.
 
 # %% tags=["hide-input"]
-claims = []
-for _, r in sl[sl.metric == "layer_effect"].iterrows():
-    rise = r["rise over all levels (rel. depth)"]
-    claims.append(Claim(f"{complexity.SOURCE_TITLES[r.source]}: depth does not grow with difficulty",
-                        "rise over all levels < 0.05 of depth", r.model,
-                        f"{rise:+.3f} (95% CI {r['95% CI']})", bool(rise < 0.05)))
-claims_df = claims_table(claims, chapter="complexity", results_dir=results_dir)
+claims_df = claims_table(page.depth_claims(sl), chapter="complexity", results_dir=results_dir)
 show_table(claims_df)
 
 # %% tags=["remove-cell"]
 # Checks of the code (not of the claim): depth scores lie inside the network. (A percentile interval of a ratio
 # statistic need not contain its point estimate with so few items, so that is not asserted.)
-for _, r in levels.dropna(subset=["depth_score"]).iterrows():
-    assert 0 <= r.depth_score <= r.n_layers - 1
+scored = levels.dropna(subset=["depth_score"])
+assert scored.depth_score.between(0, scored.n_layers - 1).all()
 
 # %% [markdown]
 # ## Residual erasure (Fig. 6b)
@@ -259,37 +208,16 @@ for _, r in levels.dropna(subset=["depth_score"]).iterrows():
 # element 0, layers below $b$ not recomputed.
 
 # %% tags=["hide-input"]
-case = {model_name: erasure.run(model_name, n_case_studies=n_case_studies, n_mean_examples=n_mean_examples,
-                                ig_steps=ig_steps, ig_prompts=n_ig_prompts, ig_rule=ig_rule, device=dev, dtype=dtype,
-                                results_dir=results_dir, use_cache=use_cache, lm=loaders[model_name])}
-if n_case_studies_compare:
-    for m in models[1:]:
-        case[m] = erasure.run(m, n_case_studies=n_case_studies_compare, n_mean_examples=n_mean_examples, ig_steps=0,
-                              device=dev, dtype=dtype, results_dir=results_dir, use_cache=use_cache, lm=loaders[m])
-cs = pd.DataFrame([{"model": m, "prompt": p, "tokens": v["n_tokens"], "answer tokens": v["n_tokens"] - v["a_start"],
-                    "greedy answer right": "yes" if v["correct"] else "no"}
-                   for m, r in case.items() for p, v in r.meta["summary"]["prompts"].items()])
-show_table(cs)
+case = erasure.run_case_studies(models, n_case_studies, n_case_studies_compare, ig_steps, n_ig_prompts, ig_rule,
+                                loaders, n_mean_examples=n_mean_examples, device=dev, dtype=dtype,
+                                results_dir=results_dir, use_cache=use_cache)
+show_table(page.case_table(case))
 
 # %% mystnb={"figure": {"caption": "Residual erasure for the main model: effect on the answer predictions of replacing the residual at (layer boundary, token) with the mean residual. Row 0 = embeddings, layer 0 at the bottom; the last token is not shown (it feeds no answer prediction). The colour scale is clipped at the largest effect outside position 0 (erasing the attention-sink token breaks everything; hover for values). A compositional computation would show a left-to-right staircase.", "name": "fig-erasure"}}
 map_chart(case[model_name].table, "erasure", model_name)
 
 # %% tags=["hide-input"]
-def last_layer_that_matters(t: pd.DataFrame, frac: float = 0.1) -> pd.DataFrame:
-    """Per prompt token: the highest boundary whose erasure still moves the answer by ≥ frac of the map's max."""
-    out = []
-    for (m, p), d in t[t.method == "erasure"].groupby(["model", "prompt"]):
-        d = d[(d.position < d.position.max()) & (d.position > 0)]
-        thr = frac * d.value.max()
-        top = d[d.value >= thr].groupby("position").layer.max()
-        out.append({"model": m, "prompt": p, "first token": int(top.iloc[0]) if len(top) else None,
-                    "last prompt token": int(top.iloc[-1]) if len(top) else None,
-                    "tokens": len(top), "of layers": int(d.layer.max())})
-    return pd.DataFrame(out)
-
-
-reach = last_layer_that_matters(pd.concat([r.table for r in case.values()]))
-show_table(reach)
+show_table(erasure.last_layer_that_matters(concat_tables(case)))
 
 # %% [markdown]
 # For each prompt, the highest layer boundary at which erasing a token still changes the answer prediction by at
@@ -297,14 +225,7 @@ show_table(reach)
 # staircase, the first tokens would stop mattering much earlier than the last ones.
 
 # %% tags=["hide-input"]
-if len(case) > 1:
-    import altair as alt
-
-    display_charts = [map_chart(r.table, "erasure", m).properties(title=m) for m, r in list(case.items())[1:]]
-    comparison = alt.vconcat(*display_charts)
-else:
-    comparison = None
-comparison
+comparison_maps(concat_tables(case), list(case)[1:])
 
 # %% [markdown]
 # The comparison models on the first case studies (same mean-residual protocol).
@@ -319,23 +240,12 @@ comparison
 # accurate for the same number of steps). Completeness: $\sum_t \mathrm{IG}[l, t] \approx f(X) - f(B)$.
 
 # %% tags=["hide-input"]
-ig_meta = {p: v for p, v in case[model_name].meta["summary"]["prompts"].items() if "completeness_error" in v}
-if ig_meta:
-    comp = pd.DataFrame([{"prompt": p, "f(X)": round(v["f_x"], 4),
-                          "median |error|": float(np.median(v["completeness_error"])),
-                          "max |error|": float(np.max(v["completeness_error"])),
-                          "layers with error > 5 %": int((np.array(v["completeness_error"]) > 0.05).sum()),
-                          "of layers": len(v["completeness_error"])} for p, v in ig_meta.items()])
-    md(f"Integrated gradients with {ig_steps} steps, {ig_rule} rule (the paper: 256, left). Completeness error per layer, "
-       "|Σ_t IG − (f(X) − f(B))| / |f(X) − f(B)|:")
-    display_table = show_table(comp.round(4))
-else:
-    display_table = None
-    md("Integrated gradients were skipped (`ig_steps = 0` or `n_ig_prompts = 0`).")
-display_table
+completeness = page.completeness_table(case[model_name])
+md(page.completeness_note(case[model_name]))
+show_table(completeness) if len(completeness) else None
 
 # %% mystnb={"figure": {"caption": "Integrated gradients for the main model: attribution of the answer probability to each token's residual at the output of each layer (red positive, blue negative; the colour scale is clipped at the largest value outside position 0, as in the paper). Layer 0 at the bottom.", "name": "fig-ig"}}
-map_chart(case[model_name].table, "ig", model_name, prompts=list(ig_meta)) if ig_meta else None
+map_chart(case[model_name].table, "ig", model_name, prompts=list(completeness.prompt)) if len(completeness) else None
 
 # %% [markdown]
 # ## Differences from the paper
@@ -378,7 +288,5 @@ map_chart(case[model_name].table, "ig", model_name, prompts=list(ig_meta)) if ig
 # ## Summary and environment
 
 # %% tags=["hide-input"]
-held = claims_df[claims_df["agrees with paper"] == "yes"]
-md(f"Claims that hold: {len(held)} of {len(claims_df)} (model × source). Results: "
-   f"`{results[model_name, sources[0]].path.parent.parent}`.")
+md(page.summary_note(claims_df, results))
 md(" · ".join(f"{k} {v}" for k, v in environment().items() if v is not None))

@@ -71,19 +71,16 @@ use_cache: bool = True  # reuse a finished run; False recomputes
 results_dir: str = "results"  # where tidy tables and sidecars are written
 
 # %% tags=["remove-cell"]
-import numpy as np
-import pandas as pd
+from IPython.display import display
 
 from lmdepth.analyses import maps as lmaps
-from lmdepth.charts.maps import floor_lines, map_heatmaps
-from lmdepth.errors import ParameterError
-from lmdepth.book.notebook import Claim, claims_table, md, setup, show_table
+from lmdepth.charts.maps import floor_lines, heatmap_grid, heatmap_rows, map_heatmaps
+from lmdepth.book.notebook import claims_table, md, setup, show_table
+from lmdepth.book.pages import maps as page
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
-if remote:
-    raise ParameterError("remote=True is not supported by this chapter: the maps need every residual of both "
-                         "models at every aligned token. Run on a GPU with device='cuda' instead.")
+lmaps.check_local(remote)
 run_kw = dict(model_name=model_name, compare_models=compare_models, all_pairs=all_pairs, self_map_model=self_map_model,
               shuffle_control=shuffle_control, dataset=dataset, general_text=general_text,
               general_fraction=general_fraction, n_train_tokens=n_train_tokens, n_val_tokens=n_val_tokens,
@@ -110,18 +107,9 @@ run_kw = dict(model_name=model_name, compare_models=compare_models, all_pairs=al
 # %% tags=["hide-input"]
 res = lmaps.run(**run_kw)
 table, meta = res.table, res.meta
-corpus, timings = meta["corpus"], meta["timings_s"]
-models = list(meta["models"])
-L = {m: meta["models"][m]["n_layers"] for m in models}
-origin = "loaded from the results cache" if res.from_cache else f"computed in {meta['wall_time_s']:.0f} s"
-md(f"Models: " + "; ".join(f"**{m}** ({L[m]} layers, d_model {meta['models'][m]['d_model']}, "
-                           f"{meta['models'][m]['family']})" for m in models) + ". "
-   f"Aligned positions: {corpus['aligned_tokens']['train']:,} train, {corpus['aligned_tokens']['val']:,} validation, "
-   f"**{corpus['aligned_tokens']['test']:,} test**, from {sum(corpus['texts'].values())} texts "
-   f"({', '.join(f'{v} {k}' for k, v in corpus['texts_by_source'].items())}). "
-   f"**Coverage** (share of each model's tokens, position 0 and specials excluded, that align with every other "
-   f"model): " + ", ".join(f"{m} {c:.1%}" for m, c in corpus["coverage"].items()) + f". General text: "
-   f"{corpus['general_text'] or 'none'}. Run {origin}.")
+main_labels = lmaps.map_labels(meta, "main")
+control_labels = lmaps.map_labels(meta, "self") + lmaps.map_labels(meta, "shuffled")
+md(page.run_md(res))
 
 # %% [markdown]
 # ## One closed-form fit per layer pair
@@ -141,20 +129,6 @@ md(f"Models: " + "; ".join(f"**{m}** ({L[m]} layers, d_model {meta['models'][m][
 #
 # $$\text{err}(m, l) = \sqrt{\frac{\sum_t \lVert h^B_l(t) - f_{lm}(h^A_m(t))\rVert^2}{\sum_t \lVert h^B_l(t)\rVert^2}}.$$
 
-# %% tags=["hide-input"]
-main_specs = [s for s in meta["maps"] if s["kind"] == "main"]
-main_labels = [lab for s in main_specs for lab in s["labels"]]
-summ = meta["summaries"]
-rows = []
-for lab in main_labels:
-    s = summ[lab]
-    e = lmaps.error_matrix(table, lab)
-    rows.append({"map": lab, "layers (source, target)": f"{s['n_source_layers']}, {s['n_target_layers']}",
-                 "per column: corr": round(s["col_corr"], 3), "per column: mean |offset|": round(s["col_mean_abs_offset"], 3),
-                 "per row: corr": round(s["row_corr"], 3), "per row: mean |offset|": round(s["row_mean_abs_offset"], 3),
-                 "lowest error": round(float(e.to_numpy().min()), 3), "median error": round(float(np.median(e.to_numpy())), 3)})
-summary_df = pd.DataFrame(rows)
-
 # %% [markdown]
 # ## The error heatmap (Fig. 8)
 
@@ -162,11 +136,7 @@ summary_df = pd.DataFrame(rows)
 map_heatmaps(table, main_labels[:2], size=250)
 
 # %% tags=["hide-input"]
-if len(main_labels) > 2:
-    from IPython.display import display
-
-    for k in range(2, len(main_labels), 2):
-        display(map_heatmaps(table, main_labels[k : k + 2], size=250))
+display(*heatmap_rows(table, main_labels[2:], size=250))  # the other pairs, if any
 
 # %% [markdown]
 # **Reading it.** The relative error is measured against the full norm of the target residual, and how much of
@@ -179,28 +149,13 @@ if len(main_labels) > 2:
 # predictor, $\sqrt{\text{fraction of variance unexplained}}$, removes the stripes:
 
 # %% mystnb={"figure": {"caption": "The same maps, each cell's error divided by the error of predicting the target boundary's training mean (1 = the source tells nothing about that boundary; 0 = perfect). Markers as above; every pair, both directions.", "name": "fig-maps-normalized"}}
-import altair as alt
-
-alt.vconcat(*[map_heatmaps(table, main_labels[k : k + 2], size=200, normalized=True)
-              for k in range(0, len(main_labels), 2)])
+heatmap_grid(table, main_labels, size=200, normalized=True)
 
 # %% tags=["hide-input"]
-show_table(summary_df)
+show_table(page.summary_table(table, meta))
 
 # %% tags=["hide-input"]
-first = summ[main_labels[0]]
-b0 = pd.DataFrame(lmaps.summarize_map(table, main_labels[0])["best_cols"])
-mid = b0.iloc[(b0.target_depth - 0.5).abs().argmin()]
-col = [summ[lab]["col_corr"] for lab in main_labels]
-off = [summ[lab]["col_mean_abs_offset"] for lab in main_labels]
-row_off = [summ[lab]["row_mean_abs_offset"] for lab in main_labels]
-md(f"**Best source of each target boundary**, over the {len(main_labels)} maps ({len(main_labels) // 2} pairs × 2 "
-   f"directions): correlation between target relative depth and the relative depth of its best source "
-   f"**{min(col):.2f}–{max(col):.2f}**; mean absolute offset from the equal-depth line **{min(off):.2f}–"
-   f"{max(off):.2f}** of the depth (per map in the table above). For example, {first['target']} boundary "
-   f"{int(mid.target_layer)} (depth {mid.target_depth:.2f}) is best predicted by {first['source']} boundary "
-   f"{int(mid.best_source_layer)} (depth {mid.source_depth:.2f}). **Best target of each source boundary** (the "
-   f"paper's row-wise overlay): mean absolute offset {min(row_off):.2f}–{max(row_off):.2f}.")
+md(page.best_sources_md(table, meta))
 
 # %% [markdown]
 # The controls below show which part of the error is informative.
@@ -218,11 +173,6 @@ md(f"**Best source of each target boundary**, over the {len(main_labels)} maps (
 #
 # The controls use every `control_stride`-th boundary to save time.
 
-# %% tags=["hide-input"]
-self_labels = [lab for s in meta["maps"] if s["kind"] == "self" for lab in s["labels"]]
-shuf_labels = [lab for s in meta["maps"] if s["kind"] == "shuffled" for lab in s["labels"]]
-control_labels = self_labels + shuf_labels
-
 # %% mystnb={"figure": {"caption": "Controls. Left: a model mapped onto itself (every control_stride-th boundary): the best match of every row is the same boundary, on the identity line. Right: the main pair fitted on shuffled token pairs: no diagonal; every cell is about as bad as predicting the target's mean.", "name": "fig-maps-controls"}}
 map_heatmaps(table, control_labels, size=220) if control_labels else md("(controls switched off)")
 
@@ -230,26 +180,7 @@ map_heatmaps(table, control_labels, size=220) if control_labels else md("(contro
 floor_lines(table, main_labels[0])
 
 # %% tags=["hide-input"]
-ctrl = []
-for lab in self_labels:
-    e = lmaps.error_matrix(table, lab)
-    s = summ[lab]
-    ctrl.append({"control": "self-map", "map": lab, "measured": f"diagonal error max {np.diag(e.to_numpy()).max():.1e}; "
-                 f"best match = same boundary in {int((np.argmin(e.to_numpy(), 1) == np.arange(len(e))).sum())}/{len(e)} rows"})
-for lab in shuf_labels:
-    e = lmaps.error_matrix(table, lab)
-    base = table[(table["map"] == lab) & (table.metric == "mean_baseline_error")].set_index("target_layer")["value"]
-    ratio = (e / base[e.columns].to_numpy()).to_numpy()
-    ctrl.append({"control": "shuffled pairs", "map": lab,
-                 "measured": f"error / mean-only error: min {ratio.min():.3f}, median {np.median(ratio):.3f}; "
-                 f"best-source correlation {summ[lab]['col_corr']:.2f}"})
-for lab in main_labels:
-    e0 = lmaps.error_matrix(table, lab)
-    floor_gap = (e0.loc[0] - e0.min(axis=0)).to_numpy()
-    ctrl.append({"control": "embeddings only (floor)", "map": lab,
-                 "measured": f"error from m = 0 minus the best error, mean over target boundaries {floor_gap.mean():.3f} "
-                 f"(largest {floor_gap.max():.3f} at target boundary {int(e0.columns[floor_gap.argmax()])})"})
-show_table(pd.DataFrame(ctrl))
+show_table(page.controls_table(table, meta))
 
 # %% [markdown]
 # ## Does the claim hold here?
@@ -262,46 +193,12 @@ show_table(pd.DataFrame(ctrl))
 # paper. A "NO" in (a) or (b) is a finding about these models.
 
 # %% tags=["hide-input"]
-claims = []
-for lab in main_labels:
-    s = summ[lab]
-    claims += [
-        Claim("best matches follow relative depth", "corr(l/L_B, m*/L_A) ≥ 0.9", lab, f"{s['col_corr']:.2f}",
-              bool(s["col_corr"] >= 0.9)),
-        Claim("best matches lie on the equal-depth line", "mean |l/L_B − m*/L_A| ≤ 0.1", lab,
-              f"{s['col_mean_abs_offset']:.3f}", s["col_mean_abs_offset"] <= 0.1),
-    ]
-for lab in self_labels:
-    e = lmaps.error_matrix(table, lab).to_numpy()
-    ok = bool((np.argmin(e, 1) == np.arange(len(e))).all() and np.diag(e).max() < 0.01)
-    claims.append(Claim("control: self-map gives the identity", "argmin = same boundary, error < 0.01", lab,
-                        f"diag max {np.diag(e).max():.1e}", ok))
-for lab in shuf_labels:
-    e = lmaps.error_matrix(table, lab)
-    base = table[(table["map"] == lab) & (table.metric == "mean_baseline_error")].set_index("target_layer")["value"]
-    r = float((e / base[e.columns].to_numpy()).to_numpy().min())
-    claims.append(Claim("control: shuffled pairs carry no information", "error ≥ 0.98 × mean-only error", lab,
-                        f"min ratio {r:.3f}", r >= 0.98))
-claims_df = claims_table(claims, chapter="maps", results_dir=results_dir)
+claims_df = claims_table(page.claims(table, meta), chapter="maps", results_dir=results_dir)
 show_table(claims_df)
 
 # %% tags=["remove-cell"]
-# Invariants that hold whatever the models (checks of the code, not of the claim).
-for lab in main_labels + control_labels:
-    e = lmaps.error_matrix(table, lab).to_numpy()
-    assert np.isfinite(e).all() and (e >= 0).all()
-    base = table[(table["map"] == lab) & (table.metric == "mean_baseline_error")]["value"].to_numpy()
-    assert np.isfinite(base).all() and (base > 0).all()
-    if "self-map" not in lab and "shuffled" not in lab:
-        # with a small α among the choices, a fit cannot be much worse than the mean on held-out data (loose)
-        assert (e <= 1.5).all()
-low = {m: c for m, c in corpus["coverage"].items() if c <= 0.5}
-if low:  # not a bug: these tokenizers rarely end tokens at the same characters, so the maps would rest on few tokens
-    from lmdepth.errors import DataError
-
-    raise DataError(f"Token alignment covers only {', '.join(f'{m} {c:.0%}' for m, c in low.items())} of the tokens: "
-                    "the tokenizers of this model set rarely end tokens at the same character offsets. Pick models "
-                    "with more similar tokenizers.")
+# Invariants that hold whatever the models (checks of the code, not of the claim), and enough aligned tokens.
+page.check_run(table, meta)
 
 # %% [markdown]
 # ## Speed
@@ -310,15 +207,8 @@ if low:  # not a bug: these tokenizers rarely end tokens at the same characters,
 # directions comes from one pass of each model over the text and one set of streamed statistics.
 
 # %% tags=["hide-input"]
-tm = pd.DataFrame([{"step": k, "seconds": v} for k, v in timings.items()])
-n_pairs = sum(len(lmaps.error_matrix(table, lab).to_numpy().ravel()) for lab in main_labels)
-cpu_s = meta.get("cpu_time_s")
-md(f"Wall time of this run: **{timings['total']:.0f} s** ({timings['total'] / 60:.1f} min"
-   + (f"; CPU time of the process, all threads: {cpu_s:.0f} s" if cpu_s else "") + ") on "
-   f"{meta['environment']['cpu_threads']} CPU threads{' and ' + meta['environment']['cuda'] if meta['environment'].get('cuda') else ''}, "
-   f"for {n_pairs} layer-pair maps of the main pair(s) plus the controls"
-   + (" (this page shows the cached run; the time is the one measured when it was computed)." if res.from_cache else "."))
-show_table(tm)
+md(page.speed_md(res))
+show_table(page.timings_table(meta))
 
 # %% [markdown]
 # ## Explore

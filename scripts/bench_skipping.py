@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from lmdepth.data.datasets import load_examples
+from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
+from lmdepth.hooks.skipping import PARTS, draw_cuts
 from lmdepth.model.registry import load_model
-from lmdepth.hooks.skipping import (PARTS, draw_cuts, prompt_effects, prompt_effects_naive, unembed_cost, work_ratios,
-                              work_units)
 
 
 def main() -> None:
@@ -56,22 +55,16 @@ def main() -> None:
     for ex in load_examples("gsm8k", n_examples=args.n_examples, seed=args.seed):
         ids = lm.encode(ex.text)
         cuts = draw_cuts(ids.shape[1], args.n_cuts, args.seed, ex.id) if future else []
-        kw = dict(cuts=cuts, parts=parts, local=args.local, current=current)
-        t0, c0 = time.perf_counter(), time.process_time()
-        fast = prompt_effects(lm.adapter, ids, **kw)
-        t1, c1 = time.perf_counter(), time.process_time()
-        naive = prompt_effects_naive(lm.adapter, ids, **kw)
-        t2, c2 = time.perf_counter(), time.process_time()
-        times["fast"] += t1 - t0
-        times["naive"] += t2 - t1
-        cpu["fast"] += c1 - c0
-        cpu["naive"] += c2 - c1
+        t = time_paths(lm.adapter, ids, cuts=cuts, parts=parts, local=args.local, current=current)
+        times["fast"] += t.fast_s
+        times["naive"] += t.naive_s
+        cpu["fast"] += t.fast_cpu_s
+        cpu["naive"] += t.naive_cpu_s
         n_passes += (len(cuts) + current) * lm.n_layers * (len(parts) + args.local)
         u = work_units(lm.n_layers, ids.shape[1], cuts, current, len(parts) + args.local, logit_cost)
         units = {k: units[k] + u[k] for k in units}
-        for k in naive:
-            worst = max(worst, float((fast[k][0] - naive[k][0]).abs().max()), float((fast[k][1] - naive[k][1]).abs().max()))
-        print(f"{ex.id}: {ids.shape[1]} tokens, cuts {cuts}; fast {t1 - t0:.1f} s, naive {t2 - t1:.1f} s", flush=True)
+        worst = max(worst, t.max_abs_diff)
+        print(f"{ex.id}: {ids.shape[1]} tokens, cuts {cuts}; fast {t.fast_s:.1f} s, naive {t.naive_s:.1f} s", flush=True)
     report = {
         "model": args.model, "analysis": args.analysis, "parts": parts, "local": args.local,
         "n_examples": args.n_examples, "naive_forward_passes": n_passes,

@@ -2,12 +2,14 @@
 gradients on tiny models, and the cached run end to end."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from lmdepth.data.difficulty import analysis_input, answer_start, difficulty_examples, gsm8k_correct, last_boxed, math_correct
 from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics, slope
 from lmdepth.analyses import complexity as C
+from lmdepth.book.pages import complexity as cx_page
 from lmdepth.model.families import ModelAdapter
 from lmdepth.hooks.capture import hooked_residuals
 from lmdepth.data.datasets import Example
@@ -288,3 +290,176 @@ def test_run_checks_correctness_by_generation(tiny_dirs, tmp_path, monkeypatch):
     assert {i["item"]: i["correct"] for i in s["items"]} == {"gsm8k/test/278": 1, "gsm8k/test/1231": 0}
     assert s["accuracy"] == 0.5 and s["generated"]["gsm8k/test/278"].endswith("The final answer is 40")
     assert r.table.groupby("item").correct.unique().map(list).to_dict() == {"gsm8k/test/278": [1], "gsm8k/test/1231": [0]}
+
+
+# ---- chapter 05's grid of runs, its summaries and claims (no model) -------------------------------------------------
+
+def _fake_result(model, source, L=11, n_per_level=2, from_cache=False, path="/r/depth_complexity/m/key"):
+    """A RunResult with the shape of :func:`C.run`'s, built from synthetic effects."""
+    from pathlib import Path
+
+    from lmdepth.results import RunResult
+
+    levels = np.repeat(C.LEVELS[source], n_per_level)
+    E, O = _synthetic_effects(levels, lambda lv: 4, L=L)
+    by_level, slopes = level_statistics(E, O, levels, n_boot=20, seed=0)
+    ok = np.arange(len(levels)) % 2
+    items = [{"item": f"{source}/{i}", "level": int(lv), "correct": int(ok[i]), "n_tokens": 10 + i,
+              "layer_effect": 4.0, "logit_effect": 4.0} for i, lv in enumerate(levels)]
+    table = pd.DataFrame([{"model": model, "source": source, "item": it["item"], "level": it["level"], "metric": m,
+                           "layer": s, "value": float(s == 4)} for it in items for m in ("layer_effect", "logit_effect")
+                          for s in range(L)])
+    groups = group_statistics(E, O, {"solved": ok == 1, "unsolved": ok == 0}, "mean", 20, 0)
+    meta = {"wall_time_s": 12.4, "summary": {"n_layers": L, "levels": by_level.to_dict("records"),
+                                             "slopes": slopes.to_dict("records"), "solved": groups.to_dict("records"),
+                                             "items": items}}
+    return RunResult(table, meta, Path(path), from_cache=from_cache)
+
+
+@pytest.mark.unit
+def test_chapter_parameters_are_checked_before_any_model_loads():
+    from lmdepth.analyses import erasure as ER
+
+    ok = dict(sources=["vars"], n_per_level=2, n_synthetic=4, n_per_level_compare=1,
+              n_synthetic_compare=2, max_answer_tokens=0, n_cuts=2, hop_cut="predict", gen_tokens=0, n_boot=50)
+    C.check_chapter_parameters(**ok)
+    C.check_chapter_parameters(**{**ok, "max_answer_tokens": 8})
+    for bad, match in (({"sources": []}, "at least one"), ({"sources": ["mquake"]}, "sources"),
+                       ({"sources": "vars"}, "sources"),
+                       ({"n_synthetic": 0}, "n_synthetic"), ({"n_per_level_compare": 1.5}, "n_per_level_compare"),
+                       ({"max_answer_tokens": 4}, "0 \\(whole solution\\) or at least 8"),
+                       ({"max_answer_tokens": -1}, "max_answer_tokens"), ({"hop_cut": "last"}, "hop_cut"),
+                       ({"n_boot": 1}, "n_boot")):
+        with pytest.raises(ParameterError, match=match):
+            C.check_chapter_parameters(**{**ok, **bad})
+    eok = dict(n_case_studies=3, n_case_studies_compare=0, n_ig_prompts=0, ig_steps=0, ig_rule="left")
+    ER.check_chapter_parameters(**eok)
+    for bad, match in (({"n_case_studies": 0}, "n_case_studies"), ({"n_case_studies": 5}, "n_case_studies"),
+                       ({"n_case_studies_compare": 5}, "n_case_studies_compare"), ({"n_ig_prompts": -1}, "n_ig_prompts"),
+                       ({"ig_steps": 5000}, "ig_steps"), ({"ig_rule": "right"}, "ig_rule")):
+        with pytest.raises(ParameterError, match=match):
+            ER.check_chapter_parameters(**{**eok, **bad})
+
+
+@pytest.mark.unit
+def test_run_grid_sizes_samples_per_model_and_source(monkeypatch):
+    calls = []
+    monkeypatch.setattr(C, "run", lambda m, **kw: calls.append((m, kw)) or f"{m}|{kw['source']}")
+    loaders = {"a": "load-a", "b": "load-b"}
+    out = C.run_grid(["a", "b"], ["math", "vars"], 2, 4, 1, 3, max_answer_tokens=0, loaders=loaders, seed=7)
+    assert list(out) == [("a", "math"), ("a", "vars"), ("b", "math"), ("b", "vars")]
+    assert out["b", "vars"] == "b|vars"
+    assert [(m, kw["n_per_level"], kw["lm"]) for m, kw in calls] == [("a", 2, "load-a"), ("a", 4, "load-a"),
+                                                                      ("b", 1, "load-b"), ("b", 3, "load-b")]
+    assert all(kw["max_answer_tokens"] is None and kw["seed"] == 7 for _, kw in calls)  # 0: the whole solution
+    C.run_grid(["a"], ["gsm8k"], 2, 4, 1, 3, max_answer_tokens=32, loaders=loaders)
+    assert calls[-1][1]["max_answer_tokens"] == 32
+
+
+@pytest.mark.unit
+def test_grid_summaries_and_notes():
+    results = {("m1", "vars"): _fake_result("m1", "vars", from_cache=True),
+               ("m1", "gsm8k"): _fake_result("m1", "gsm8k"), ("m2", "vars"): _fake_result("m2", "vars", L=7)}
+    g = C.grid_frames(results)
+    assert len(g.items) == 8 + 8 + 8 and set(g.table.model) == {"m1", "m2"} and g.table.index.is_unique
+    assert {"rel_depth_score", "n_layers"} <= set(g.levels.columns)
+    note = cx_page.runs_note(results)
+    assert note == ("Depth-score runs: 3 (model × source), 24 items in all; **m1** 11 layers, **m2** 7 layers. "
+                    "Computed now: 25 s (2 runs; the rest from the cache).")
+    sizes = cx_page.sizes_table(g.items.assign(correct=np.where(g.items.source == "gsm8k", -1, g.items.correct)))
+    assert list(sizes.columns) == ["source", "level", "m1", "m2"] and len(sizes) == 4 + 4
+    row = sizes[(sizes.source == "vars") & (sizes.level == 1)].iloc[0]
+    assert row.m1 == "2 items · 10 tokens · 1 solved"  # n_tokens 10 and 11 → mean 10.5 → "10" (round half even)
+    gsm = sizes[sizes.source == "gsm8k"]
+    assert gsm.m1.str.endswith("– solved").all() and gsm.m2.isna().all()
+    counts = cx_page.solved_counts(g.items)
+    assert counts.to_dict("records") == [{"model": "m1", "source": "gsm8k", "solved": 4, "unsolved": 4},
+                                         {"model": "m1", "source": "vars", "solved": 4, "unsolved": 4},
+                                         {"model": "m2", "source": "vars", "solved": 4, "unsolved": 4}]
+    claims = pd.DataFrame({"agrees with paper": ["yes", "NO", "yes"]})
+    assert cx_page.summary_note(claims, results) == ("Claims that hold: 2 of 3 (model × source). "
+                                               "Results: `/r/depth_complexity`.")
+
+
+@pytest.mark.unit
+def test_slope_table_and_the_claim():
+    slopes = pd.DataFrame({"model": ["m"] * 4, "source": ["math", "math", "vars", "vars"],
+                           "aggregation": ["mean", "max", "mean", "mean"],
+                           "metric": ["layer_effect", "layer_effect", "layer_effect", "logit_effect"],
+                           "slope": [0.30001, 9.0, -0.1, 0.5], "rel_slope": [0.03, 0.9, -0.01, 0.05],
+                           "rel_ci_low": [-0.01, 0, -0.02, 0.0], "rel_ci_high": [0.02, 1, 0.03, 0.1]})
+    levels = pd.DataFrame({"model": ["m"] * 5, "source": ["math"] * 3 + ["vars"] * 2,
+                           "aggregation": ["mean", "mean", "max", "mean", "mean"], "n": [4, 3, 1, 2, 5]})
+    sl = cx_page.slope_table(slopes, levels)
+    assert list(sl.columns) == ["model", "source", "metric", "slope (layers/level)",
+                                "rise over all levels (rel. depth)", "95% CI"]
+    assert len(sl) == 3 and (sl.metric != "max").all()
+    math, vars_ = sl.iloc[0], sl.iloc[1]
+    assert math["rise over all levels (rel. depth)"] == pytest.approx(0.12)  # 4 level steps × 0.03
+    assert math["95% CI"] == "-0.040 … +0.080" and math["slope (layers/level)"] == 0.3
+    assert vars_["rise over all levels (rel. depth)"] == pytest.approx(-0.03) and vars_["95% CI"] == "n/a (2 per level)"
+    claims = cx_page.depth_claims(sl)
+    assert [(c.claim, c.holds) for c in claims] == [
+        ("MATH intermediate algebra: depth does not grow with difficulty", False),
+        ("synthetic variable chains: depth does not grow with difficulty", True)]
+    assert claims[1].criterion == "rise over all levels < 0.05 of depth"
+    assert claims[1].measured == "-0.030 (95% CI n/a (2 per level))"
+    assert [c.holds for c in cx_page.depth_claims(sl, max_rise=0.2)] == [True, True]
+
+
+@pytest.mark.unit
+def test_erasure_summaries(monkeypatch):
+    from pathlib import Path
+
+    from lmdepth.analyses import erasure as ER
+    from lmdepth.results import RunResult
+
+    # the highest boundary that still matters, per token, ignoring position 0 and the last token
+    L, T = 4, 6
+    reach = np.zeros((L + 1, T))
+    reach[:, 0] = 100.0  # the attention sink: ignored
+    reach[:2, 1] = 1.0  # token 1 matters up to boundary 1
+    reach[:4, 3] = 0.5  # token 3 up to boundary 3
+    reach[4, 4] = 0.05  # below 10 % of the max: ignored
+    reach[:, 5] = 9.0  # the last token: ignored
+    table = pd.DataFrame([{"model": "m", "prompt": "p", "method": meth, "layer": l, "position": t,
+                           "value": reach[l, t]} for meth in ("erasure", "ig") for l in range(L + 1) for t in range(T)])
+    got = ER.last_layer_that_matters(table)
+    assert got.to_dict("records") == [{"model": "m", "prompt": "p", "first token": 1, "last prompt token": 3,
+                                       "tokens": 2, "of layers": 4}]
+    # completeness table and its note
+    prompts = {"a": {"n_tokens": 9, "a_start": 7, "correct": 1, "f_x": 0.123456,
+                     "completeness_error": [0.01, 0.2, 0.03]},
+               "b": {"n_tokens": 5, "a_start": 4, "correct": 0}}
+    res = RunResult(pd.DataFrame(), {"parameters": {"ig_steps": 16, "ig_rule": "midpoint"},
+                                     "summary": {"prompts": prompts}}, Path("."))
+    comp = cx_page.completeness_table(res)
+    assert comp.to_dict("records") == [{"prompt": "a", "f(X)": 0.1235, "median |error|": 0.03, "max |error|": 0.2,
+                                        "layers with error > 5 %": 1, "of layers": 3}]
+    assert cx_page.completeness_note(res).startswith("Integrated gradients with 16 steps, midpoint rule")
+    no_ig = RunResult(pd.DataFrame(), {"parameters": {}, "summary": {"prompts": {"b": prompts["b"]}}}, Path("."))
+    assert cx_page.completeness_table(no_ig).empty and list(cx_page.completeness_table(no_ig).columns) == cx_page.COMPLETENESS_COLUMNS
+    assert "skipped" in cx_page.completeness_note(no_ig)
+    assert cx_page.case_table({"m": res}).to_dict("records") == [
+        {"model": "m", "prompt": "a", "tokens": 9, "answer tokens": 2, "greedy answer right": "yes"},
+        {"model": "m", "prompt": "b", "tokens": 5, "answer tokens": 1, "greedy answer right": "no"}]
+    # the main model gets integrated gradients, the comparison models only when n_case_studies_compare > 0
+    calls = []
+    monkeypatch.setattr(ER, "run", lambda m, **kw: calls.append((m, kw)) or m)
+    assert ER.run_case_studies(["a", "b"], 3, 0, 8, 1, "left", {"a": "la"}, n_mean_examples=2) == {"a": "a"}
+    assert calls == [("a", dict(n_case_studies=3, ig_steps=8, ig_prompts=1, ig_rule="left", lm="la",
+                                n_mean_examples=2))]
+    assert list(ER.run_case_studies(["a", "b", "c"], 3, 1, 8, 1, "left", n_mean_examples=2)) == ["a", "b", "c"]
+    assert calls[-1] == ("c", dict(n_case_studies=1, ig_steps=0, lm=None, n_mean_examples=2))
+
+
+@pytest.mark.unit
+def test_comparison_maps():
+    from lmdepth.charts.erasure import comparison_maps
+
+    table = pd.DataFrame([{"model": m, "prompt": "p", "method": "erasure", "layer": l, "position": t,
+                           "token": f"{t}: x", "is_answer": t == 2, "value": float(l + t)}
+                          for m in ("a", "b") for l in range(3) for t in range(3)])
+    assert comparison_maps(table, []) is None and comparison_maps(table, ["zz"]) is None
+    chart = comparison_maps(table, ["b", "zz"])
+    assert len(chart.vconcat) == 1 and chart.vconcat[0].title == "b"

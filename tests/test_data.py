@@ -41,8 +41,10 @@ def test_math_filters_by_subject_and_level():
 
 def test_user_file_text_and_prompt_answer(jsonl):
     p = jsonl(['{"text": "hello"}', "", '{"prompt": "2+2=", "answer": "4", "level": 1}'])
-    exs = load_examples(str(p), n_examples=10, selection="first")
+    exs = load_examples(str(p), n_examples=2, selection="first")
     assert [e.text for e in exs] == ["hello", "2+2=4"]
+    with pytest.raises(DataError, match="has only 2 examples: set n_examples to at most 2"):
+        load_examples(str(p), n_examples=50)  # never silently fewer than asked
     assert exs[1].id == "data.jsonl:3" and exs[1].meta == {"level": 1}
 
 

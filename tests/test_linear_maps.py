@@ -12,6 +12,7 @@ from lmdepth.data.corpus import SPLITS, plan_corpus
 from lmdepth.metrics.ridge import boundary_layers, fit_maps, ridge_fit
 from lmdepth.hooks.stack import AdapterStack, boundary_residuals
 from lmdepth.analyses import maps as lmaps
+from lmdepth.book.pages import maps as maps_page
 from lmdepth.data.alignment import align, general_docs, interleave, math_docs, token_ends
 from lmdepth.errors import ParameterError
 
@@ -265,6 +266,82 @@ def test_run_is_cached(tiny_run):
 def test_bad_parameters_fail_before_loading(bad, msg, tmp_path):
     with pytest.raises(ParameterError, match=msg):
         lmaps.run(**{"results_dir": tmp_path, **bad})
+
+
+# ---- what the chapter shows (unit tier: a synthetic tidy table, no model) ----------------------------------------
+
+def _fit(err: np.ndarray, baseline: np.ndarray, src: list[int], tgt: list[int]):
+    from lmdepth.metrics.ridge import MapFit
+
+    return MapFit(rel_error=err, fvu=err ** 2, val_rel_error=err, alpha=np.full_like(err, 1e-3), baseline=baseline,
+                  src_layers=src, tgt_layers=tgt)
+
+
+def _synthetic_run(coverage: float = 0.9, shuffled_ratio: float = 1.0):
+    """A run of two 4-layer models "a" and "b": the main pair has its lowest errors on the diagonal, the self-map is
+    the identity, the shuffled pairs are ``shuffled_ratio`` × the mean-only error everywhere."""
+    import pandas as pd
+
+    layers = [0, 1, 2, 3, 4]
+    d = np.abs(np.subtract.outer(layers, layers)) / 4.0
+    base = np.full(5, 0.8)
+    fits = {"a → b": (_fit(0.1 + 0.5 * d, base, layers, layers), "main", "a", "b"),
+            "b → a": (_fit(0.1 + 0.5 * d, base, layers, layers), "main", "b", "a"),
+            "b → b (self-map)": (_fit(np.where(d == 0, 1e-6, 0.2 + d), base, layers, layers), "self", "b", "b"),
+            "a → b (shuffled pairs)": (_fit(np.full((5, 5), 0.8 * shuffled_ratio), base, layers, layers),
+                                       "shuffled", "a", "b")}
+    table = pd.concat([lmaps.map_table(f, lab, kind, s, t, 4, 4) for lab, (f, kind, s, t) in fits.items()],
+                      ignore_index=True)
+    specs = lmaps.map_specs("a", ["b"], "b", True, 1)
+    meta = {"maps": [{"labels": s.labels, "kind": s.kind} for s in specs],
+            "summaries": {lab: lmaps.summarize_map(table, lab) for lab in fits},
+            "corpus": {"coverage": {"a": coverage, "b": 0.95}}}
+    return table, meta
+
+
+@pytest.mark.unit
+def test_chapter_summaries_of_a_synthetic_run():
+    table, meta = _synthetic_run()
+    assert lmaps.map_labels(meta, "main") == ["a → b", "b → a"]
+    assert lmaps.map_labels(meta, "self") == ["b → b (self-map)"]
+    summary = maps_page.summary_table(table, meta)
+    assert list(summary["map"]) == ["a → b", "b → a"]
+    assert (summary["per column: corr"] == 1.0).all() and (summary["lowest error"] == 0.1).all()
+    np.testing.assert_allclose(lmaps.error_over_baseline(table, "a → b (shuffled pairs)"), 1.0)
+    ctrl = maps_page.controls_table(table, meta)
+    assert list(ctrl.control) == ["self-map", "shuffled pairs", "embeddings only (floor)", "embeddings only (floor)"]
+    assert "same boundary in 5/5 rows" in ctrl.measured[0]
+    text = maps_page.best_sources_md(table, meta)
+    assert "over the 2 maps (1 pairs × 2 directions)" in text and "**1.00–1.00**" in text
+    maps_page.check_run(table, meta)  # nothing to complain about
+
+
+@pytest.mark.parametrize("shuffled_ratio, holds", [(1.0, "yes"), (0.9, "NO")])
+@pytest.mark.unit
+def test_claims_of_a_synthetic_run(shuffled_ratio, holds):
+    from lmdepth.book.notebook import claims_table
+
+    table, meta = _synthetic_run(shuffled_ratio=shuffled_ratio)
+    df = claims_table(maps_page.claims(table, meta))
+    assert len(df) == 2 * 2 + 1 + 1
+    assert (df["agrees with paper"].iloc[:5] == "yes").all()  # diagonal, on the line, self-map identity
+    assert df["agrees with paper"].iloc[5] == holds  # shuffled pairs: no cell below 0.98 × mean-only
+
+
+@pytest.mark.unit
+def test_chapter_checks_fail_clearly():
+    from lmdepth.errors import DataError
+
+    with pytest.raises(ParameterError, match="remote=True"):
+        lmaps.check_local(True)
+    lmaps.check_local(False)
+    table, meta = _synthetic_run(coverage=0.4)
+    with pytest.raises(DataError, match="a 40%"):
+        maps_page.check_run(table, meta)
+    table, meta = _synthetic_run()
+    table.loc[(table["map"] == "a → b") & (table.metric == "relative_error"), "value"] = 2.0
+    with pytest.raises(AssertionError, match="a → b"):
+        maps_page.check_run(table, meta)
 
 
 # ---- the packaged tokenizers (packaged tier: three real tokenizers) -----------------------------------------------

@@ -8,13 +8,11 @@ import torch
 import torch.nn.functional as F
 from lmdepth.hooks import skipping
 from lmdepth.hooks.capture import check_additivity, hooked_residuals
+from lmdepth.scratch.layers import Dispatch, SigmaMoE, SwitchHeadAttention, rope
 from lmdepth.scratch.models import (
     DenseConfig,
-    Dispatch,
     LayerApplication,
     MoEUTConfig,
-    SigmaMoE,
-    SwitchHeadAttention,
     adapter_for,
     build_model,
     count_parameters,
@@ -121,7 +119,6 @@ def test_moe_gradient_reaches_only_selected_experts():
 
 def switchhead_reference(att: SwitchHeadAttention, x: torch.Tensor) -> torch.Tensor:
     """Per head: value and output projections mixed from the top-k experts by their sigmoid gates; plain loops."""
-    from lmdepth.scratch.models import rope
 
     B, T, d = x.shape
     H, E, k, dh = att.n_heads, att.n_experts, att.k, att.d_head

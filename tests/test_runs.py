@@ -2,7 +2,6 @@
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -72,7 +71,7 @@ def test_interrupted_run_resumes_from_checkpoints(tiny_dirs, texts, tmp_path, mo
     # the per-problem checkpoints stay: a larger run (more examples) reuses them
     assert len(list((tmp_path / "run").rglob("*.partial/*.npz"))) == 5
     calls["n"] = 0
-    residual.run(model, results_dir=tmp_path / "run", **{**kw, "n_examples": 6})  # only 5 lines in the file
+    residual.run(model, results_dir=tmp_path / "run", **{**kw, "n_boot": 30})  # another run, the same problems
     assert calls["n"] == 0
 
 

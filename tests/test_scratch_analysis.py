@@ -10,6 +10,9 @@ import torch
 import torch.nn.functional as F
 from lmdepth.data import dm_math as dm
 from lmdepth.analyses import scratch as sa
+from lmdepth.metrics.intervals import wilson_interval
+from lmdepth.book.pages import scratch as scratch_page
+from lmdepth.scratch import evaluate as ev
 from lmdepth.scratch import training as tr
 from lmdepth.errors import DataError
 
@@ -46,11 +49,11 @@ def test_trained_runs_are_four_and_reloaded_from_checkpoints(runs):
 
 @pytest.mark.unit
 def test_wilson_interval_known_values():
-    lo, hi = sa.wilson_interval(0, 10)
+    lo, hi = wilson_interval(0, 10)
     assert lo == 0 and hi == pytest.approx(0.2775, abs=1e-4)
-    lo, hi = sa.wilson_interval(5, 10)
+    lo, hi = wilson_interval(5, 10)
     assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)
-    assert sa.wilson_interval(10, 10)[1] == 1.0
+    assert wilson_interval(10, 10)[1] == 1.0
 
 
 @pytest.mark.integration
@@ -59,7 +62,7 @@ def test_answer_scores_match_an_independent_computation(runs):
     r = got["transformer-lm"]
     data = tr.load_data(tr.run_config("smoke", "transformer", "lm", **SMALL), root / "data")
     ex = data.interpolate[:5]
-    ok, nll = tr.answer_scores(r.model, r.tok, ex, batch_size=2)
+    ok, nll = ev.answer_scores(r.model, r.tok, ex, batch_size=2)
     for i, e in enumerate(ex):  # one example at a time, no padding
         ids, a = r.tok.encode_example(e.question, e.answer)
         logits = r.model(torch.tensor([ids])).logits[0, :-1]
@@ -81,7 +84,7 @@ def test_accuracy_summary():
                                                       "transformer-lm": 0.5, "transformer-answer_only": 0.5}
     assert (s.answer_nll == 1.5).all()
     assert s.set_index("run").loc["moeut-lm", ["ci_low", "ci_high"]].tolist() == pytest.approx(
-        sa.wilson_interval(1, 4))
+        wilson_interval(1, 4))
 
 
 @pytest.mark.unit
@@ -135,6 +138,115 @@ def test_operation_sample_is_seeded_and_capped():
     assert counts == sorted(counts) and counts.count(1) == 2 and counts.count(2) == 2 and counts.count(5) == 1
     assert s == sa.operation_sample(ex, 2, seed=0)
     assert [e.n_operations for e in sa.operation_sample(ex, 2, min_count=2)] == [1, 1, 2, 2]
+
+
+# ---- what chapter 07 shows (unit tier: synthetic tables, no model) -----------------------------------------------
+
+@pytest.mark.parametrize("bad, msg", [
+    (dict(profile="huge"), "profile"),
+    (dict(train="yes"), "train"),
+    (dict(n_per_operations=0), "n_per_operations"),
+    (dict(n_boot=5), "n_boot"),
+    (dict(n_boot=1.5), "n_boot"),
+])
+@pytest.mark.unit
+def test_scratch_params_are_checked(bad, msg):
+    from lmdepth.errors import ParameterError
+
+    with pytest.raises(ParameterError, match=msg):
+        sa.ScratchParams(**bad)
+
+
+@pytest.mark.unit
+def test_scratch_params_paths(tmp_path):
+    p = sa.ScratchParams(checkpoint_dir="", results_dir=str(tmp_path))
+    assert p.runs_dir == tmp_path / "dm_math_runs" and p.data_dir == tmp_path / "dm_math_data"
+    assert sa.ScratchParams(checkpoint_dir="ck").runs_dir.name == "ck"
+
+
+def _gains(moeut: tuple[float, float, float], diff: tuple[float, float, float]) -> pd.DataFrame:
+    rows = []
+    for split in ("interpolate", "extrapolate"):
+        for metric in ("exact match", "answer loss reduction"):
+            for comp, (g, lo, hi) in (("moeut", moeut), ("transformer", (0.0, -0.1, 0.1)), ("moeut − transformer", diff)):
+                rows.append({"split": split, "metric": metric, "comparison": comp, "gain": g, "ci_low": lo,
+                             "ci_high": hi, "n": 10})
+    return pd.DataFrame(rows)
+
+
+def _rises(mo: tuple[float, float, float], tf: tuple[float, float, float]) -> pd.DataFrame:
+    """overall_rises of a synthetic depth score over 1–3 operations on 5-step models (L − 1 = 4)."""
+    rows = [{"aggregation": agg, "metric": m, "slope": s, "ci_low": lo, "ci_high": hi, "n_levels": 3, "run": run}
+            for run, (s, lo, hi) in (("moeut-answer_only", mo), ("transformer-answer_only", tf),
+                                     ("moeut-lm", (0, 0, 0)), ("transformer-lm", (0, 0, 0)))
+            for agg in ("mean", "max") for m in ("layer_effect", "logit_effect")]
+    sl = pd.DataFrame(rows)
+    sl["rel_slope"], sl["rel_ci_low"], sl["rel_ci_high"] = sl.slope / 4, sl.ci_low / 4, sl.ci_high / 4
+    depth = sa.DepthByOperations(sample=[], n_ops=np.array([1, 2, 3]), levels=pd.DataFrame(), slopes=sl,
+                                 split_rises=pd.DataFrame(), solved_groups=pd.DataFrame())
+    return sa.overall_rises(depth)
+
+
+@pytest.mark.unit
+def test_overall_rises_span_the_operation_counts():
+    r = _rises((0.4, 0.2, 0.6), (0.0, -0.2, 0.2))
+    assert set(r.aggregation) == {"mean"} and len(r) == 8
+    mo = r[(r.run == "moeut-answer_only") & (r.metric == "layer_effect")].iloc[0]
+    assert mo[sa.RISE] == pytest.approx(0.2)  # slope 0.4 / (L − 1) × (3 − 1) operations
+    assert mo["95% CI"] == "+0.100 … +0.300"
+    assert list(scratch_page.rise_table(r).columns) == ["run", "metric", sa.RISE, "95% CI"]
+
+
+@pytest.mark.parametrize("moeut, diff, rise_mo, expect", [
+    ((0.2, 0.1, 0.3), (0.2, 0.05, 0.35), (0.4, 0.2, 0.6), ["yes"] * 6),
+    ((0.2, -0.1, 0.3), (0.0, -0.1, 0.1), (0.4, -0.2, 0.6), ["NO", "NO", "NO", "NO", "NO", "NO"]),
+])
+@pytest.mark.unit
+def test_claims_follow_the_intervals(moeut, diff, rise_mo, expect):
+    from lmdepth.book.notebook import claims_table
+
+    gains, rises = _gains(moeut, diff), _rises(rise_mo, (0.0, -0.1, 0.1))
+    df = claims_table(scratch_page.claims(gains, rises))
+    assert list(df["agrees with paper"]) == expect
+    assert df.measured[0] == f"{moeut[0]:+.1%} [{moeut[1]:+.1%}, {moeut[2]:+.1%}]"
+
+
+@pytest.mark.unit
+def test_interval_verdict_and_findings():
+    above, below, across = (pd.Series({"ci_low": lo, "ci_high": hi}) for lo, hi in ((0.1, 0.2), (-0.2, -0.1), (-0.1, 0.1)))
+    assert scratch_page.interval_verdict(above, "better") == "better"
+    assert scratch_page.interval_verdict(below, "better") == "the opposite of better"
+    assert scratch_page.interval_verdict(across, "better") == "no clear difference"
+    summary = pd.DataFrame({"run": ["a", "b"], "split": ["interpolate", "extrapolate"], "accuracy": [0.02, 0.05]})
+    edepth = pd.DataFrame({"run": ["a", "a", "b"], "prompt": ["p", "q", "p"], "erasure_depth": [0.2, 0.4, 0.5]})
+    text = scratch_page.findings_md(summary, _gains((0.2, 0.1, 0.3), (0.0, -0.1, 0.1)), _rises((0.4, 0.2, 0.6), (0, 0, 0)), edepth)
+    assert "b on extrapolate, 5.0% — too low" in text and "(no clear difference)" in text
+    assert text.endswith("probes is a 0.30, b 0.50.")
+
+
+@pytest.mark.unit
+def test_solved_table_marks_empty_and_small_groups():
+    sg = pd.DataFrame([{"group": g, "metric": "layer_effect", "depth_score": d, "ci_low": 0.5, "ci_high": 1.5, "n": n,
+                        "run": "r", "n_layers": 5} for g, d, n in (("solved", 2.0, 3), ("unsolved", 1.0, 2))]
+                      + [{"group": "solved", "metric": "layer_effect", "depth_score": np.nan, "ci_low": np.nan,
+                          "ci_high": np.nan, "n": 0, "run": "s", "n_layers": 5},
+                         {"group": "unsolved", "metric": "layer_effect", "depth_score": 1.0, "ci_low": 0.5,
+                          "ci_high": 1.5, "n": 5, "run": "s", "n_layers": 5}])
+    t = scratch_page.solved_table(sg).set_index("run")
+    assert t.loc["r", "solved"] == "0.500 [0.125, 0.375]" and t.loc["r", "unsolved"] == "0.250 (n/a)"
+    assert t.loc["s", "solved"] == "–" and t.loc["s", "n solved"] == 0
+
+
+@pytest.mark.unit
+def test_display_tables_of_accuracy_and_gains():
+    s = pd.DataFrame([{"run": r, "split": sp, "accuracy": 0.5, "ci_low": 0.25, "ci_high": 0.75, "answer_nll": 1.23456}
+                      for r in ("a", "b") for sp in ("interpolate", "extrapolate")])
+    t = scratch_page.accuracy_table(s)
+    assert list(t.columns) == ["run", "extrapolate", "interpolate", "answer loss extrapolate", "answer loss interpolate"]
+    assert t.extrapolate[0] == "50.0% [25.0%, 75.0%]" and t["answer loss interpolate"][0] == 1.235
+    g = scratch_page.gains_table(_gains((0.2, 0.1, 0.3), (0.0, -0.1, 0.1))).set_index(["split", "metric"])
+    assert g.loc[("extrapolate", "exact match"), "moeut"] == "+20.0% [+10.0%, +30.0%]"
+    assert g.loc[("extrapolate", "answer loss reduction"), "moeut"] == "+0.200 [+0.100, +0.300]"
 
 
 @pytest.mark.integration

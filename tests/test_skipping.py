@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from lmdepth.metrics import effects
 from lmdepth.analyses import skipping as skip_analysis
 from lmdepth.model.families import ModelAdapter
 from lmdepth.hooks.skipping import PARTS, Row, clean_pass, draw_cuts, naive_effect, prompt_effects, prompt_effects_naive, run_rows
@@ -101,11 +102,11 @@ def test_cutoff_layer_and_interval():
     E[0, 1:] = 0.9
     E[2, 3] = 0.5  # layer 2 still feeds layer 3
     E[3, 4] = 0.05  # below the threshold
-    assert skip_analysis.later_effect(E).tolist() == [0.9, 0.0, 0.5, 0.05, 0.0, 0.0]
-    assert skip_analysis.cutoff_layer(E, threshold=0.1) == 3
-    assert skip_analysis.cutoff_layer(np.zeros((4, 4)), 0.1) == 0
+    assert effects.later_effect(E).tolist() == [0.9, 0.0, 0.5, 0.05, 0.0, 0.0]
+    assert effects.cutoff_layer(E, threshold=0.1) == 3
+    assert effects.cutoff_layer(np.zeros((4, 4)), 0.1) == 0
     per_problem = np.stack([E, E * 0.0])
-    ci = skip_analysis.cutoff_with_ci(per_problem, 0.1, n_boot=200)
+    ci = effects.cutoff_with_ci(per_problem, 0.1, n_boot=200)
     assert ci["cutoff"] == 3 and 0 <= ci["ci_low"] <= 3 == ci["ci_high"] and ci["rel_depth"] == 0.5
 
 
@@ -137,7 +138,7 @@ def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
 
 @pytest.mark.unit
 def test_work_units_count_the_algorithms():
-    from lmdepth.hooks.skipping import work_units
+    from lmdepth.hooks.skip_cost import work_units
 
     # L = 2, T = 10, cuts 4 and 8, no logits: naive 2 cuts × 2 skipped layers × a full pass of 2·10;
     # fast: per s the lead (cut 8) over all 10 positions for layers ≥ s, then cut 4 over positions ≥ 4
@@ -152,7 +153,7 @@ def test_work_units_count_the_algorithms():
 
 @pytest.mark.integration
 def test_work_ratios_use_the_analysis_cut_points():
-    from lmdepth.hooks.skipping import unembed_cost, work_ratios, work_units
+    from lmdepth.hooks.skip_cost import unembed_cost, work_ratios, work_units
 
     adapter = ModelAdapter.for_model(tiny_model("llama"))
     lengths = [("a", 60), ("b", 90)]

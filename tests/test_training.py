@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lmdepth.data import dm_math as dm
+from lmdepth.data.dm_tokens import CharTokenizer, collate
+from lmdepth.scratch import evaluate as ev
 from lmdepth.scratch import training as tr
 from lmdepth.errors import DataError
 from lmdepth.scratch.models import build_model
@@ -69,13 +71,13 @@ def test_n_operations_on_the_paper_probes():
 
 @pytest.mark.unit
 def test_tokenizer_format_and_masks():
-    tok = dm.CharTokenizer()
+    tok = CharTokenizer()
     ex = dm.MathExample("What is 2 + 3?", "5", "add_or_sub", "train")
     ids, a_start = tok.encode_example(ex.question, ex.answer)
     assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
     assert tok.decode(ids) == " Q: What is 2 + 3? A: 5"
     assert tok.decode(ids[1:a_start]) == " Q: What is 2 + 3? A:" and tok.decode(ids[a_start:]) == " 5"
-    b = dm.collate(tok, [ex, dm.MathExample("1+1", "2", "add_or_sub", "train")])
+    b = collate(tok, [ex, dm.MathExample("1+1", "2", "add_or_sub", "train")])
     assert b.ids.shape == (2, len(ids))
     assert tok.decode(b.ids[0][b.answer_mask[0]].tolist(), skip_special=False) == " 5</s>"
     assert b.pad_mask[1].sum() == len(tok.encode_example("1+1", "2")[0]) and not b.answer_mask[1][~b.pad_mask[1]].any()
@@ -86,10 +88,10 @@ def test_tokenizer_format_and_masks():
 @pytest.mark.parametrize("objective", ["lm", "answer_only"])
 @pytest.mark.integration
 def test_question_tokens_get_no_gradient_under_answer_only(objective):
-    tok = dm.CharTokenizer()
+    tok = CharTokenizer()
     c = cfg("transformer", objective)
     model = build_model(c.model_config(tok.vocab_size))
-    b = dm.collate(tok, [dm.MathExample("What is 12 + 30?", "42", "add_or_sub", "train"),
+    b = collate(tok, [dm.MathExample("What is 12 + 30?", "42", "add_or_sub", "train"),
                          dm.MathExample("1-7", "-6", "add_or_sub", "train")])
     grabbed = {}
 
@@ -145,11 +147,11 @@ def test_finished_run_is_a_cached_noop(data_dir, tmp_path):
 @pytest.mark.integration
 def test_a_few_steps_reduce_the_loss(arch):
     torch.manual_seed(0)
-    tok = dm.CharTokenizer()
+    tok = CharTokenizer()
     c = cfg(arch, "lm", lr=1e-2, warmup=1, steps=15)
     model = build_model(c.model_config(tok.vocab_size)).train()
     opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
-    b = dm.collate(tok, [dm.MathExample(f"What is {i} + {2 * i}?", str(3 * i), "add_or_sub", "train") for i in range(4)])
+    b = collate(tok, [dm.MathExample(f"What is {i} + {2 * i}?", str(3 * i), "add_or_sub", "train") for i in range(4)])
     losses = []
     for _ in range(15):
         task, aux = tr.lm_loss(model, b, "lm")
@@ -186,28 +188,28 @@ class Oracle(torch.nn.Module):
 
 @pytest.mark.unit
 def test_exact_match_counts_answer_tokens_and_eos_only():
-    tok = dm.CharTokenizer()
+    tok = CharTokenizer()
     exs = [dm.MathExample("What is 2 + 3?", "5", "add_or_sub", "interpolate")]
-    ids = dm.collate(tok, exs).ids
-    assert tr.exact_match(Oracle(ids, tok.vocab_size), tok, exs).all()
+    ids = collate(tok, exs).ids
+    assert ev.exact_match(Oracle(ids, tok.vocab_size), tok, exs).all()
     wrong_question = ids.clone()
     wrong_question[0, 5] = tok.stoi["x"]  # the oracle "mispredicts" a question token: still exact
-    assert tr.exact_match(Oracle(wrong_question, tok.vocab_size), tok, exs).all()
+    assert ev.exact_match(Oracle(wrong_question, tok.vocab_size), tok, exs).all()
     for pos in (-3, -2, -1):  # the space, the digit, the EOS
         wrong = ids.clone()
         wrong[0, pos] = tok.stoi["7"] if pos != -2 else tok.stoi["6"]
-        assert not tr.exact_match(Oracle(wrong, tok.vocab_size), tok, exs).any()
+        assert not ev.exact_match(Oracle(wrong, tok.vocab_size), tok, exs).any()
 
 
 @pytest.mark.integration
 def test_evaluate_and_greedy_answer_on_a_tiny_model(data_dir):
-    tok = dm.CharTokenizer()
+    tok = CharTokenizer()
     c = cfg("moeut")
     model = build_model(c.model_config(tok.vocab_size)).eval()
     data = tr.load_data(c, data_dir)
-    df = tr.evaluate(model, tok, data.interpolate + data.extrapolate)
-    acc = tr.accuracy_table(df)
+    df = ev.evaluate(model, tok, data.interpolate + data.extrapolate)
+    acc = ev.accuracy_table(df)
     assert set(acc["split"]) == {"interpolate", "extrapolate"} and "all" in set(acc["module"])
     assert df["n_operations"].notna().all()
-    ans = tr.greedy_answer(model, tok, dm.PROBES[0][0], max_new_tokens=5)
+    ans = ev.greedy_answer(model, tok, dm.PROBES[0][0], max_new_tokens=5)
     assert isinstance(ans, str) and len(ans) <= 5

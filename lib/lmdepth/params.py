@@ -14,12 +14,15 @@ and its type through the annotation (``int``, ``float``, ``str``, ``bool``, ``li
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
+
+import torch
 
 from lmdepth.errors import ParameterError
 
@@ -102,10 +105,13 @@ class Params:
         hints = self._hints()
         for f in fields(self):
             _check_value(f.name, getattr(self, f.name), hints[f.name], dict(f.metadata))
-        self.check_consistency()
+        for cls in reversed(type(self).__mro__):  # every class's own checks, base classes first (no super() needed)
+            own = cls.__dict__.get("check_consistency")
+            if own is not None:
+                own(self)
 
     def check_consistency(self) -> None:
-        """Constraints between fields (override)."""
+        """Constraints between fields and with the machine (define in a subclass; each class's own runs)."""
 
     @classmethod
     def names(cls) -> list[str]:
@@ -139,6 +145,46 @@ class Params:
         return dataclasses.asdict(self)
 
 
+def check_device(device: str) -> None:
+    """A device this machine has: ``cpu``, ``auto``, ``cuda``/``cuda:N`` only where CUDA is available, ``mps`` on
+    Apple silicon."""
+    if device in ("cpu", "auto"):
+        return
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ParameterError(f"Parameter 'device' is {device!r} but this machine has no CUDA GPU. Use 'cpu', or "
+                                 "'auto' (a GPU where there is one).")
+        idx = device.partition(":")[2]
+        if idx and (not idx.isdigit() or int(idx) >= torch.cuda.device_count()):
+            raise ParameterError(f"Parameter 'device' is {device!r}; this machine has {torch.cuda.device_count()} "
+                                 "CUDA device(s).")
+        return
+    if device == "mps" and torch.backends.mps.is_available():
+        return
+    raise ParameterError(f"Parameter 'device' must be 'cpu', 'auto', 'cuda' or 'cuda:N' (or 'mps' on Apple silicon), "
+                         f"got {device!r}.")
+
+
+def check_remote(model_name: str, remote: bool) -> None:
+    """``remote=True`` needs a hub id: NDIF runs models from the Hugging Face hub, not local files."""
+    if remote and (model_name.count("/") != 1 or Path(model_name).expanduser().exists()):
+        raise ParameterError(f"remote=True runs a Hugging Face hub id (e.g. 'meta-llama/Llama-3.1-70B') on NDIF; "
+                             f"{model_name!r} is not one. Packaged models and local directories run here: "
+                             "use remote=False.")
+
+
+def check_results_dir(results_dir: str | Path) -> None:
+    """The results directory is a directory (or can be made one) and writable."""
+    path = Path(results_dir).expanduser()
+    existing = next((q for q in (path, *path.parents) if q.exists()), None)
+    if path.exists() and not path.is_dir():
+        raise ParameterError(f"Parameter 'results_dir' is {str(path)!r}, which is a file, not a directory. Choose a "
+                             "directory (it is created if missing).")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ParameterError(f"Parameter 'results_dir': {str(existing)!r} is not writable, so results cannot be saved "
+                             "there. Choose a directory you can write to.")
+
+
 @dataclass(frozen=True)
 class ModelParams(Params):
     """Where and how the model runs, and where results go."""
@@ -151,6 +197,10 @@ class ModelParams(Params):
     use_cache: bool = param(True, help="reuse finished runs and checkpoints; False recomputes")
     n_boot: int = param(1000, lo=10, hi=1_000_000, help="bootstrap resamples for the intervals")
 
+    def check_consistency(self) -> None:
+        check_device(self.device)
+        check_results_dir(self.results_dir)
+
 
 @dataclass(frozen=True)
 class CommonParams(ModelParams):
@@ -161,8 +211,5 @@ class CommonParams(ModelParams):
     selection: str = param("random", choices=("random", "first"), help="seeded random sample or the first N")
     remote: bool = param(False, help="run the traces on NDIF (hub ids only)")
 
-
-
-def check_common(**values: Any) -> None:
-    """Checks of the parameter vocabulary shared by every chapter (the names :class:`CommonParams` declares)."""
-    CommonParams.check_known(values)
+    def check_consistency(self) -> None:
+        check_remote(self.model_name, self.remote)

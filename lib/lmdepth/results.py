@@ -19,7 +19,10 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
@@ -114,28 +117,109 @@ class RunStore:
         return self.partial / f"{hashlib.sha1(item.encode()).hexdigest()[:16]}.npz"
 
     def load_item(self, item: str) -> dict[str, np.ndarray] | None:
+        """The checkpoint of one unit, or None. A checkpoint that cannot be read (a crash or power loss while it
+        was written) is discarded with a warning, so the unit is computed again."""
         p = self._item_path(item)
         if not p.exists():
             return None
-        with np.load(p) as z:
-            return {k: z[k] for k in z.files}
+        try:
+            with np.load(p) as z:
+                return {k: z[k] for k in z.files}
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
+            print(f"lmdepth: discarding the unreadable checkpoint {p} ({type(e).__name__}); recomputing it",
+                  file=sys.stderr, flush=True)
+            p.unlink(missing_ok=True)
+            return None
 
     def save_item(self, item: str, arrays: dict[str, np.ndarray]) -> None:
         atomic_write(self._item_path(item), lambda tmp: np.savez(tmp, **arrays))
 
     # ---- finishing ------------------------------------------------------------------------------------
     def finalize(self, table: pd.DataFrame, meta: dict[str, Any]) -> RunResult:
-        """Write table and sidecar into a temporary directory, then move it into place in one step."""
+        """Write table and sidecar into a temporary directory, then move it into place in one step.
+
+        Two processes finishing the same run (same parameters, so the same numbers) is safe: the first one to
+        land stays and the other discards its copy.
+        """
         self.dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=self.dir.parent, prefix=f".{self.key}-"))
+        meta = {**meta, "cache_key": self.key, "compute_version": COMPUTE_VERSION}
         try:
-            table.to_csv(tmp / "table.csv", index=False)
-            meta = {**meta, "cache_key": self.key, "compute_version": COMPUTE_VERSION}
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-            if self.dir.exists():
-                shutil.rmtree(self.dir)
-            os.replace(tmp, self.dir)
+            _write_synced(tmp / "table.csv", table.to_csv(index=False))
+            _write_synced(tmp / "meta.json", json.dumps(meta, indent=2, default=str))
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700: give the result ordinary permissions
+            while True:
+                try:
+                    os.replace(tmp, self.dir)
+                    break
+                except OSError:  # the target exists and is not empty
+                    if self.complete:  # another process finished the same run first: keep theirs
+                        shutil.rmtree(tmp, ignore_errors=True)
+                        break
+                    aside = self.dir.with_name(f".{self.key}-stale-{os.getpid()}-{time.monotonic_ns()}")
+                    try:
+                        os.rename(self.dir, aside)  # an incomplete leftover: move it aside, then retry
+                    except FileNotFoundError:
+                        continue
+                    shutil.rmtree(aside, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return RunResult(table, meta, self.dir)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+#: Set by the book build while it executes a chapter: the directory where that chapter's runs and claims are
+#: recorded (``<results>/book/<profile>/<chapter>/``). The summary pages read only what is recorded there, so an
+#: ad-hoc run, whatever its parameters, never reaches the published findings.
+BOOK_RECORD_ENV = "LMDEPTH_BOOK_RECORD"
+
+
+def book_record_dir() -> Path | None:
+    """The record directory of the chapter the book build is executing, or None outside a book build."""
+    d = os.environ.get(BOOK_RECORD_ENV)
+    return Path(d) if d else None
+
+
+def record_run(result: RunResult) -> None:
+    """Note a run (computed or served from the cache) in the book record of the chapter being built, if any."""
+    d = book_record_dir()
+    if d is None:
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"path": str(Path(result.path).resolve()), "analysis": result.meta.get("analysis"),
+                       "cache_key": result.meta.get("cache_key")})
+    with open(d / "runs.jsonl", "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
+def recorded_runs(record_root: str | Path) -> set[Path]:
+    """Every run recorded under a profile's book record (``<results>/book/<profile>``)."""
+    out = set()
+    for f in Path(record_root).glob("*/runs.jsonl"):
+        out |= {Path(json.loads(line)["path"]) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()}
+    return out
+
+
+def clean(results_dir: str | Path, partial_days: float = 7.0, temp_hours: float = 1.0) -> list[Path]:
+    """Remove what interrupted runs left behind under ``results_dir``: temporary files and directories (names
+    starting with ``.``) older than ``temp_hours``, and per-unit checkpoints (``*.partial``) of runs not touched
+    for ``partial_days``. Finished results are never removed. Returns what was removed."""
+    now, removed = time.time(), []
+    root = Path(results_dir)
+    for p in sorted(root.rglob("*")) if root.is_dir() else []:
+        if not p.exists():
+            continue
+        age = now - p.stat().st_mtime
+        stale_temp = p.name.startswith(".") and age > temp_hours * 3600
+        stale_partial = p.is_dir() and p.name.endswith(".partial") and age > partial_days * 86400
+        if stale_temp or stale_partial:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            removed.append(p)
+    return removed

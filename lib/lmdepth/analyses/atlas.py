@@ -19,7 +19,15 @@ from typing import Any
 import nbformat
 import pandas as pd
 
-from lmdepth.results import RunResult
+from lmdepth.errors import DataError
+from lmdepth.params import check_type
+from lmdepth.results import RunResult, recorded_runs
+from lmdepth.analyses import residual
+from lmdepth.analyses import skipping as skip_analysis
+from lmdepth.analyses import lens
+from lmdepth.analyses import complexity
+from lmdepth.analyses import maps as linear_maps
+from lmdepth.book.chapters import CHAPTERS
 
 ATLAS_COLUMNS = ["model", "n_layers", "chapter", "measure", "layer", "rel_depth", "rel_low", "rel_high", "value",
                  "sample"]
@@ -27,12 +35,35 @@ ATLAS_COLUMNS = ["model", "n_layers", "chapter", "measure", "layer", "rel_depth"
 
 # ---- reading finished runs ---------------------------------------------------------------------------------------
 
-def finished_runs(results_dir: str | Path, analysis: str) -> list[RunResult]:
-    """Every finished run of one analysis (directories with both files; ``.partial`` checkpoints are skipped)."""
+#: The chapters whose runs and claims the summary pages read from the book record.
+RECORDED_CHAPTERS = ("norms", "cosine", "skipping", "lens", "complexity", "maps", "moeut")
+
+
+def book_runs(results_dir: str | Path, profile: str) -> set[Path]:
+    """The runs the book build recorded for ``profile`` (:func:`lmdepth.results.record_run`), checked complete.
+
+    Raises:
+        DataError: a chapter has no record (never executed by the book build on this machine, or ``results/`` is
+            missing): the page would otherwise publish fewer rows than the profile defines.
+    """
+    root = Path(results_dir) / "book" / Path(profile).stem
+    missing = [c for c in RECORDED_CHAPTERS if not (root / c).is_dir()]
+    if missing:
+        raise DataError(f"The summary pages read the book's own runs of the {profile!r} profile, recorded when "
+                        f"`lmdepth book` executes each chapter; nothing is recorded under {root} for: "
+                        f"{', '.join(missing)}. Run `lmdepth book --profile {profile} --force` to execute them.")
+    return recorded_runs(root)
+
+
+def finished_runs(results_dir: str | Path, analysis: str, only: set[Path] | None = None) -> list[RunResult]:
+    """Every finished run of one analysis (directories with both files; ``.partial`` checkpoints are skipped);
+    with ``only``, just those runs (e.g. :func:`book_runs`)."""
     runs = []
     for meta_path in sorted(Path(results_dir, analysis).glob("*/*/meta.json")):
         table_path = meta_path.with_name("table.csv")
         if meta_path.parent.name.endswith(".partial") or not table_path.exists():
+            continue
+        if only is not None and meta_path.parent.resolve() not in only:
             continue
         meta = json.loads(meta_path.read_text())
         meta["_mtime"] = meta_path.stat().st_mtime
@@ -66,13 +97,12 @@ def _row(model: str, n_layers: int, chapter: str, measure: str, sample: str, lay
                 rel_low=rel_low, rel_high=rel_high, value=value, sample=sample)
 
 
-def residual_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+def residual_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[dict[str, Any]]:
     """Chapters 01–02 (one shared run): the cosine phase-transition layer t at (t + 0.5)/L, and the second-half /
     first-half ratio of the layers' relative contributions (a ratio, not a depth)."""
-    from lmdepth.analyses import residual
 
     rows = []
-    for r in best_runs(finished_runs(results_dir, residual.ANALYSIS)):
+    for r in best_runs(finished_runs(results_dir, residual.ANALYSIS, only)):
         t, p = r.table, r.meta["parameters"]
         model, L = p["model_name"], int(t["n_layers"].iloc[0])
         tr = residual.cosine_transition_layer(t)
@@ -83,12 +113,11 @@ def residual_rows(results_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def skipping_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+def skipping_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[dict[str, Any]]:
     """Chapter 03: the future-token cutoff — the first layer after which skipping any later layer changes no later
     layer's future computation by more than the threshold — with its bootstrap interval over problems."""
-    from lmdepth.analyses import skipping as skip_analysis
 
-    runs = [r for r in finished_runs(results_dir, skip_analysis.ANALYSIS)
+    runs = [r for r in finished_runs(results_dir, skip_analysis.ANALYSIS, only)
             if r.meta.get("parameters", {}).get("analysis") == "future"]
     rows = []
     for r in best_runs(runs):
@@ -102,13 +131,12 @@ def skipping_rows(results_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def lens_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+def lens_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[dict[str, Any]]:
     """Chapter 04: where the logit lens and the tuned lens settle (first layer with top-5 overlap > 0.2; first layer
     with KL below 10 % of its maximum), at l / L."""
-    from lmdepth.analyses import lens
 
     rows = []
-    for r in best_runs(finished_runs(results_dir, lens.ANALYSIS)):
+    for r in best_runs(finished_runs(results_dir, lens.ANALYSIS, only)):
         p = r.meta["parameters"]
         summary = lens.settling_summary(r.table)
         for _, s in summary.iterrows():
@@ -120,14 +148,13 @@ def lens_rows(results_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def complexity_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+def complexity_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[dict[str, Any]]:
     """Chapter 05, per data source: the depth score D (layer effect, mean aggregation, 0-based, averaged over the
     difficulty levels) at (D + 0.5)/L, and its fitted slope per difficulty level with the bootstrap interval (a
     value: the paper's claim is a slope near 0)."""
-    from lmdepth.analyses import complexity
 
     rows = []
-    runs = finished_runs(results_dir, complexity.ANALYSIS)
+    runs = finished_runs(results_dir, complexity.ANALYSIS, only)
     for r in runs:  # rank by items per level
         r.meta.setdefault("parameters", {})["n_examples"] = r.meta["parameters"].get("n_per_level", 0)
     for r in best_runs(runs, group=lambda p: (p.get("model_name"), p.get("source"))):
@@ -146,14 +173,13 @@ def complexity_rows(results_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def maps_rows(results_dir: str | Path) -> list[dict[str, Any]]:
+def maps_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[dict[str, Any]]:
     """Chapter 06: for each fitted pair (rows under the *target* model), how closely the best source layer of each
     target layer follows equal relative depth — its correlation with relative depth and mean |offset| (values, not
     depths). Controls are left out."""
-    from lmdepth.analyses import maps as linear_maps
 
     rows = []
-    runs = finished_runs(results_dir, linear_maps.ANALYSIS)
+    runs = finished_runs(results_dir, linear_maps.ANALYSIS, only)
     for r in runs:  # rank maps runs by their held-out sample (they have no n_examples)
         r.meta.setdefault("parameters", {})["n_examples"] = r.meta["parameters"].get("n_test_tokens", 0)
     for r in best_runs(runs, group=lambda p: (p.get("model_name"), tuple(p.get("compare_models") or ()))):
@@ -178,11 +204,24 @@ SUMMARIES: dict[str, Callable[[str | Path], list[dict[str, Any]]]] = {
 }
 
 
-def atlas_table(results_dir: str | Path) -> pd.DataFrame:
-    """All summaries of all models, one row per (model, measure); columns :data:`ATLAS_COLUMNS`."""
-    rows = [row for summarise in SUMMARIES.values() for row in summarise(results_dir)]
+def atlas_table(results_dir: str | Path, profile: str | None = None) -> pd.DataFrame:
+    """All summaries of all models, one row per (model, measure); columns :data:`ATLAS_COLUMNS`. With ``profile``,
+    only the runs the book build recorded for it (:func:`book_runs`)."""
+    only = None if profile is None else book_runs(results_dir, profile)
+    rows = [row for summarise in SUMMARIES.values() for row in summarise(results_dir, only)]
     t = pd.DataFrame(rows, columns=ATLAS_COLUMNS)
     return t.sort_values(["n_layers", "model", "chapter", "measure"], kind="stable", ignore_index=True)
+
+
+def shown_models(table: pd.DataFrame, models: list[str]) -> list[str]:
+    """The models of an :func:`atlas_table` to show, shallowest first: ``models`` if given (checked), else all."""
+    check_type("models", models, list)
+    shown = list(dict.fromkeys(table.sort_values("n_layers", kind="stable")["model"]))
+    shown = [m for m in shown if not models or m in models]
+    if not shown:
+        raise DataError(f"None of {models or 'the models'} has results to summarise: run the chapters first "
+                        "(`lmdepth book`), then this page.")
+    return shown
 
 
 # ---- findings: the paper's claims, checked per model ------------------------------------------------------------
@@ -214,22 +253,28 @@ CHAPTER_KEYS = {"01_residual_norms": "norms", "02_cosine_similarity": "cosine", 
                 "06_linear_maps": "maps", "07_moeut_vs_transformer": "moeut"}
 
 
-def saved_claims(results_dir: str | Path) -> pd.DataFrame:
-    """Every claim check the chapters saved: ``chapter, claim, criterion, model, measured, agrees with paper``."""
-    frames = []
-    for p in sorted(Path(results_dir, "claims").glob("*/*.csv")):
-        frames.append(pd.read_csv(p, dtype=str).assign(chapter=p.parent.name))
+def saved_claims(results_dir: str | Path, profile: str | None = None) -> pd.DataFrame:
+    """Every claim check the chapters saved: ``chapter, claim, criterion, model, measured, agrees with paper``.
+
+    With ``profile``: the claims the book build recorded for it (``<results>/book/<profile>/<chapter>/claims``);
+    without: the claims of runs outside the book (``<results>/claims/<chapter>``)."""
+    if profile is None:
+        files = [(p, p.parent.name) for p in sorted(Path(results_dir, "claims").glob("*/*.csv"))]
+    else:
+        root = Path(results_dir) / "book" / Path(profile).stem
+        files = [(p, p.parent.parent.name) for p in sorted(root.glob("*/claims/*.csv"))]
+    frames = [pd.read_csv(p, dtype=str).assign(chapter=chapter) for p, chapter in files]
     cols = ["chapter", "claim", "criterion", "model", "measured", "agrees with paper"]
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
-def findings_table(results_dir: str | Path, models: list[str] | None = None) -> pd.DataFrame:
+def findings_table(results_dir: str | Path, models: list[str] | None = None, profile: str | None = None) -> pd.DataFrame:
     """Each chapter's claims with one column per model ("yes 0.27" / "NO 0.91") and how many models agree.
 
     Rows are grouped by the paper figure the chapter reproduces; ``models`` fixes the column order (default: all
     models that have saved claims, in file order); claims about something else than one model (a pair of models in
     chapter 06) get their own columns after them."""
-    claims = saved_claims(results_dir)
+    claims = saved_claims(results_dir, profile)
     # checks of the method (e.g. chapter 06's self-map and shuffled-pair controls) are not claims of the paper
     claims = claims[~claims["claim"].str.startswith("control:")]
     if claims.empty:
@@ -254,12 +299,20 @@ def findings_table(results_dir: str | Path, models: list[str] | None = None) -> 
     return out.fillna("—").rename_axis(columns=None)
 
 
+def findings_headline(findings: pd.DataFrame) -> str:
+    """Markdown: how many (claim × model) checks of :func:`findings_table` agree with the paper, overall and per model."""
+    cells = findings.drop(columns=["paper figure", "chapter", "claim", "criterion", "agree"])  # models and model pairs
+    yes, tested = cells.apply(lambda c: c.str.startswith("yes")), cells != "—"
+    per_model = ", ".join(f"{m} {int(yes[m].sum())} of {int(tested[m].sum())}" for m in cells)
+    return (f"Over all chapters, **{int(yes.to_numpy().sum())} of {int(tested.to_numpy().sum())}** (claim × model) "
+            f"checks agree with the paper; per model: {per_model}.")
+
+
 # ---- reproducibility: what the build did ------------------------------------------------------------------------
 
 def build_record(book_dir: str | Path) -> pd.DataFrame:
     """Per executed chapter notebook: profile, wall time, execution date and build hash (from its metadata)."""
     rows = []
-    from lmdepth.book.chapters import CHAPTERS
 
     for path in sorted(Path(book_dir).glob("[0-9]*.ipynb")):
         if path.stem not in CHAPTERS.values():  # e.g. a ``.failed`` notebook of an interrupted build

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -33,7 +33,7 @@ from lmdepth.hooks.skipping import prompt_effects
 from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics
 from lmdepth.model.generate import generate_greedy, teacher_forced_correct
 from lmdepth.model.registry import LoadedModel, load_model
-from lmdepth.params import ModelParams, param
+from lmdepth.params import ModelParams, check_choice, check_range, check_type, param
 from lmdepth.results import RunResult, RunStore
 from lmdepth.runtime import progress
 
@@ -196,5 +196,95 @@ def summary_frame(results: dict[tuple[str, str], RunResult], part: str) -> pd.Da
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-__all__ = ["ANALYSIS", "ComplexityParams", "SOURCES", "LEVELS", "SOURCE_TITLES", "run", "tidy_items",
-           "summary_frame", "model_loader"]
+# ---- chapter 05: the grid of runs, its summaries and the claim ------------------------------------------------------
+
+
+def check_chapter_parameters(*, sources: list[str], n_per_level: int, n_synthetic: int, n_per_level_compare: int,
+                             n_synthetic_compare: int, max_answer_tokens: int, n_cuts: int, hop_cut: str,
+                             gen_tokens: int, n_boot: int) -> None:
+    """Check chapter 05's depth-score parameters before any model loads (those that no single run's
+    :class:`ComplexityParams` holds by the same name, then the run's own fields through that class). The models
+    are checked by :func:`lmdepth.book.notebook.chapter_models`.
+
+    ``max_answer_tokens`` is the chapter's convention: 0 keeps the whole solution (a run's ``None``), else ≥ 8.
+
+    Raises:
+        ParameterError: naming the parameter, the value given and what is allowed.
+    """
+    check_type("sources", sources, list)
+    for s in sources:
+        check_choice("sources", s, SOURCES)
+    if not sources:
+        raise ParameterError("Parameter 'sources' must name at least one of " + ", ".join(SOURCES) + ".")
+    for name, value, lo, hi in (("n_per_level", n_per_level, 1, 10_000), ("n_synthetic", n_synthetic, 1, 10_000),
+                                ("n_per_level_compare", n_per_level_compare, 1, 10_000),
+                                ("n_synthetic_compare", n_synthetic_compare, 1, 10_000),
+                                ("max_answer_tokens", max_answer_tokens, 0, 100_000)):
+        check_type(name, value, int)
+        check_range(name, value, lo, hi)
+    if 0 < max_answer_tokens < 8:
+        raise ParameterError(f"Parameter 'max_answer_tokens' must be 0 (whole solution) or at least 8, "
+                             f"got {max_answer_tokens}.")
+    ComplexityParams(n_cuts=n_cuts, hop_cut=hop_cut, gen_tokens=gen_tokens, n_boot=n_boot)
+
+
+def model_loaders(models: list[str], device: str = "cpu", dtype: str = "float32",
+                  ) -> dict[str, Callable[[], LoadedModel]]:
+    """One :func:`model_loader` per model: each model loads at most once however many runs use it."""
+    return {m: model_loader(m, device=device, dtype=dtype) for m in models}
+
+
+def run_grid(models: list[str], sources: list[str], n_per_level: int, n_synthetic: int, n_per_level_compare: int,
+             n_synthetic_compare: int, max_answer_tokens: int = 0,
+             loaders: dict[str, Callable[[], LoadedModel]] | None = None, **kwargs: Any,
+             ) -> dict[tuple[str, str], RunResult]:
+    """:func:`run` for every (model, source) pair, models outer, in the given order.
+
+    Args:
+        models: the main model first, then the comparison models.
+        sources: data sources (see :data:`SOURCES`).
+        n_per_level / n_synthetic: items per level of MATH / GSM8K and of the synthetic sets for the main model;
+            ``n_per_level_compare`` / ``n_synthetic_compare`` the same for each comparison model.
+        max_answer_tokens: answer tokens kept after the prompt, 0 for the whole solution.
+        loaders: model name → loader (:func:`model_loaders`), shared with other analyses; made here if None.
+        **kwargs: further :class:`ComplexityParams` fields (seed, n_cuts, hop_cut, gen_tokens, n_boot, device,
+            dtype, results_dir, use_cache).
+
+    Returns:
+        ``{(model, source): RunResult}``.
+    """
+    if loaders is None:
+        loaders = model_loaders(models, kwargs.get("device", "cpu"), kwargs.get("dtype", "float32"))
+    results: dict[tuple[str, str], RunResult] = {}
+    for m in models:
+        main = m == models[0]
+        for src in sources:
+            synthetic = src in multihop.KINDS
+            n = (n_synthetic if synthetic else n_per_level) if main else \
+                (n_synthetic_compare if synthetic else n_per_level_compare)
+            results[m, src] = run(m, source=src, n_per_level=n, lm=loaders[m],
+                                  max_answer_tokens=max_answer_tokens or None, **kwargs)
+    return results
+
+
+class GridFrames(NamedTuple):
+    """The summaries of a grid of runs (:func:`grid_frames`)."""
+
+    levels: pd.DataFrame  #: depth score per level (:func:`summary_frame` part "levels")
+    slopes: pd.DataFrame  #: slope of the depth score over levels
+    solved: pd.DataFrame  #: depth score of solved / unsolved items
+    items: pd.DataFrame  #: per-item depth scores, correctness and token counts
+    table: pd.DataFrame  #: the runs' tidy tables, concatenated
+
+
+def grid_frames(results: dict[tuple[str, str], RunResult]) -> GridFrames:
+    """The four summary frames of :func:`summary_frame` and the concatenated tidy tables of a grid of runs."""
+    return GridFrames(*(summary_frame(results, part) for part in ("levels", "slopes", "solved", "items")),
+                      pd.concat([r.table for r in results.values()], ignore_index=True))
+
+
+def model_names(results: dict[tuple[str, str], RunResult]) -> list[str]:
+    return list(dict.fromkeys(m for m, _ in results))
+
+
+__all__ = ["ANALYSIS", "ComplexityParams", "SOURCES", "LEVELS", "SOURCE_TITLES", "run", "tidy_items", "summary_frame", "model_loader", "model_names", "check_chapter_parameters", "model_loaders", "run_grid", "GridFrames", "grid_frames"]

@@ -16,7 +16,7 @@ from lmdepth.analyses.run import Job
 from lmdepth.data.datasets import load_examples
 from lmdepth.hooks.stack import AdapterStack, IGResult, erasure_map, integrated_gradients, mean_residuals
 from lmdepth.model.registry import LoadedModel, load_model
-from lmdepth.params import ModelParams, param
+from lmdepth.params import ModelParams, check_range, check_type, param
 from lmdepth.results import RunResult, RunStore
 from lmdepth.runtime import progress
 
@@ -127,4 +127,65 @@ def _compute(p: ErasureParams, lm: Any, studies: tuple[tuple[str, str, str], ...
     return pd.DataFrame(rows), meta
 
 
-__all__ = ["ANALYSIS", "CASE_STUDIES", "ErasureParams", "token_labels", "run"]
+# ---- chapter 05: the case-study runs and their summaries ------------------------------------------------------------
+
+
+def check_chapter_parameters(*, n_case_studies: int, n_case_studies_compare: int, n_ig_prompts: int, ig_steps: int,
+                             ig_rule: str) -> None:
+    """Check chapter 05's erasure parameters before any model loads: the chapter's own counts (0 skips the
+    comparison models / integrated gradients), then the main run's fields through :class:`ErasureParams`.
+
+    Raises:
+        ParameterError: naming the parameter, the value given and what is allowed.
+    """
+    for name, value in (("n_case_studies_compare", n_case_studies_compare), ("n_ig_prompts", n_ig_prompts)):
+        check_type(name, value, int)
+        check_range(name, value, 0, len(CASE_STUDIES))
+    ErasureParams(n_case_studies=n_case_studies, ig_steps=ig_steps, ig_rule=ig_rule)
+
+
+def run_case_studies(models: list[str], n_case_studies: int, n_case_studies_compare: int, ig_steps: int,
+                     ig_prompts: int | None, ig_rule: str, loaders: dict[str, Any] | None = None,
+                     **kwargs: Any) -> dict[str, RunResult]:
+    """:func:`run` for the main model (``models[0]``, with integrated gradients) and, unless
+    ``n_case_studies_compare`` is 0, for each comparison model on its first case studies without them.
+
+    Args:
+        loaders: model name → model or loader (see :func:`lmdepth.analyses.complexity.model_loaders`).
+        **kwargs: further :class:`ErasureParams` fields (n_mean_examples, device, dtype, results_dir, use_cache).
+
+    Returns:
+        ``{model: RunResult}``, the main model first.
+    """
+    loaders = loaders or {}
+    main = models[0]
+    case = {main: run(main, n_case_studies=n_case_studies, ig_steps=ig_steps, ig_prompts=ig_prompts, ig_rule=ig_rule,
+                      lm=loaders.get(main), **kwargs)}
+    if n_case_studies_compare:
+        for m in models[1:]:
+            case[m] = run(m, n_case_studies=n_case_studies_compare, ig_steps=0, lm=loaders.get(m), **kwargs)
+    return case
+
+
+def last_layer_that_matters(table: pd.DataFrame, frac: float = 0.1) -> pd.DataFrame:
+    """Per (model, prompt) erasure map: the highest layer boundary at which erasing a token still moves the answer
+    prediction by at least ``frac`` of the map's largest effect, for the first and the last token that reach it.
+
+    Position 0 (BOS / attention sink) and the last token (it feeds no answer prediction) are left out.
+
+    Returns:
+        ``model, prompt, first token, last prompt token`` (boundary, or None if no token reaches the threshold),
+        ``tokens`` (how many do) and ``of layers`` (the highest boundary).
+    """
+    out = []
+    for (m, p), d in table[table.method == "erasure"].groupby(["model", "prompt"]):
+        d = d[(d.position < d.position.max()) & (d.position > 0)]
+        thr = frac * d.value.max()
+        top = d[d.value >= thr].groupby("position").layer.max()
+        out.append({"model": m, "prompt": p, "first token": int(top.iloc[0]) if len(top) else None,
+                    "last prompt token": int(top.iloc[-1]) if len(top) else None,
+                    "tokens": len(top), "of layers": int(d.layer.max())})
+    return pd.DataFrame(out)
+
+
+__all__ = ["ANALYSIS", "CASE_STUDIES", "ErasureParams", "token_labels", "run", "check_chapter_parameters", "run_case_studies", "last_layer_that_matters"]

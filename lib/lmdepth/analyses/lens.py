@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.run import Job, concat_tables, per_unit, run_many as many
+from lmdepth.analyses.run import Job, require_tokens, concat_tables, per_unit, run_many as many, stored_weights
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.errors import ParameterError
 from lmdepth.hooks.lens import prompt_lens
@@ -99,10 +99,11 @@ def fit_tuned_lens(
     """
     store = tuned_store(lm.name, cfg, dataset, dtype, lens_dtype, results_dir)
     state = store.dir / "translators.npz"
-    if use_cache and store.complete and state.exists():
+    weights = {lm.name: lm.weights_id}
+    if use_cache and store.complete and state.exists() and stored_weights(store.load().meta) == weights:
         with np.load(state) as z:
             return Translators.from_arrays({k: z[k] for k in z.files}).eval(), store.load()
-    store.clear()
+    store.clear()  # not trained yet, or trained on other weights
     exs = train_examples(dataset, cfg.n_tokens, cfg.seed)
     # Held-out problems are the last ones of the shuffled list: never read for training.
     n_val = max(1, int(cfg.n_tokens * cfg.val_fraction))
@@ -111,7 +112,7 @@ def fit_tuned_lens(
     translators, curve, info = train_translators(lm, train_h, val_h, cfg, lens_dtype)
     curve.insert(0, "model", lm.name)
     meta = {"analysis": TUNED_ANALYSIS, "parameters": {"model_name": lm.name, **store.params},
-            "model": lm.provenance(), "training": info, "environment": environment()}
+            "model": lm.provenance(), "weights": weights, "training": info, "environment": environment()}
     result = store.finalize(curve, meta)
     atomic_write(state, lambda tmp: np.savez(tmp, **translators.state_arrays()))
     return translators, result
@@ -210,6 +211,8 @@ def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: lis
              ) -> tuple[pd.DataFrame, dict[str, Any]]:
     lm = load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote)
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
+    if not p.include_bos:
+        require_tokens(encoded, 2, "include_bos=False leaves no position to average")
     translators, tuned = (fit_tuned_lens(lm, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir, p.use_cache)
                           if p.tuned_lens else (None, None))
     t_eval = time.time()
@@ -369,7 +372,5 @@ def settled_depth(summary: pd.DataFrame, model: str, lens: str, criterion: str) 
 
 
 __all__ = [
-    "ANALYSIS", "LENSES", "METRICS", "LensParams", "fit_tuned_lens", "run", "run_many", "training_curve", "select",
-    "settling_layers", "settling_summary", "settled_depth", "summary_wide", "curve_ends", "STATS", "KL_CRITERION",
-    "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
+    "ANALYSIS", "LENSES", "METRICS", "LensParams", "fit_tuned_lens", "run", "run_many", "training_curve", "select", "settling_layers", "settling_summary", "settled_depth", "summary_wide", "curve_ends", "STATS", "KL_CRITERION", "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
 ]

@@ -22,6 +22,10 @@ How (all closed form, no SGD):
 
 Cost: dominated by the cross-products, 2 · tokens · (L_A+1)d_A · (L_B+1)d_B flops per model pair (both
 directions); minutes on a CPU against the paper's 80 GPU-days of SGD.
+
+What chapter 06 shows is built here from the tidy table and its sidecar: the run's paragraph (:func:`run_md`), the
+summary and control tables, the best-source prose, the claims (:func:`claims`), the checks (:func:`check_run`) and
+the speed section.
 """
 
 from __future__ import annotations
@@ -165,6 +169,35 @@ def summarize_map(table: pd.DataFrame, label: str) -> dict[str, Any]:
             "best_rows": rows.to_dict(orient="list"), "best_cols": cols.to_dict(orient="list")}
 
 
+# ---- what chapter 06 shows: tables, prose, claims and checks from a finished run ----------------------------------
+
+def check_local(remote: bool) -> None:
+    """Chapter 06 cannot run on NDIF.
+
+    Raises:
+        ParameterError: ``remote`` is True (the maps need every residual of both models at every aligned token).
+    """
+    if remote:
+        raise ParameterError("remote=True is not supported by this chapter: the maps need every residual of both "
+                             "models at every aligned token. Run on a GPU with device='cuda' instead.")
+
+
+def map_labels(meta: dict[str, Any], kind: str) -> list[str]:
+    """Labels of the run's maps of one ``kind`` ("main", "self" or "shuffled"), in the order they were fitted."""
+    return [lab for s in meta["maps"] if s["kind"] == kind for lab in s["labels"]]
+
+
+def mean_baseline(table: pd.DataFrame, label: str) -> pd.Series:
+    """Held-out error of the mean-only predictor (the target's training mean) per target boundary of one map."""
+    return table[(table["map"] == label) & (table.metric == "mean_baseline_error")].set_index("target_layer")["value"]
+
+
+def error_over_baseline(table: pd.DataFrame, label: str) -> np.ndarray:
+    """[source boundary × target boundary] error of one map divided by the mean-only error of its column."""
+    e = error_matrix(table, label)
+    return (e / mean_baseline(table, label)[e.columns].to_numpy()).to_numpy()
+
+
 # ---- the run ---------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -276,7 +309,7 @@ def run(params: MapsParams | str | None = None, **kwargs: Any) -> RunResult:
                control_stride=p.control_stride, product_dtype=p.product_dtype, seed=p.seed, dtype=p.dtype)
     if p.general_text == "python-docs" and p.general_fraction > 0:
         key["general_text_id"] = general_text_id()
-    return Job(ANALYSIS, p, key).execute(lambda store: _compute(p, specs, models, key, store))
+    return Job(ANALYSIS, p, key, models=models).execute(lambda store: _compute(p, specs, models, key, store))
 
 
 def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[str, Any], store: RunStore
@@ -361,4 +394,5 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
 
 
 __all__ = ["ANALYSIS", "MapsParams", "MapSpec", "map_specs", "collect", "best_matches", "best_sources",
-           "diagonal_summary", "summarize_map", "error_matrix", "map_table", "run"]
+           "diagonal_summary", "summarize_map", "error_matrix", "map_table", "run", "check_local",
+           "map_labels", "mean_baseline", "error_over_baseline"]

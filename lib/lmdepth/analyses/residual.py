@@ -15,7 +15,7 @@ import pandas as pd
 from lmdepth.hooks.capture import trace_layer_reductions
 from lmdepth.data.datasets import dataset_id, Example, load_examples, selection_record
 from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats, residual_token_metrics
-from lmdepth.analyses.run import Job, concat_tables, per_unit, run_many as many
+from lmdepth.analyses.run import Job, require_tokens, concat_tables, per_unit, run_many as many
 from lmdepth.model.registry import LoadedModel, load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
@@ -83,6 +83,8 @@ def _compute(p: ResidualParams, key: dict[str, Any], examples: list[Example], st
     lm = load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote)
     # Tokenize everything first: a prompt that does not fit fails before any compute is spent.
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
+    if not p.include_bos:
+        require_tokens(encoded, 2, "include_bos=False leaves no position to average")
 
     def one(_: str, ids: Any) -> dict[str, np.ndarray]:
         vals = prompt_metrics(lm, ids)

@@ -14,6 +14,7 @@ the sidecar. :func:`per_unit` is the checkpointed loop over problems (or items, 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,8 +23,10 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from lmdepth.errors import DataError
+from lmdepth.model.registry import current_weights_id
 from lmdepth.params import ModelParams
-from lmdepth.results import RunResult, RunStore
+from lmdepth.results import RunResult, RunStore, record_run
 from lmdepth.runtime import environment, progress
 
 X = TypeVar("X")
@@ -41,6 +44,9 @@ class Job:
         item_key: the parameters that change one unit's numbers (default: ``key``); leaving out e.g.
             ``n_examples`` lets a larger run reuse a smaller one's per-unit checkpoints.
         model: the model name the run is filed under (default: ``params.model_name``).
+        models: every model whose weights the numbers depend on (default: ``[model]``). A cached run whose models'
+            weights changed since it was computed (a local directory retrained in place, another hub revision) is
+            recomputed, never served: the sidecar records each model's :func:`~lmdepth.model.registry.weights_id`.
     """
 
     analysis: str
@@ -48,24 +54,51 @@ class Job:
     key: dict[str, Any]
     item_key: dict[str, Any] | None = None
     model: str | None = None
+    models: list[str] | None = None
 
-    @property
-    def store(self) -> RunStore:
+    def store(self, weights: dict[str, str]) -> RunStore:
+        """The cache entry; per-unit checkpoints are also keyed by the models' weights (a unit computed with other
+        weights is never reused)."""
         p = self.params
-        return RunStore(p.results_dir, self.analysis, self.model or p.model_name, self.key, item_params=self.item_key)
+        item_key = {**(self.key if self.item_key is None else self.item_key), "weights": weights}
+        return RunStore(p.results_dir, self.analysis, self.model or p.model_name, self.key, item_params=item_key)
+
+    def weights(self) -> dict[str, str]:
+        """The current weights id of every model the run depends on."""
+        names = self.models or [self.model or self.params.model_name]
+        return {m: current_weights_id(m, remote=bool(getattr(self.params, "remote", False))) for m in names}
 
     def execute(self, compute: Callable[[RunStore], tuple[pd.DataFrame, dict[str, Any]]]) -> RunResult:
         """Serve a finished run from the cache, or compute it (resuming from checkpoints) and finish it."""
-        store = self.store
+        weights = self.weights()
+        store = self.store(weights)
         if self.params.use_cache and store.complete:
-            return store.load()
+            cached = store.load()
+            if stored_weights(cached.meta) == weights:
+                record_run(cached)
+                return cached
+            print(f"lmdepth: the weights of {', '.join(weights)} changed since {store.dir} was computed; "
+                  "recomputing", file=sys.stderr, flush=True)
+            store.clear()
         if not self.params.use_cache:
             store.clear()
         t0 = time.time()
         table, meta = compute(store)
-        meta = {"analysis": self.analysis, **meta, "environment": environment(),
+        meta = {"analysis": self.analysis, **meta, "weights": weights, "environment": environment(),
                 "wall_time_s": round(time.time() - t0, 2)}
-        return store.finalize(table, meta)
+        result = store.finalize(table, meta)
+        record_run(result)
+        return result
+
+
+def stored_weights(meta: dict[str, Any]) -> dict[str, str]:
+    """The weights ids a sidecar was computed with. Sidecars written before they were recorded name a packaged
+    model's pinned digest in their provenance, which is its weights id; other models then have none (recompute)."""
+    if "weights" in meta:
+        return meta["weights"]
+    provenance = meta.get("models") or {meta.get("parameters", {}).get("model_name"): meta.get("model") or {}}
+    return {m: f"packaged:{p['file_sha256']}" for m, p in provenance.items()
+            if p.get("source") == "packaged" and p.get("file_sha256")}
 
 
 def per_unit(store: RunStore, units: Sequence[tuple[str, X]], compute: Callable[[str, X], Arrays],
@@ -84,8 +117,18 @@ def per_unit(store: RunStore, units: Sequence[tuple[str, X]], compute: Callable[
     return out
 
 
+def require_tokens(encoded: Sequence[tuple[str, Any]], n: int, why: str) -> None:
+    """Raise a :class:`~lmdepth.errors.DataError` naming the first unit with fewer than ``n`` tokens."""
+    for uid, ids in encoded:
+        if ids.shape[-1] < n:
+            raise DataError(f"Example {uid} has {ids.shape[-1]} token(s); {why}. Use longer texts or drop it.")
+
+
 def run_many(run: Callable[..., RunResult], model_names: Sequence[str], **kwargs: Any) -> dict[str, RunResult]:
-    """``run(model_name=m, **kwargs)`` for each model, in order."""
+    """``run(model_name=m, **kwargs)`` for each model, in order. Every name is checked first, so a typo in the last
+    one stops the call before the first model is loaded."""
+    for m in model_names:
+        current_weights_id(m, remote=bool(kwargs.get("remote", False)))
     return {m: run(model_name=m, **kwargs) for m in model_names}
 
 

@@ -11,11 +11,13 @@ Four runs — MoEUT and a dense Transformer, each trained with the question mode
 
 The erasure and skip code is the same as for the pretrained models: a from-scratch model is wrapped in a
 :class:`~lmdepth.model.families.ModelAdapter` whose "layers" are the depth steps (block applications for MoEUT).
+
+The chapter's parameters (:class:`ScratchParams`), display tables, prose, claims (:func:`claims`) and checks
+(:func:`check_results`) are built here from those results.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,16 +27,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.data.dm_math import ERASURE_REFERENCE, PROBES, CharTokenizer, MathExample
+from lmdepth.data.dm_math import ERASURE_REFERENCE, PROBES, MathData, MathExample
+from lmdepth.data.dm_tokens import CharTokenizer
 from lmdepth.errors import DataError
 from lmdepth.hooks.skipping import prompt_effects
 from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
+from lmdepth.metrics.depth import group_statistics, level_statistics
+from lmdepth.metrics.intervals import wilson_interval
+from lmdepth.params import Params, param
 from lmdepth.scratch.models import ScratchLM, adapter_for
+from lmdepth.scratch.evaluate import evaluate, greedy_answer
 from lmdepth.scratch.training import (
     ARCHS,
     OBJECTIVES,
-    evaluate,
-    greedy_answer,
+    PRESETS,
     load_trained,
     run_config,
     run_dir,
@@ -86,15 +92,6 @@ def trained_runs(profile: str, checkpoint_dir: str | Path, data_dir: str | Path,
 
 
 # ---- accuracy -------------------------------------------------------------------------------------------------
-
-def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a proportion k/n (sensible at 0 and n, unlike the normal approximation)."""
-    if n == 0:
-        return float("nan"), float("nan")
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def evaluate_runs(runs: dict[str, TrainedRun], splits: dict[str, list[MathExample]], device: str = "cpu",
@@ -240,5 +237,144 @@ def depth_by_operations(run: TrainedRun, examples: Sequence[MathExample], device
     return np.stack(Es), np.stack(Os)
 
 
-__all__ = ["TrainedRun", "trained_runs", "wilson_interval", "evaluate_runs", "accuracy_summary", "paired_gains",
-           "probe_erasure", "erasure_depth", "operation_sample", "depth_by_operations", "ARCH_LABELS"]
+# ---- what chapter 07 shows: parameters, tables, prose, claims and checks ----------------------------------------
+
+@dataclass(frozen=True)
+class ScratchParams(Params):
+    """Parameters of chapter 07 (MoEUT vs Transformer trained from scratch), validated when built."""
+
+    profile: str = param("default", choices=tuple(PRESETS), help="training preset: smoke, default (CPU) or paper (GPU)")
+    train: bool = param(True, help="train runs that have no finished checkpoint; False: error instead")
+    checkpoint_dir: str | Path = param("checkpoints/dm_math", help="finished runs; '' puts them under results_dir")
+    n_per_operations: int = param(12, lo=1, hi=10_000, help="depth score: problems per number of operations and split")
+    n_boot: int = param(1000, lo=10, hi=100_000, help="bootstrap resamples for the intervals")
+    seed: int = param(0, help="seed of the problem sample and the bootstrap")
+    device: str = param("cpu", help="'cpu', 'cuda', 'auto' …")
+    results_dir: str | Path = param("results", help="generated data and (with checkpoint_dir '') the trained runs")
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where the trained runs live: ``checkpoint_dir``, or ``results_dir/dm_math_runs`` when it is empty."""
+        return Path(self.checkpoint_dir or Path(self.results_dir) / "dm_math_runs")
+
+    @property
+    def data_dir(self) -> Path:
+        """Where the generated problems are cached."""
+        return Path(self.results_dir) / "dm_math_data"
+
+
+def evaluation_splits(data: MathData) -> dict[str, list[MathExample]]:
+    """The two evaluation splits of a data set by name: ``interpolate`` and ``extrapolate``."""
+    return {"interpolate": data.interpolate, "extrapolate": data.extrapolate}
+
+
+def gains_by_split(per_example: pd.DataFrame, splits: Sequence[str], n_boot: int = 1000, seed: int = 0
+                   ) -> pd.DataFrame:
+    """:func:`paired_gains` of every split, in one table."""
+    return pd.concat([paired_gains(per_example, s, n_boot=n_boot, seed=seed) for s in splits], ignore_index=True)
+
+
+def probe_erasures(runs: dict[str, TrainedRun], device: str = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`probe_erasure` of every run.
+
+    Returns:
+        (the erasure maps of all runs in one table; per run and probe ``run, probe, answer, greedy answer, right``).
+    """
+    erasure_tables, probe_info = [], []
+    for name, r in runs.items():
+        t, inf = probe_erasure(r, device=device)
+        erasure_tables.append(t)
+        probe_info += [{"run": name, "probe": q, "answer": v["answer"], "greedy answer": v["greedy"],
+                        "right": "yes" if v["correct"] else "no"} for q, v in inf.items()]
+    return pd.concat(erasure_tables, ignore_index=True), pd.DataFrame(probe_info)
+
+
+@dataclass(frozen=True)
+class DepthByOperations:
+    """The depth score of every run against the number of operations (chapter 07, beyond the paper).
+
+    Attributes:
+        sample: the problems (interpolate, then extrapolate); n_ops: their number of operations.
+        levels: per run and count, :func:`~lmdepth.metrics.depth.level_statistics`, with ``rel_*`` columns
+            (relative to L − 1) and ``n_layers``.
+        slopes: per run, the fitted slope over all counts, with ``rel_slope, rel_ci_low, rel_ci_high``.
+        split_rises: per run and split, the fitted rise within the split (layer effect, mean aggregation), for
+            display.
+        solved_groups: per run, the depth score of the solved and unsolved problems, with ``n_layers``.
+    """
+
+    sample: list[MathExample]
+    n_ops: np.ndarray
+    levels: pd.DataFrame
+    slopes: pd.DataFrame
+    split_rises: pd.DataFrame
+    solved_groups: pd.DataFrame
+
+
+def depth_vs_operations(runs: dict[str, TrainedRun], data: MathData, per_example: pd.DataFrame,
+                        n_per_operations: int, n_boot: int = 1000, seed: int = 0, device: str = "cpu",
+                        ) -> DepthByOperations:
+    """Depth score against the number of operations: up to ``n_per_operations`` problems per count from each
+    evaluation split (:func:`operation_sample`), every depth step skipped (:func:`depth_by_operations`), per run
+    the score per count and its fitted rise over all counts and within each split, and the score of the problems
+    the run solves and fails (``per_example``: :func:`evaluate_runs`)."""
+    sample = operation_sample(data.interpolate, n_per_operations, seed=seed) + \
+        operation_sample(data.extrapolate, n_per_operations, seed=seed + 1)
+    n_ops = np.array([e.n_operations for e in sample])
+    split_of = np.array([e.split for e in sample])
+    lv_frames, slope_rows, split_rows, solved_rows = [], [], [], []
+    correct_of = per_example.groupby(["run", "split", "question"]).correct.first()  # a question may repeat in a split
+    for name, r in runs.items():
+        E, O = depth_by_operations(r, sample, device=device)
+        L = E.shape[-1]
+        lv, sl = level_statistics(E, O, n_ops, n_boot=n_boot, seed=seed)
+        for c in ("depth_score", "ci_low", "ci_high"):
+            lv["rel_" + c] = lv[c] / (L - 1)
+        lv_frames.append(lv.assign(run=name, n_layers=L))
+        sl["rel_slope"], sl["rel_ci_low"], sl["rel_ci_high"] = sl.slope / (L - 1), sl.ci_low / (L - 1), sl.ci_high / (L - 1)
+        slope_rows.append(sl.assign(run=name))
+        for split in ("interpolate", "extrapolate"):  # the rise within one split: operations without the length shift
+            keep = split_of == split
+            _, ss = level_statistics(E[keep], O[keep], n_ops[keep], n_boot=n_boot, seed=seed)
+            ss = ss[(ss.aggregation == "mean") & (ss.metric == "layer_effect")]
+            span_s = int(n_ops[keep].max() - n_ops[keep].min())
+            split_rows += [{"run": name, "split": split, "operations": f"{int(n_ops[keep].min())}–{int(n_ops[keep].max())}",
+                            "rise within the split (rel. depth)": round(x.slope * span_s / (L - 1), 3),
+                            "95% CI": f"{x.ci_low * span_s / (L - 1):+.3f} … {x.ci_high * span_s / (L - 1):+.3f}"}
+                           for _, x in ss.iterrows()]
+        solved = np.array([bool(correct_of[(name, e.split, e.question)]) for e in sample])
+        gs = group_statistics(E, O, {"solved": solved, "unsolved": ~solved}, n_boot=n_boot, seed=seed)
+        solved_rows.append(gs.assign(run=name, n_layers=L))
+    return DepthByOperations(sample, n_ops, pd.concat(lv_frames, ignore_index=True),
+                             pd.concat(slope_rows, ignore_index=True), pd.DataFrame(split_rows),
+                             pd.concat(solved_rows, ignore_index=True))
+
+
+RISE = "rise over all counts (rel. depth)"
+
+
+def overall_rises(depth: DepthByOperations) -> pd.DataFrame:
+    """Per run and metric (mean aggregation): the fitted rise of the relative depth score from the fewest to the
+    most operations (``RISE``, rounded) with its 95 % interval (``"95% CI"``), beside the slopes."""
+    sl_show = depth.slopes[depth.slopes.aggregation == "mean"].copy()
+    span = int(depth.n_ops.max() - depth.n_ops.min())
+    sl_show[RISE] = (sl_show.rel_slope * span).round(3)
+    sl_show["95% CI"] = [f"{lo * span:+.3f} … {hi * span:+.3f}" for lo, hi in zip(sl_show.rel_ci_low, sl_show.rel_ci_high)]
+    return sl_show
+
+
+def extrapolation_gains(gains: pd.DataFrame) -> pd.DataFrame:
+    """The extrapolate rows of :func:`gains_by_split`, indexed by (metric, comparison)."""
+    return gains[gains.split == "extrapolate"].set_index(["metric", "comparison"])
+
+
+def answer_only_rises(rises: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """The layer-effect rows of :func:`overall_rises` of MoEUT and of the Transformer trained on the answer only."""
+    rise = {row["run"]: row for _, row in rises[rises.metric == "layer_effect"].iterrows()}
+    return rise["moeut-answer_only"], rise["transformer-answer_only"]
+
+
+__all__ = ["TrainedRun", "trained_runs", "evaluate_runs", "accuracy_summary", "paired_gains",
+           "probe_erasure", "erasure_depth", "operation_sample", "depth_by_operations", "ARCH_LABELS",
+           "ScratchParams", "evaluation_splits", "gains_by_split", "probe_erasures", "DepthByOperations",
+           "depth_vs_operations", "RISE", "overall_rises", "extrapolation_gains", "answer_only_rises"]

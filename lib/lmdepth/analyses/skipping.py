@@ -6,19 +6,20 @@ points; over problems, the elementwise max. The mean over problems is kept too (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from lmdepth.data.datasets import dataset_id, load_examples, selection_record
 from lmdepth.analyses.run import Job, per_unit
-from lmdepth.data.datasets import Example
+from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
+from lmdepth.hooks.skipping import PARTS, draw_cuts, prompt_effects, variants
+from lmdepth.metrics.effects import cutoff_with_ci, later_effect
 from lmdepth.model.registry import load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
-from lmdepth.hooks.skipping import PARTS, draw_cuts, prompt_effects, variants
 
 ANALYSIS = "layer_skipping"
 
@@ -36,35 +37,6 @@ def _tidy(model: str, effects: dict[tuple[str, str], np.ndarray], outputs: dict[
             rows += [{**base, "metric": "output_change", "skipped_layer": s, "affected_layer": -1, "value": o[s]}
                      for s in range(L)]
     return pd.DataFrame(rows)
-
-
-def later_effect(E: np.ndarray) -> np.ndarray:
-    """[L, L] → [L]: for each skipped layer s, the largest effect on any *later* layer j > s (0 for the last)."""
-    L = E.shape[0]
-    return np.array([E[s, s + 1 :].max() if s + 1 < L else 0.0 for s in range(L)])
-
-
-def cutoff_layer(E: np.ndarray, threshold: float) -> int:
-    """The first skipped layer s from which on every later_effect stays below ``threshold`` (L if none)."""
-    m = later_effect(E)
-    above = np.nonzero(m >= threshold)[0]
-    return int(above[-1] + 1) if len(above) else 0
-
-
-def cutoff_with_ci(E_per_problem: np.ndarray, threshold: float, n_boot: int = 1000, seed: int = 0) -> dict[str, float]:
-    """Cutoff of the max-over-problems effects, with a percentile bootstrap interval over problems.
-
-    Args:
-        E_per_problem: [P, L, L] per-problem effects.
-    """
-    point = cutoff_layer(E_per_problem.max(0), threshold)
-    rng = np.random.default_rng(seed)
-    P = len(E_per_problem)
-    boots = [cutoff_layer(E_per_problem[rng.integers(0, P, P)].max(0), threshold) for _ in range(n_boot)]
-    lo, hi = np.quantile(boots, [0.025, 0.975])
-    L = E_per_problem.shape[1]
-    return {"cutoff": point, "ci_low": float(lo), "ci_high": float(hi), "n_layers": L, "rel_depth": point / L,
-            "threshold": threshold}
 
 
 @dataclass(frozen=True)
@@ -157,3 +129,61 @@ def matrix(table: pd.DataFrame, analysis: str, variant: str, stat: str = "max", 
     E = np.zeros((L, L))
     E[t.skipped_layer.to_numpy(), t.affected_layer.to_numpy()] = t.value.to_numpy()
     return E
+
+
+def variant_names(parts: Sequence[str], local: bool) -> list[str]:
+    """The variants a run with these ``parts`` and ``local`` stores, in the chapter's order ("local" needs "layer")."""
+    return [p for p in PARTS if p in parts] + (["local"] if local and "layer" in parts else [])
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The main model's runs and the comparison models' runs of chapter 03, side by side.
+
+    Attributes:
+        table: every run's tidy table (main model: future, then current; then per comparison model future and,
+            when run, current).
+        metas: model → sidecar of its future-token run (its ``summary`` holds the cutoffs).
+    """
+
+    table: pd.DataFrame
+    metas: dict[str, dict[str, Any]]
+
+
+def compare(models: Sequence[str], current: RunResult, future: RunResult, n_examples: int, n_cuts: int,
+            with_current: bool = True, **common: Any) -> Comparison:
+    """Add the comparison models to the main model's runs.
+
+    Args:
+        models: the main model first (its runs are ``current`` and ``future``), then the comparison models.
+        n_examples, n_cuts: problems and cut points per problem of each comparison model (smaller than the main
+            model's: a CPU budget).
+        with_current: also run the all-token analysis on the comparison models (on ``n_examples`` problems).
+        common: the remaining :class:`SkipParams` fields, shared by every run.
+    """
+    tables, metas = [future.table, current.table], {models[0]: future.meta}
+    for m in models[1:]:
+        f = run(m, analysis="future", n_examples=n_examples, n_cuts=n_cuts, **common)
+        tables.append(f.table)
+        metas[m] = f.meta
+        if with_current:
+            tables.append(run(m, analysis="current", n_examples=n_examples, **common).table)
+    return Comparison(pd.concat(tables, ignore_index=True), metas)
+
+
+def later_effect_table(table: pd.DataFrame, models: Sequence[str]) -> pd.DataFrame:
+    """Future tokens, layer skip: :func:`later_effect` of every skipped layer per model, on relative depth.
+
+    Returns:
+        ``model, layer, n_layers, rel_depth, value`` rows (the input of
+        :func:`lmdepth.charts.skipping.later_effect_lines`).
+    """
+    rows = []
+    for m in models:
+        E = matrix(table, "future", "layer", model=m)
+        n = len(E)
+        rows += [{"model": m, "layer": i, "n_layers": n, "rel_depth": (i + 0.5) / n, "value": v}
+                 for i, v in enumerate(later_effect(E))]
+    return pd.DataFrame(rows)
+
+

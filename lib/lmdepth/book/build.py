@@ -20,10 +20,16 @@ from pathlib import Path
 import nbformat
 
 from lmdepth.book.chapters import CHAPTERS, chapter_source, declared_parameters, execute_chapter, profile_params, profiles_dir
+from lmdepth.results import BOOK_RECORD_ENV
 from lmdepth.runtime import REPO_ROOT
 
 BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/references.md")
 SUMMARY_PAGES = {"atlas", "reproducibility"}  # read the other pages' results and notebooks
+
+
+def book_record_root(results_dir: str | Path, profile: str) -> Path:
+    """Where the book build records, per chapter, the runs it used and the claims it checked."""
+    return Path(results_dir) / "book" / Path(profile).stem
 
 
 def build_hash(chapter: str, profile: str) -> str:
@@ -114,7 +120,13 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path) -
         for name, path in (("results_dir", results_dir), ("book_dir", book_dir)):
             if name in declared:  # pages that read results or the other executed notebooks
                 params[name] = os.path.relpath(path, REPO_ROOT)
-        execute_chapter(chapter, params, out, cwd=REPO_ROOT)
+        record = book_record_root(results_dir, profile) / chapter
+        shutil.rmtree(record, ignore_errors=True)  # this execution's runs and claims replace the last one's
+        os.environ[BOOK_RECORD_ENV] = str(record.resolve())
+        try:
+            execute_chapter(chapter, params, out, cwd=REPO_ROOT)
+        finally:
+            os.environ.pop(BOOK_RECORD_ENV, None)
         errors = clean_notebook(out, repository_url())
         if errors:
             out.rename(out.with_suffix(".failed.ipynb"))

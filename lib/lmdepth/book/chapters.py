@@ -13,8 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jupyter_client import AsyncKernelManager
 
+from lmdepth.analyses.complexity import ComplexityParams
+from lmdepth.analyses.lens import LensParams
+from lmdepth.analyses.maps import MapsParams
+from lmdepth.analyses.residual import ResidualParams
+from lmdepth.analyses.scratch import ScratchParams
+from lmdepth.analyses.skipping import SkipParams
 from lmdepth.errors import ParameterError
+from lmdepth.model.registry import current_weights_id
+from lmdepth.params import CommonParams, Params, check_device, check_remote, check_results_dir
 from lmdepth.runtime import REPO_ROOT
 
 CHAPTERS: dict[str, str] = {
@@ -30,7 +39,11 @@ CHAPTERS: dict[str, str] = {
     "reproducibility": "92_reproducibility",
 }
 PROFILES = ("smoke", "default", "paper")
-
+#: The parameters class whose checks a chapter's values go through before a kernel starts (the same checks the
+#: analysis runs when the chapter calls it).
+CHAPTER_PARAMS: dict[str, type[Params]] = {"norms": ResidualParams, "cosine": ResidualParams, "skipping": SkipParams,
+                                           "lens": LensParams, "complexity": ComplexityParams, "maps": MapsParams,
+                                           "moeut": ScratchParams}
 
 def notebooks_dir() -> Path:
     return Path(os.environ.get("LMDEPTH_NOTEBOOKS", REPO_ROOT / "notebooks"))
@@ -51,11 +64,21 @@ def chapter_source(chapter: str) -> Path:
 
 
 def profile_params(profile: str, chapter: str) -> dict[str, Any]:
-    """Parameters of a profile file for one chapter: its ``common`` block updated by the chapter's block."""
-    path = profiles_dir() / f"{profile}.yaml"
+    """Parameters of a profile for one chapter: its ``common`` block updated by the chapter's block.
+
+    ``profile`` names a file of ``profiles/`` (``smoke``, ``default``, ``paper``) or is the path of a YAML file of
+    the same shape (your own profile).
+    """
+    path = Path(profile).expanduser() if profile.endswith((".yaml", ".yml")) else profiles_dir() / f"{profile}.yaml"
     if not path.exists():
-        raise ParameterError(f"Unknown profile {profile!r}: expected {path}. Profiles: {', '.join(PROFILES)}.")
-    doc = yaml.safe_load(path.read_text()) or {}
+        raise ParameterError(f"Unknown profile {profile!r}: expected {path}. Profiles: {', '.join(PROFILES)}, or the "
+                             "path of a .yaml file with 'common' and 'chapters' blocks.")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ParameterError(f"Profile {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, dict) or not set(doc) <= {"common", "chapters"}:
+        raise ParameterError(f"Profile {path} must be a mapping with 'common' and/or 'chapters' blocks.")
     common = doc.get("common") or {}
     if common:  # the shared block applies to the chapters that have those parameters (the atlas has no model)
         declared = declared_parameters(chapter)
@@ -98,13 +121,25 @@ def check_parameters(chapter: str, params: dict[str, Any]) -> dict[str, Any]:
         types = _PY_TYPES.get(spec[name].type_name)
         if types and spec[name].type_name == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # "-p dataset 123" arrives as a number from YAML parsing
+        if types and spec[name].type_name == "str" and isinstance(value, (dict, list)):
+            raise ParameterError(f"Parameter {name!r} of chapter {chapter!r} must be a string, but the value was read "
+                                 f"as YAML {type(value).__name__} {value!r}. Quote it for YAML, e.g. "
+                                 f"-p {name} \"'Answer: 42'\".")
         if types and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
             raise ParameterError(f"Parameter {name!r} of chapter {chapter!r} must be {spec[name].type_name} "
                                  f"(default {spec[name].default}), got {value!r}.")
         out[name] = value
-    from lmdepth.params import check_common
-
-    check_common(**out)  # ranges and choices of the shared vocabulary, before a kernel starts
+    # ranges and choices, by the analysis's own parameter class (the shared vocabulary for the other pages)
+    CHAPTER_PARAMS.get(chapter, CommonParams).check_known(out)
+    if "device" in out:
+        check_device(out["device"])  # before a kernel starts and a model loads
+    model = out.get("model_name", spec["model_name"].default.strip("'\"") if "model_name" in spec else None)
+    if model is not None:
+        check_remote(model, bool(out.get("remote", False)))
+        for m in [model, *out.get("compare_models", [])]:  # a typo in the last model stops here, not after hours
+            current_weights_id(m, remote=bool(out.get("remote", False)))
+    if "results_dir" in out:
+        check_results_dir(out["results_dir"])
     return out
 
 
@@ -119,6 +154,23 @@ def parse_cli_value(raw: str) -> Any:
         return yaml.safe_load(raw)
     except yaml.YAMLError:
         return raw
+
+
+class QuietKernelManager(AsyncKernelManager):
+    """A kernel whose own stderr (ZMQ transport warnings, shutdown noise after Ctrl-C) goes to a log file instead
+    of the user's terminal. Errors in cells still come back through the notebook; the log is at
+    :func:`kernel_log`."""
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+        kw["stderr"] = open(kernel_log(), "ab")  # noqa: SIM115 (the kernel process owns it until it exits)
+        await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    _launch_kernel = _async_launch_kernel
+
+
+def kernel_log() -> Path:
+    """Where the chapter kernels' own stderr goes."""
+    return Path(tempfile.gettempdir()) / f"lmdepth-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}.log"
 
 
 def execute_chapter(
@@ -147,6 +199,7 @@ def execute_chapter(
         nbformat.write(nb, src)
         partial = output.with_name(output.stem + ".failed.ipynb")
         papermill.execute_notebook(str(src), str(partial), parameters=params, cwd=str(cwd or REPO_ROOT),
-                                   kernel_name="python3", log_output=log_output, progress_bar=progress_bar)
+                                   kernel_name="python3", log_output=log_output, progress_bar=progress_bar,
+                                   kernel_manager_class=QuietKernelManager)
         os.replace(partial, output)
     return output

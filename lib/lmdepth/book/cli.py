@@ -13,13 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+from lmdepth.book.build import build_book
+from lmdepth.book.chapters import CHAPTERS, declared_parameters, execute_chapter, parse_cli_value, profile_params
 from lmdepth.errors import LmDepthError
+from lmdepth.model.families import supported_model_types
+from lmdepth.model.registry import PACKAGED, cache_dir
+from lmdepth.results import clean, slug
 
 
 def _run(args: argparse.Namespace) -> int:
-    from lmdepth.book.chapters import declared_parameters, execute_chapter, parse_cli_value, profile_params
-    from lmdepth.results import slug
-
     params = profile_params(args.profile, args.chapter) if args.profile else {}
     for name, raw in args.param or []:
         params[name] = parse_cli_value(raw)
@@ -39,10 +41,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from lmdepth.model.families import supported_model_types
-    from lmdepth.book.chapters import CHAPTERS, declared_parameters
-    from lmdepth.model.registry import PACKAGED
-
     print("Chapters:")
     for name, stem in CHAPTERS.items():
         print(f"  {name:8s} notebooks/{stem}.py")
@@ -58,9 +56,15 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _book(args: argparse.Namespace) -> int:
-    from lmdepth.book.build import build_book
-
     build_book(profile=args.profile, force=args.force, html=not args.no_html)
+    return 0
+
+
+def _clean(args: argparse.Namespace) -> int:
+    removed = clean(args.results_dir, partial_days=args.days) + clean(cache_dir() / "models", partial_days=float("inf"))
+    for p in removed:
+        print(f"removed {p}")
+    print(f"lmdepth: removed {len(removed)} leftover(s) of interrupted runs; finished results are kept.")
     return 0
 
 
@@ -73,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", help="model_name parameter (packaged name, hub id or directory)")
     r.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="set a parameter; VALUE is YAML (5, true, '[a, b]')")
-    r.add_argument("--profile", choices=["smoke", "default", "paper"], help="start from a parameter profile")
-    r.add_argument("--results-dir", default="results", help="results root (default: ./results)")
+    r.add_argument("--profile", help="start from a parameter profile: smoke, default, paper, or a .yaml file")
+    r.add_argument("--results-dir", default="lmdepth-results",
+                   help="results root (default: ./lmdepth-results; the book's own results/ is written only by `lmdepth book`)")
     r.add_argument("--output", help="executed notebook path (default: <results-dir>/notebooks/<chapter>-<model>.ipynb)")
     r.add_argument("-v", "--verbose", action="store_true", help="stream the notebook's output")
     r.set_defaults(fn=_run)
@@ -84,10 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(fn=_list)
 
     b = sub.add_parser("book", help="execute changed chapters into book/ and render the HTML book")
-    b.add_argument("--profile", default="default", choices=["smoke", "default", "paper"])
+    b.add_argument("--profile", default="default", help="smoke, default, paper, or a .yaml file")
     b.add_argument("--force", action="store_true", help="re-execute every chapter")
     b.add_argument("--no-html", action="store_true", help="execute only")
     b.set_defaults(fn=_book)
+    c = sub.add_parser("clean", help="remove what interrupted runs left behind (temporaries, old checkpoints)")
+    c.add_argument("--results-dir", default="lmdepth-results", help="results root (default: ./lmdepth-results)")
+    c.add_argument("--days", type=float, default=7.0, help="remove per-unit checkpoints untouched this long")
+    c.set_defaults(fn=_clean)
     return p
 
 
@@ -98,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     except LmDepthError as e:
         print(f"lmdepth: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        where = getattr(args, "results_dir", None)
+        print("lmdepth: interrupted. Every finished unit is checkpointed: run the same command again to resume"
+              + (f" (results under {Path(where).resolve()})." if where else "."), file=sys.stderr)
+        return 130
     except Exception as e:  # papermill wraps errors raised inside the notebook
         from papermill.exceptions import PapermillExecutionError
 

@@ -16,7 +16,7 @@ from lmdepth.hooks.capture import hooked_residuals
 from lmdepth.charts.explorer import exploration_charts
 from lmdepth.metrics.residual import RESIDUAL_METRICS, residual_token_metrics
 from lmdepth.model.registry import LoadedModel, load_model
-from lmdepth.hooks.skipping import CleanPass, Row, clean_pass, naive_effect
+from lmdepth.hooks.skipping import CleanPass, Row, clean_pass, run_rows
 
 
 @dataclass
@@ -92,8 +92,8 @@ def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int,
     if not 0 <= layer < lm.adapter.n_layers:
         raise ValueError(f"layer must be in 0..{lm.adapter.n_layers - 1} for {lm.name}, got {layer}")
     clean = clean if clean is not None and clean.probs is not None else clean_pass(lm.adapter, ids, with_probs=True)
-    e, o = naive_effect(lm.adapter, ids, clean, Row(s=layer))
-    return pd.DataFrame({"layer": range(lm.adapter.n_layers), "relative_change": e.numpy()}), o
+    E, O, _ = run_rows(lm.adapter, ids, clean, [Row(s=layer)])  # the fast path of chapter 03, one intervention
+    return pd.DataFrame({"layer": range(lm.adapter.n_layers), "relative_change": E[0].numpy()}), float(O[0])
 
 
 def explore(lm: LoadedModel, text: str, layer: int, position: int = -1, k: int = 5) -> Exploration:

@@ -41,4 +41,13 @@ def map_chart(table, method: str, model: str, prompts: Sequence[str] | None = No
     return alt.hconcat(*charts).resolve_scale(color="independent")
 
 
-__all__ = ["map_chart"]
+def comparison_maps(table, models: Sequence[str]) -> alt.VConcatChart | None:
+    """Erasure maps of several models (e.g. chapter 05's comparison models), one titled row per model present in
+    ``table``; None if none is."""
+    shown = [m for m in models if (table.model == m).any()]
+    if not shown:
+        return None
+    return alt.vconcat(*[map_chart(table, "erasure", m).properties(title=m) for m in shown])
+
+
+__all__ = ["map_chart", "comparison_maps"]

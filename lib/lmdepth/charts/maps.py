@@ -81,6 +81,18 @@ def map_heatmaps(table: pd.DataFrame, labels: list[str], size: int = 260, max_er
     return alt.hconcat(*charts).resolve_scale(color="shared")
 
 
+def heatmap_rows(table: pd.DataFrame, labels: list[str], size: int = 260, max_error: float = 1.0,
+                 normalized: bool = False) -> list[Any]:
+    """:func:`map_heatmaps` of ``labels`` two at a time (both directions of a pair side by side), one chart per pair."""
+    return [map_heatmaps(table, labels[k : k + 2], size, max_error, normalized) for k in range(0, len(labels), 2)]
+
+
+def heatmap_grid(table: pd.DataFrame, labels: list[str], size: int = 260, max_error: float = 1.0,
+                 normalized: bool = False) -> Any:
+    """The pairs of :func:`heatmap_rows` stacked into one chart, one pair per row."""
+    return alt.vconcat(*heatmap_rows(table, labels, size, max_error, normalized))
+
+
 def floor_lines(table: pd.DataFrame, label: str, width: int = 420) -> Any:
     """Per target boundary: error of the best source boundary, of the embeddings alone (m = 0, the floor), and of
     the mean-only predictor (no information), on target relative depth."""
@@ -108,4 +120,4 @@ def floor_lines(table: pd.DataFrame, label: str, width: int = 420) -> Any:
     ).add_params(pick).properties(width=width, height=240, title=label)
 
 
-__all__ = ["map_heatmap", "map_heatmaps", "floor_lines"]
+__all__ = ["map_heatmap", "map_heatmaps", "heatmap_rows", "heatmap_grid", "floor_lines"]

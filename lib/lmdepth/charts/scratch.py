@@ -63,6 +63,11 @@ def probe_chart(table: pd.DataFrame, probe: str, runs: Sequence[str], cell: int 
                          for r in runs]).resolve_scale(color="independent")
 
 
+def probe_charts(table: pd.DataFrame, probes: Sequence[str], runs: Sequence[str], cell: int = 9):
+    """:func:`probe_chart` of several probes side by side."""
+    return alt.hconcat(*[probe_chart(table, probe, runs, cell=cell) for probe in probes])
+
+
 def depth_ops_chart(levels: pd.DataFrame, width: int = 420, height: int = 220):
     """Relative depth score per number of operations, one line per run, with bootstrap 95 % intervals; a radio
     button picks the effect (layer / logit)."""
@@ -86,4 +91,4 @@ def depth_ops_chart(levels: pd.DataFrame, width: int = 420, height: int = 220):
     return alt.layer(band, line).add_params(effect, pick).properties(width=width, height=height)
 
 
-__all__ = ["RUN_COLORS", "loss_chart", "accuracy_chart", "probe_chart", "depth_ops_chart"]
+__all__ = ["RUN_COLORS", "loss_chart", "accuracy_chart", "probe_chart", "probe_charts", "depth_ops_chart"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import altair as alt
 import pandas as pd
 
@@ -79,4 +82,29 @@ def later_effect_lines(d: pd.DataFrame, threshold: float, width: int = 560) -> a
     return alt.layer(line, rule).properties(width=width, height=260)
 
 
-__all__ = ["VIRIDIS_ZERO", "effect_heatmaps", "output_effect_bars", "later_effect_lines"]
+def comparison_panels(table: pd.DataFrame, metas: dict[str, dict[str, Any]], models: Sequence[str],
+                      variants: list[str], title_by_variant: dict[str, str], n_current: int
+                      ) -> list[tuple[str, alt.Chart, alt.Chart]]:
+    """Smaller heatmaps and output-change bars of each comparison model, all tokens then future tokens.
+
+    Args:
+        table: tidy tables of :mod:`lmdepth.analyses.skipping` (an analysis absent for a model is left out).
+        metas: model → sidecar of its future-token run (for its number of problems).
+        n_current: problems of the comparison models' all-token runs.
+
+    Returns:
+        (Markdown heading, effect heatmaps, output-change bars) per (model, analysis).
+    """
+    out = []
+    for m in models:
+        for a, title in (("current", "all tokens"), ("future", "future tokens")):
+            t = table[(table.model == m) & (table.analysis == a)]
+            if len(t):
+                n = metas[m]["data"]["n"] if a == "future" else n_current
+                out.append((f"**{m}**, {title} ({n} problem(s)):",
+                            effect_heatmaps(t, a, variants, title_by_variant, size=170),
+                            output_effect_bars(t, a, [v for v in variants if v != "local"], title_by_variant, width=450)))
+    return out
+
+
+__all__ = ["VIRIDIS_ZERO", "effect_heatmaps", "output_effect_bars", "later_effect_lines", "comparison_panels"]

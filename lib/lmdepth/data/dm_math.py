@@ -1,4 +1,4 @@
-"""DeepMind Mathematics for the from-scratch experiment (paper Fig. 9, METHOD §9): generation, tokenizer, cache.
+"""DeepMind Mathematics for the from-scratch experiment (paper Fig. 9, METHOD §9): generation and cache.
 
 Introduced in chapter 07 (MoEUT vs a standard Transformer). The data come from the ``mathematics-dataset``
 generator (DeepMind, Apache-2.0; ``pip install mathematics-dataset==1.0.1``), run here instead of downloading the
@@ -10,9 +10,7 @@ v1.0 tarball:
 * text: ``" Q: {q} A:"`` + ``" {a}"`` (METHOD §2); one problem per row, BOS first, EOS after the answer, so greedy
   decoding knows where the answer ends and teacher-forced argmax over the answer (EOS included) equals greedy
   exact match.
-* tokenizer: characters. A fixed vocabulary of the 95 printable ASCII characters covers every question the
-  generator can emit (its ``QUESTION_CHARS``) and the paper's probes; the paper used a 512-piece SentencePiece
-  model instead (a declared deviation).
+* tokenizer: characters (:mod:`lmdepth.data.dm_tokens`).
 * cache: one directory per (modules, sizes, seed, generator version) with the examples as JSONL and a sidecar.
 
 The generator does not import on current sympy/numpy. :func:`patch_mathematics_dataset` applies four run-time fixes
@@ -34,7 +32,6 @@ import importlib
 import json
 import random
 import re
-import string
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from lmdepth.errors import DataError, MissingPackageError
 from lmdepth.results import atomic_write_text
@@ -364,89 +360,9 @@ def n_operations(question: str) -> int | None:
     return 1 if any(w in question.lower() for w in words) else None
 
 
-# ---- tokenizer ---------------------------------------------------------------------------------------------------
-
-CHARS = string.printable[:95]  # digits, letters, punctuation, space (the generator's QUESTION_CHARS)
 
 
-class CharTokenizer:
-    """Character tokenizer: ids 0 pad, 1 BOS, 2 EOS, 3 unknown, then the 95 printable ASCII characters."""
 
-    pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
-    specials = ("<pad>", "<s>", "</s>", "<unk>")
-
-    def __init__(self, chars: str = CHARS):
-        self.chars = chars
-        self.stoi = {c: i + len(self.specials) for i, c in enumerate(chars)}
-        self.itos = list(self.specials) + list(chars)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.itos)
-
-    def encode(self, text: str) -> list[int]:
-        return [self.stoi.get(c, self.unk_id) for c in text]
-
-    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
-        out = []
-        for i in ids:
-            i = int(i)
-            if i < len(self.specials):
-                if not skip_special:
-                    out.append(self.specials[i])
-                continue
-            out.append(self.itos[i])
-        return "".join(out)
-
-    def tokens(self, ids: Sequence[int]) -> list[str]:
-        """Display labels of token ids (BOS shown as "BOS", like the paper's erasure plots)."""
-        return ["BOS" if int(i) == self.bos_id else ("EOS" if int(i) == self.eos_id else self.itos[int(i)])
-                for i in ids]
-
-    def encode_example(self, question: str, answer: str | None = None, eos: bool = True) -> tuple[list[int], int]:
-        """``[BOS] + prompt (+ answer (+ [EOS]))`` and the index of the first answer token.
-
-        Training and exact match use ``eos=True``; analyses of the paper's probes may leave the EOS out.
-        """
-        ids = [self.bos_id] + self.encode(prompt_text(question))
-        a_start = len(ids)
-        if answer is not None:
-            ids += self.encode(answer_text(answer)) + ([self.eos_id] if eos else [])
-        return ids, a_start
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "char", "chars": self.chars}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CharTokenizer":
-        return cls(d["chars"])
-
-
-@dataclass
-class Batch:
-    """A padded batch. ``ids`` [B, T]; ``answer_mask`` [B, T] True at answer tokens (answer + EOS);
-    ``pad_mask`` [B, T] True at real tokens; ``a_start`` [B] first answer position."""
-
-    ids: torch.Tensor
-    answer_mask: torch.Tensor
-    pad_mask: torch.Tensor
-    a_start: torch.Tensor
-
-
-def collate(tok: CharTokenizer, examples: Sequence[MathExample]) -> Batch:
-    """Encode and right-pad a list of examples."""
-    enc = [tok.encode_example(e.question, e.answer) for e in examples]
-    T = max(len(ids) for ids, _ in enc)
-    ids = torch.full((len(enc), T), tok.pad_id, dtype=torch.long)
-    ans = torch.zeros(len(enc), T, dtype=torch.bool)
-    pad = torch.zeros(len(enc), T, dtype=torch.bool)
-    for b, (x, s) in enumerate(enc):
-        ids[b, : len(x)] = torch.tensor(x)
-        ans[b, s : len(x)] = True
-        pad[b, : len(x)] = True
-    return Batch(ids, ans, pad, torch.tensor([s for _, s in enc]))
-
-
-__all__ = ["DEFAULT_MODULES", "ARITHMETIC_MODULES", "EXTRAPOLATE", "PROBES", "ERASURE_REFERENCE", "MathExample", "MathData", "CharTokenizer",
-           "Batch", "collate", "load_or_generate", "generate_split", "n_operations", "patch_mathematics_dataset",
+__all__ = ["DEFAULT_MODULES", "ARITHMETIC_MODULES", "EXTRAPOLATE", "PROBES", "ERASURE_REFERENCE", "MathExample", "MathData",
+           "load_or_generate", "generate_split", "n_operations", "patch_mathematics_dataset",
            "prompt_text", "answer_text"]

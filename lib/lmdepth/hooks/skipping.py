@@ -394,54 +394,6 @@ def prompt_effects_naive(
     return out
 
 
-def work_units(L: int, T: int, cuts: Sequence[int], current: bool, n_variants: int, logit_cost: float) -> dict[str, float]:
-    """Layer-position units each path computes (one layer applied at one position = 1; unembedding one position
-    = ``logit_cost``), counted from the algorithms, not timed: their ratio is the speed-up the fast path can reach
-    at best on this input, whatever the hardware.
-
-    naive: per (variant, cut or "all tokens", skipped layer s) a full pass, L·T + T·logit_cost.
-    fast: per (variant, s) a lead pass over all positions for layers ≥ s (the largest cut, or "all tokens"), then
-    per other cut t the positions ≥ t only; logits only where measured.
-    Not counted: the clean pass both paths share, and the fallback without prefix reuse (a sliding-window cache
-    shorter than the prompt, :func:`prefix_reuse_ok`), where the fast path recomputes every position and the
-    counted ratio overstates it.
-    """
-    ts = sorted({t for t in cuts if t > 1}, reverse=True)
-    runs = ([None] if current else []) + ts
-    naive = n_variants * len(runs) * L * (L * T + T * logit_cost)
-    fast = 0.0
-    lead_t = None if current else (ts[0] if ts else None)
-    rest = ts if current else ts[1:]
-    for s in range(L):
-        lead_meas = T - (lead_t or 0)
-        fast += (L - s) * T + lead_meas * logit_cost
-        fast += sum((L - s) * (T - t) + (T - t) * logit_cost for t in rest)
-    return {"naive": naive, "fast": n_variants * fast}
-
-
-def work_ratios(adapter: ModelAdapter, lengths: Sequence[tuple[str, int]], n_cuts: int, seed: int, current: bool,
-                n_variants: int, stride: int = 8) -> list[float]:
-    """Counted naive / fast work ratio (:func:`work_units`) for each prompt, with the cut points the analysis would
-    draw for it: the best speed-up the fast path's algorithm allows on each input, without running a model.
-
-    Args:
-        lengths: (example id, token count) per prompt; ``n_cuts = 0`` with ``current`` counts the all-token analysis.
-    """
-    cost = unembed_cost(adapter)
-    out = []
-    for key, T in lengths:
-        cuts = draw_cuts(T, n_cuts, seed, key, stride) if n_cuts else []
-        u = work_units(adapter.n_layers, T, cuts, current, n_variants, cost)
-        out.append(u["naive"] / u["fast"])
-    return out
-
-
-def unembed_cost(adapter: ModelAdapter) -> float:
-    """Cost of unembedding one position in units of one layer at one position (parameter counts)."""
-    per_layer = sum(p.numel() for p in adapter.layers[0].parameters())
-    return adapter.model.get_output_embeddings().weight.numel() / per_layer
-
-
 def draw_cuts(n_tokens: int, n_cuts: int, seed: int, key: str, stride: int = 8) -> list[int]:
     """The paper's cut points: candidates ``range(stride, T − 4, stride)``, shuffled, the first ``n_cuts``.
 
@@ -453,4 +405,4 @@ def draw_cuts(n_tokens: int, n_cuts: int, seed: int, key: str, stride: int = 8) 
 
 
 __all__ = ["PARTS", "Row", "CleanPass", "clean_pass", "naive_effect", "prompt_effects", "prompt_effects_naive",
-           "draw_cuts", "run_rows", "variants", "work_units", "work_ratios", "unembed_cost"]
+           "draw_cuts", "run_rows", "variants"]

@@ -7,6 +7,8 @@ bf16; see the chapters' "Differences from the paper").
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,9 +126,14 @@ class DatasetStats:
         """Percentile bootstrap over prompts of the token-weighted mean.
 
         Returns:
-            (low, high), each [metrics, layers]. With one prompt both equal the mean.
+            (low, high), each [metrics, layers]. NaN with fewer than two prompts (one prompt says nothing about
+            the spread; a zero-width interval would look certain), with a warning.
         """
         sums = np.stack([p.sum for p in self.prompts])  # [P, M, L]
+        if len(sums) < 2:
+            warnings.warn("One prompt: no interval (NaN); use at least 10 for an interval that means something.",
+                          stacklevel=2)
+            return np.full(sums.shape[1:], np.nan), np.full(sums.shape[1:], np.nan)
         counts = np.array([p.count for p in self.prompts], dtype=float)  # [P]
         rng = np.random.default_rng(seed)
         idx = rng.integers(0, len(counts), size=(n_boot, len(counts)))

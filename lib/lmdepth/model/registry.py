@@ -25,9 +25,13 @@ import torch
 
 from lmdepth.model.families import ModelAdapter
 from lmdepth.hooks.capture import check_additivity
-from lmdepth.runtime import DTYPES
+from lmdepth.runtime import DTYPES, resolve_device
 from lmdepth.errors import DataError, MissingPackageError, ParameterError, UnknownModelError
+from lmdepth.results import atomic_write_text, clean
 
+
+
+SOURCE_FILE = "lmdepth_source.json"  # written into a converted copy: what it was made from, and its fingerprint
 
 
 def cache_dir() -> Path:
@@ -41,6 +45,50 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def _fingerprint_cache() -> Path:
+    return cache_dir() / "fingerprints.json"
+
+
+def dir_fingerprint(path: Path) -> str:
+    """sha256 over the name and content digest of every file of a model directory (weights, config, tokenizer).
+
+    A file's digest is recomputed only when its size or modification time changed (remembered in
+    ``<cache>/fingerprints.json``), so checking a model on every load costs a few ``stat`` calls.
+    """
+    path = Path(path).resolve()
+    store = _fingerprint_cache()
+    try:
+        known = json.loads(store.read_text())
+    except (OSError, ValueError):
+        known = {}
+    h, changed = hashlib.sha256(), False
+    for f in sorted(q for q in path.iterdir() if q.is_file() and not q.name.startswith(".")
+                    and q.name != SOURCE_FILE):
+        st = f.stat()
+        entry = known.get(str(f))
+        if not entry or entry[:2] != [st.st_size, st.st_mtime_ns]:
+            entry = [st.st_size, st.st_mtime_ns, sha256_file(f)]
+            known[str(f)], changed = entry, True
+        h.update(f"{f.name}\0{entry[2]}\n".encode())
+    if changed:
+        try:
+            atomic_write_text(store, json.dumps(known))
+        except OSError:  # a read-only cache only costs the next check a full hash
+            pass
+    return h.hexdigest()
+
+
+def weights_id(name: str, path: str, source: str, digest: str | None) -> str:
+    """What identifies the numbers a model computes, for cache entries: the pinned GGUF digest of a packaged model
+    (its converted copy is verified on every load), the content fingerprint of a local directory, the hub id and
+    revision of a hub model (the revision ``main`` offline, where the hub cannot be asked)."""
+    if source == "packaged":
+        return f"packaged:{digest}"
+    if source == "local":
+        return f"local:{dir_fingerprint(Path(path))}"
+    return f"{source}:{name}@main"
 
 
 def _package_dir(module: str, package: str) -> Path:
@@ -144,6 +192,7 @@ class LoadedModel:
     file_sha256: str | None = None
     additivity_error: float | None = None
     remote_model: Any = field(default=None, repr=False)
+    weights_id: str | None = None
 
     @cached_property
     def nn(self) -> Any:
@@ -200,6 +249,7 @@ class LoadedModel:
             "n_layers": self.n_layers,
             "d_model": self.adapter.d_model,
             "file_sha256": self.file_sha256,
+            "weights_id": self.weights_id,
             "hub_id": PACKAGED[self.name].hub_id if self.name in PACKAGED else self.name,
             "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
             "bos_policy": f"tokenizer default: {bos}",
@@ -233,14 +283,33 @@ def _convert_gguf(spec: PackagedModel, target: Path) -> None:
         out = tmp / "model"
         model.save_pretrained(out)
         tok.save_pretrained(out)
-        (out / "lmdepth_source.json").write_text(json.dumps({"name": spec.name, "gguf_sha256": digest}))
-        os.replace(out, target)
+        record = {"name": spec.name, "gguf_sha256": digest, "fingerprint": dir_fingerprint(out)}
+        (out / SOURCE_FILE).write_text(json.dumps(record))
+        try:
+            os.replace(out, target)
+        except OSError:  # another process converted it first (a non-empty target cannot be replaced): use theirs
+            if not (target / SOURCE_FILE).exists():
+                raise
 
 
 def _packaged_dir(spec: PackagedModel) -> Path:
+    """The converted copy of a packaged model, converted on first use and verified on every later one: a copy whose
+    files no longer match the fingerprint recorded at conversion is converted again."""
     target = cache_dir() / "models" / f"{spec.name}-{spec.sha256[:12]}"
-    if not (target / "lmdepth_source.json").exists():
-        _convert_gguf(spec, target)
+    record = target / SOURCE_FILE
+    if record.exists():
+        info = json.loads(record.read_text())
+        now = dir_fingerprint(target)
+        if "fingerprint" not in info:  # converted by an older version: remember what is there now
+            info["fingerprint"] = now
+            atomic_write_text(record, json.dumps(info))
+        if info["fingerprint"] == now:
+            return target
+        print(f"lmdepth: the converted copy of {spec.name} in {target} was modified; converting it again",
+              file=sys.stderr, flush=True)
+        shutil.rmtree(target)
+    clean(target.parent, partial_days=float("inf"))  # half-written conversions of killed processes (over an hour old)
+    _convert_gguf(spec, target)
     return target
 
 
@@ -252,13 +321,27 @@ def resolve_model_path(name: str) -> tuple[str, str, str | None]:
         spec = PACKAGED[name]
         return str(_packaged_dir(spec)), "packaged", spec.sha256
     if Path(name).expanduser().is_dir():
-        return str(Path(name).expanduser()), "local", None
+        path = Path(name).expanduser()
+        if not (path / "config.json").exists():
+            raise UnknownModelError(f"{name!r} is a directory but not a transformers model: it has no config.json. "
+                                    "Point model_name at the directory that `save_pretrained` wrote.")
+        return str(path), "local", None
     if name.count("/") == 1 and not name.startswith((".", "/")):
         return name, "hub", None
     raise UnknownModelError(
         f"Unknown model {name!r}. Use a packaged short name ({', '.join(PACKAGED)}), a Hugging Face hub id "
         "such as 'Qwen/Qwen2.5-0.5B' (needs internet), or a local directory containing a transformers model."
     )
+
+
+def current_weights_id(name: str, remote: bool = False) -> str:
+    """:func:`weights_id` of a model name without loading it (packaged models are not even converted)."""
+    if remote:
+        return weights_id(name, name, "ndif", None)
+    if name in PACKAGED:
+        return weights_id(name, "", "packaged", PACKAGED[name].sha256)
+    path, source, digest = resolve_model_path(name)
+    return weights_id(name, path, source, digest)
 
 
 def load_model(
@@ -284,6 +367,7 @@ def load_model(
     if remote:
         return _load_remote(name)
     path, source, digest = resolve_model_path(name)
+    device = resolve_device(device)
     try:
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
@@ -300,7 +384,7 @@ def load_model(
     if check:
         probe = tok("The cat sat on the mat because it was warm.", return_tensors="pt").input_ids.to(device)
         err = check_additivity(adapter, probe)
-    return LoadedModel(name, model, tok, adapter, source, digest, err)
+    return LoadedModel(name, model, tok, adapter, source, digest, err, weights_id=weights_id(name, path, source, digest))
 
 
 def _load_remote(name: str) -> LoadedModel:
@@ -309,4 +393,5 @@ def _load_remote(name: str) -> LoadedModel:
 
     lm = LanguageModel(name)  # meta weights: the config and tokenizer come from the hub
     adapter = ModelAdapter.for_model(lm._model)
-    return LoadedModel(name, lm._model, lm.tokenizer, adapter, "ndif", remote_model=lm)
+    return LoadedModel(name, lm._model, lm.tokenizer, adapter, "ndif", remote_model=lm,
+                       weights_id=weights_id(name, name, "ndif", None))

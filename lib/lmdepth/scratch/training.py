@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
 import os
 import random
 import sys
@@ -34,22 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
 from lmdepth import COMPUTE_VERSION
-from lmdepth.data.dm_math import (
-    ARITHMETIC_MODULES,
-    DEFAULT_MODULES,
-    TRAIN_LEVELS,
-    CharTokenizer,
-    MathData,
-    MathExample,
-    collate,
-    load_or_generate,
-)
-from lmdepth.errors import ParameterError
+from lmdepth.data.dm_math import ARITHMETIC_MODULES, DEFAULT_MODULES, TRAIN_LEVELS, MathData, load_or_generate
+from lmdepth.data.dm_tokens import CharTokenizer, collate
+from lmdepth.errors import DataError, ParameterError
 from lmdepth.results import atomic_write, atomic_write_text
 from lmdepth.scratch.models import (
     DenseConfig,
@@ -60,6 +52,7 @@ from lmdepth.scratch.models import (
     config_from_dict,
     count_parameters,
 )
+from lmdepth.runtime import environment
 
 ARCHS = ("moeut", "transformer")
 OBJECTIVES = ("lm", "answer_only")
@@ -246,13 +239,29 @@ def run_dir(cfg: TrainConfig, out_dir: str | Path) -> Path:
 
 
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every RNG's state as tensors and plain numbers, so checkpoints load with ``weights_only=True``."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "gauss": float(gauss)}}
 
 
 def _set_rng_state(s: dict[str, Any]) -> None:
     torch.set_rng_state(s["torch"])
     random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
+    n = s["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+
+
+def safe_load(path: Path, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """``torch.load`` that never executes code from the file (``weights_only=True``): a checkpoint holding
+    anything but tensors, numbers, strings and containers is refused with a clear error."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise DataError(f"{path} is not a plain checkpoint of tensors and numbers (it would run code when "
+                        f"loaded), so it is refused: {str(e).splitlines()[0]}. Retrain it, or use the committed "
+                        "checkpoints.") from None
 
 
 def _progress_bar(total: int, initial: int, desc: str):
@@ -300,7 +309,7 @@ def train_run(
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
     step, history, wall = 0, [], 0.0
     if ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
+        state = safe_load(ckpt, device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, history, wall = state["step"], state["history"], state["wall_time_s"]
@@ -346,7 +355,6 @@ def train_run(
     if step < cfg.steps:
         save_ckpt()
         return None
-    from lmdepth.runtime import environment
 
     meta = {"run": cfg.name, "key": cfg.key(), "train_config": cfg.key_params(), "n_parameters": count_parameters(model),
             "active_parameters": active_parameters(model.config), "wall_time_s": round(wall, 1),
@@ -362,76 +370,13 @@ def train_run(
 
 def load_trained(path: str | Path, device: str = "cpu") -> tuple[ScratchLM, CharTokenizer, dict[str, Any]]:
     """Load a finished run: (model in eval mode, tokenizer, meta including the loss ``history``)."""
-    state = torch.load(path, map_location=device, weights_only=False)
+    state = safe_load(Path(path), device)
     model = ScratchLM(config_from_dict(state["config"])).to(device)
     model.load_state_dict(state["state_dict"])
     return model.eval(), CharTokenizer.from_dict(state["tokenizer"]), {**state["meta"], "history": state["history"]}
 
 
 # ---- evaluation --------------------------------------------------------------------------------------------------
-
-@torch.no_grad()
-def answer_scores(model: ScratchLM, tok: CharTokenizer, examples: list[MathExample], batch_size: int = 64,
-                  device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
-    """Teacher-forced scores of the answers (answer characters and the EOS).
-
-    Returns:
-        (correct [N] bool: every answer token predicted by argmax, which equals greedy exact match;
-         nll [N] float: mean cross-entropy per answer token in nats, a continuous measure that still separates
-         runs when few answers are exactly right).
-    """
-    model.eval()
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i].question))  # similar lengths per batch
-    ok_out, nll_out = np.zeros(len(examples), dtype=bool), np.zeros(len(examples))
-    for i in range(0, len(order), batch_size):
-        chunk = order[i : i + batch_size]
-        b = collate(tok, [examples[j] for j in chunk])
-        logits = model(b.ids.to(device)).logits[:, :-1].float().cpu()  # [B, T−1, V]
-        target, mask = b.ids[:, 1:], b.answer_mask[:, 1:]
-        ok_out[chunk] = ((logits.argmax(-1) == target) | ~mask).all(-1).numpy()
-        ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # [B, T−1]
-        nll_out[chunk] = ((ce * mask).sum(-1) / mask.sum(-1)).numpy()
-    return ok_out, nll_out
-
-
-def exact_match(model: ScratchLM, tok: CharTokenizer, examples: list[MathExample], batch_size: int = 64,
-                device: str = "cpu") -> np.ndarray:
-    """[N] bool: every answer token and the EOS predicted by argmax under teacher forcing (= greedy exact match)."""
-    return answer_scores(model, tok, examples, batch_size, device)[0]
-
-
-def evaluate(model: ScratchLM, tok: CharTokenizer, examples: list[MathExample], batch_size: int = 64,
-             device: str = "cpu") -> pd.DataFrame:
-    """One row per example: ``split, module, n_operations, question, answer, correct, answer_nll``."""
-    ok, nll = answer_scores(model, tok, examples, batch_size, device)
-    return pd.DataFrame({"split": [e.split for e in examples], "module": [e.module for e in examples],
-                         "n_operations": [e.n_operations for e in examples], "question": [e.question for e in examples],
-                         "answer": [e.answer for e in examples], "correct": ok, "answer_nll": nll})
-
-
-def accuracy_table(per_example: pd.DataFrame) -> pd.DataFrame:
-    """Accuracy per (split, module) plus an ``all`` row per split: ``split, module, n, accuracy``."""
-    by_mod = per_example.groupby(["split", "module"])["correct"].agg(n="size", accuracy="mean").reset_index()
-    overall = per_example.groupby("split")["correct"].agg(n="size", accuracy="mean").reset_index()
-    overall["module"] = "all"
-    return pd.concat([by_mod, overall[by_mod.columns]], ignore_index=True)
-
-
-@torch.no_grad()
-def greedy_answer(model: ScratchLM, tok: CharTokenizer, question: str, max_new_tokens: int = 40,
-                  device: str = "cpu") -> str:
-    """Greedy decoding after ``" Q: {q} A:"`` until EOS; returns the answer without its leading space."""
-    model.eval()
-    ids, _ = tok.encode_example(question)
-    out = model(torch.tensor([ids], device=device), use_cache=True, logits_to_keep=1)
-    cache, gen = out.past_key_values, []
-    for _ in range(max_new_tokens):
-        nxt = int(out.logits[0, -1].argmax())
-        if nxt == tok.eos_id:
-            break
-        gen.append(nxt)
-        out = model(torch.tensor([[nxt]], device=device), past_key_values=cache, use_cache=True)
-    return tok.decode(gen).removeprefix(" ")
 
 
 def train_all(profile: str, out_dir: str | Path, archs=ARCHS, objectives=OBJECTIVES, device: str = "cpu",
@@ -450,5 +395,4 @@ def train_all(profile: str, out_dir: str | Path, archs=ARCHS, objectives=OBJECTI
 
 
 __all__ = ["TrainConfig", "PRESETS", "ARCHS", "OBJECTIVES", "OBJECTIVE_LABELS", "run_config", "train_run",
-           "train_all", "load_trained", "load_data", "evaluate", "exact_match", "answer_scores", "accuracy_table", "greedy_answer",
-           "lm_loss", "loss_mask", "batch_indices", "lr_at", "run_dir"]
+           "train_all", "load_trained", "load_data", "lm_loss", "loss_mask", "batch_indices", "lr_at", "run_dir"]

@@ -1,0 +1,116 @@
+"""Chapter 05 (depth vs problem complexity): its prose, display tables and claim checks, from the runs of
+:mod:`lmdepth.analyses.complexity` and :mod:`lmdepth.analyses.erasure`."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pandas as pd
+
+from lmdepth.analyses.complexity import model_names, summary_frame
+from lmdepth.book.notebook import Claim
+from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
+from lmdepth.results import RunResult
+
+
+#: The claim's criterion: the fitted rise of the depth score over all levels stays below this fraction of the depth.
+MAX_RISE = 0.05
+
+
+def runs_note(results: dict[tuple[str, str], RunResult]) -> str:
+    """Markdown: how many runs and items, each model's depth, and how long the runs computed now took."""
+    source = next(iter(results))[1]
+    depth = ", ".join(f"**{m}** {results[m, source].meta['summary']['n_layers']} layers" for m in model_names(results))
+    fresh = [r for r in results.values() if not r.from_cache]
+    wall = sum(r.meta["wall_time_s"] for r in fresh)
+    return (f"Depth-score runs: {len(results)} (model × source), {len(summary_frame(results, 'items'))} items in all; "
+            f"{depth}. Computed now: {wall:.0f} s ({len(fresh)} runs; the rest from the cache).")
+
+
+def solved_cell(correct: pd.Series) -> str:
+    return f"{int((correct == 1).sum())}" if (correct >= 0).all() else "–"
+
+
+def sizes_table(items: pd.DataFrame) -> pd.DataFrame:
+    """Per source and level (rows) and model (columns): "n items · mean tokens · n solved" ("–" where the
+    correctness was not checked)."""
+    sizes = items.groupby(["source", "level", "model"]).agg(
+        n=("item", "size"), tokens=("n_tokens", "mean"), solved=("correct", solved_cell)).reset_index()
+    sizes["cell"] = [f"{r.n} items · {r.tokens:.0f} tokens · {r.solved} solved" for r in sizes.itertuples()]
+    return sizes.pivot(index=["source", "level"], columns="model", values="cell").reset_index()
+
+
+def slope_table(slopes: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
+    """The fitted slopes of the depth score over levels (mean aggregation) for display and for the claim.
+
+    Columns: ``model, source, metric``, the slope in layers per level, the rise over the source's whole range of
+    levels in units of relative depth (``D / (L − 1)``), and its 95 % interval — "n/a (k per level)" when some level
+    has fewer than 3 items (every bootstrap resample is then nearly the same item set).
+    """
+    sl = slopes[(slopes.aggregation == "mean")].copy()
+    span = sl.source.map({s: max(lv) - min(lv) for s, lv in LEVELS.items()})
+    sl["rise over all levels (rel. depth)"] = (sl.rel_slope * span).round(3)
+    min_n = levels[levels.aggregation == "mean"].groupby(["model", "source"])["n"].min()
+    sl["items per level"] = [int(min_n.get((m, src), 0)) for m, src in zip(sl.model, sl.source)]
+    sl["95% CI"] = [f"{lo * sp:+.3f} … {hi * sp:+.3f}" if n >= 3 else f"n/a ({n} per level)"
+                    for lo, hi, sp, n in zip(sl.rel_ci_low, sl.rel_ci_high, span, sl["items per level"])]
+    sl["slope (layers/level)"] = sl.slope.round(3)
+    return sl[["model", "source", "metric", "slope (layers/level)", "rise over all levels (rel. depth)", "95% CI"]]
+
+
+def solved_counts(items: pd.DataFrame) -> pd.DataFrame:
+    """Solved and unsolved items per model and source (items whose correctness was not checked count in neither)."""
+    return (items.assign(solved=items.correct == 1, unsolved=items.correct == 0)
+            .groupby(["model", "source"])[["solved", "unsolved"]].sum().reset_index())
+
+
+def depth_claims(slope_rows: pd.DataFrame, max_rise: float = MAX_RISE) -> list[Claim]:
+    """The chapter's claim per (model, source): the layer-effect depth score rises by less than ``max_rise`` of
+    the depth over all levels (rows of :func:`slope_table`)."""
+    claims = []
+    for _, r in slope_rows[slope_rows.metric == "layer_effect"].iterrows():
+        rise = r["rise over all levels (rel. depth)"]
+        claims.append(Claim(f"{SOURCE_TITLES[r.source]}: depth does not grow with difficulty",
+                            f"rise over all levels < {max_rise:g} of depth", r.model,
+                            f"{rise:+.3f} (95% CI {r['95% CI']})", bool(rise < max_rise)))
+    return claims
+
+
+def summary_note(claims: pd.DataFrame, results: dict[tuple[str, str], RunResult]) -> str:
+    """Markdown: how many claims hold (of a :func:`lmdepth.book.notebook.claims_table`) and where the results are."""
+    held = int((claims["agrees with paper"] == "yes").sum())
+    return (f"Claims that hold: {held} of {len(claims)} (model × source). Results: "
+            f"`{next(iter(results.values())).path.parent.parent}`.")
+
+
+#: Completeness-table columns (:func:`completeness_table`).
+COMPLETENESS_COLUMNS = ["prompt", "f(X)", "median |error|", "max |error|", "layers with error > 5 %", "of layers"]
+
+
+def case_table(case: dict[str, RunResult]) -> pd.DataFrame:
+    """One row per (model, case-study prompt): tokens, answer tokens and whether the greedy answer is right."""
+    return pd.DataFrame([{"model": m, "prompt": p, "tokens": v["n_tokens"],
+                          "answer tokens": v["n_tokens"] - v["a_start"],
+                          "greedy answer right": "yes" if v["correct"] else "no"}
+                         for m, r in case.items() for p, v in r.meta["summary"]["prompts"].items()])
+
+
+def completeness_table(result: RunResult) -> pd.DataFrame:
+    """Integrated-gradients completeness per prompt that has them (rounded to 4 decimals; empty if none): f(X),
+    the median and max over layers of |Σ_t IG − (f(X) − f(B))| / |f(X) − f(B)|, and how many layers exceed 5 %."""
+    rows = [{"prompt": p, "f(X)": round(v["f_x"], 4), "median |error|": float(np.median(v["completeness_error"])),
+             "max |error|": float(np.max(v["completeness_error"])),
+             "layers with error > 5 %": int((np.array(v["completeness_error"]) > 0.05).sum()),
+             "of layers": len(v["completeness_error"])}
+            for p, v in result.meta["summary"]["prompts"].items() if "completeness_error" in v]
+    return pd.DataFrame(rows, columns=COMPLETENESS_COLUMNS).round(4)
+
+
+def completeness_note(result: RunResult) -> str:
+    """Markdown introducing :func:`completeness_table` (steps and quadrature rule of the run), or saying that
+    integrated gradients were skipped."""
+    if completeness_table(result).empty:
+        return "Integrated gradients were skipped (`ig_steps = 0` or `n_ig_prompts = 0`)."
+    p = result.meta["parameters"]
+    return (f"Integrated gradients with {p['ig_steps']} steps, {p['ig_rule']} rule (the paper: 256, left). "
+            "Completeness error per layer, |Σ_t IG − (f(X) − f(B))| / |f(X) − f(B)|:")

@@ -1,0 +1,47 @@
+"""Summaries of layer-skip effect matrices (chapter 03): the later effect of each skipped layer, the future-effect
+cutoff with its bootstrap interval over problems, and half-network means. Pure numpy."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+
+def later_effect(E: np.ndarray) -> np.ndarray:
+    """[L, L] → [L]: for each skipped layer s, the largest effect on any *later* layer j > s (0 for the last)."""
+    L = E.shape[0]
+    return np.array([E[s, s + 1 :].max() if s + 1 < L else 0.0 for s in range(L)])
+
+
+def cutoff_layer(E: np.ndarray, threshold: float) -> int:
+    """The first skipped layer s from which on every later_effect stays below ``threshold`` (L if none)."""
+    m = later_effect(E)
+    above = np.nonzero(m >= threshold)[0]
+    return int(above[-1] + 1) if len(above) else 0
+
+
+def cutoff_with_ci(E_per_problem: np.ndarray, threshold: float, n_boot: int = 1000, seed: int = 0) -> dict[str, float]:
+    """Cutoff of the max-over-problems effects, with a percentile bootstrap interval over problems.
+
+    Args:
+        E_per_problem: [P, L, L] per-problem effects. With one problem the interval is NaN (and a warning says so).
+    """
+    point = cutoff_layer(E_per_problem.max(0), threshold)
+    rng = np.random.default_rng(seed)
+    P = len(E_per_problem)
+    if P < 2:
+        warnings.warn("One problem: no interval for the cutoff (NaN); use at least 10 problems.", stacklevel=2)
+        lo = hi = float("nan")
+    else:
+        boots = [cutoff_layer(E_per_problem[rng.integers(0, P, P)].max(0), threshold) for _ in range(n_boot)]
+        lo, hi = np.quantile(boots, [0.025, 0.975])
+    L = E_per_problem.shape[1]
+    return {"cutoff": point, "ci_low": float(lo), "ci_high": float(hi), "n_layers": L, "rel_depth": point / L,
+            "threshold": threshold}
+
+
+def halves(values: np.ndarray) -> tuple[float, float]:
+    """Mean over the first and over the second half of the layers (the middle layer of an odd L goes to neither)."""
+    n = len(values)
+    return float(values[: n // 2].mean()), float(values[(n + 1) // 2 :].mean())

@@ -1,0 +1,340 @@
+"""Results that cannot lie: a cached result is served only for the inputs it was computed from."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lmdepth.analyses import residual
+from lmdepth.analyses.run import stored_weights
+from lmdepth.model import registry
+from lmdepth.testing import save_tiny_model, tiny_model
+
+
+def _mean(r, layer: int = 1) -> float:
+    t = r.table
+    row = t[(t.metric == "relative_contribution") & (t.component == "layer") & (t.stat == "mean") & (t.layer == layer)]
+    return float(row.value.iloc[0])
+
+
+@pytest.mark.integration
+def test_a_local_model_retrained_in_place_is_recomputed(tmp_path, jsonl, monkeypatch):
+    monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path / "cache"))
+    texts = jsonl([json.dumps({"text": f"{i} apples and {i + 2} pears are on the table."}) for i in range(3)])
+    model_dir = save_tiny_model("llama", tmp_path / "model")
+    kw = dict(dataset=str(texts), n_examples=3, results_dir=tmp_path / "results", n_boot=10)
+    first = residual.run(str(model_dir), **kw)
+    assert residual.run(str(model_dir), **kw).from_cache  # unchanged weights: served
+
+    # "retrain" in place: same directory, same parameters, other weights
+    m = tiny_model("llama")
+    with torch.no_grad():
+        m.model.layers[1].mlp.down_proj.weight.mul_(5.0)
+    m.save_pretrained(model_dir)
+    again = residual.run(str(model_dir), **kw)
+    assert not again.from_cache and again.path == first.path  # same key, recomputed
+    assert abs(_mean(again) - _mean(first)) > 1e-3
+    assert stored_weights(again.meta) != stored_weights(first.meta)
+    assert residual.run(str(model_dir), **kw).from_cache  # and then served again
+
+
+@pytest.mark.unit
+def test_fingerprint_rehashes_only_changed_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path / "cache"))
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "weights.bin").write_bytes(b"\x00" * 1000)
+    (d / "config.json").write_text("{}")
+    a = registry.dir_fingerprint(d)
+    assert registry.dir_fingerprint(d) == a
+    calls = []
+    real = registry.sha256_file
+    monkeypatch.setattr(registry, "sha256_file", lambda p, *x: calls.append(Path(p).name) or real(p, *x))
+    assert registry.dir_fingerprint(d) == a and calls == []  # size and mtime unchanged: no hashing
+    (d / "weights.bin").write_bytes(b"\x01" + b"\x00" * 999)  # same size, new content and mtime
+    os.utime(d / "weights.bin", ns=(1, 1))
+    b = registry.dir_fingerprint(d)
+    assert b != a and calls == ["weights.bin"]
+
+
+@pytest.mark.unit
+def test_a_tampered_converted_copy_is_converted_again(tmp_path, monkeypatch):
+    """The converted copy of a packaged model records its fingerprint; a modified copy is rebuilt, not used."""
+    monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path / "cache"))
+    spec = registry.PACKAGED["smollm2-135m"]
+    conversions = []
+
+    def fake_convert(spec, target):  # stands in for the GGUF conversion (a minute per model)
+        conversions.append(target)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "model.safetensors").write_bytes(b"weights")
+        (target / registry.SOURCE_FILE).write_text(json.dumps({"fingerprint": registry.dir_fingerprint(target)}))
+
+    monkeypatch.setattr(registry, "_convert_gguf", fake_convert)
+    path, source, digest = registry.resolve_model_path("smollm2-135m")
+    assert source == "packaged" and digest == spec.sha256 and len(conversions) == 1
+    registry.resolve_model_path("smollm2-135m")
+    assert len(conversions) == 1  # verified, reused
+    (Path(path) / "model.safetensors").write_bytes(b"scaled!")  # one weight changed under the same name
+    registry.resolve_model_path("smollm2-135m")
+    assert len(conversions) == 2
+    assert (Path(path) / "model.safetensors").read_bytes() == b"weights"
+
+
+class _Boom:
+    """Unpickling this calls os.system: what a malicious checkpoint would do."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+@pytest.mark.unit
+def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
+    from lmdepth.errors import DataError
+    from lmdepth.scratch.training import load_trained
+
+    bad = tmp_path / "model.pt"
+    torch.save({"config": {}, "state_dict": {}, "payload": _Boom()}, bad)
+    with pytest.raises(DataError, match="refused"):
+        load_trained(bad)
+
+
+@pytest.mark.unit
+def test_no_unsafe_load_in_the_library():
+    """Every torch.load goes through the weights_only loader; no pickle.load / weights_only=False anywhere."""
+    lib = Path(__file__).resolve().parents[1] / "lib" / "lmdepth"
+    offenders = []
+    for f in lib.rglob("*.py"):
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if "weights_only=False" in code or "pickle.load" in code or (
+                    "torch.load(" in code and "weights_only=True" not in code):
+                offenders.append(f"{f.relative_to(lib)}:{i}")
+    assert offenders == []
+
+
+@pytest.mark.integration
+def test_training_resumes_from_a_weights_only_checkpoint(tmp_path, monkeypatch):
+    """The resume checkpoint (model, optimiser, RNG states) loads with weights_only=True and resumes exactly."""
+    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
+    from lmdepth.scratch import training as tr
+
+    small = dict(modules=("add_or_sub",), n_train_per_module=32, n_eval_per_module=4, steps=4, batch_size=4,
+                 ckpt_every=2)
+    cfg = tr.run_config("smoke", "transformer", "lm", **small)
+    data = tmp_path / "data"
+    tr.train_run(cfg, tmp_path / "a", data, progress=False, stop_after=2)  # interrupted after 2 steps
+    ckpt = next((tmp_path / "a").rglob("ckpt.pt"))
+    state = torch.load(ckpt, weights_only=True)
+    assert state["step"] == 2 and "numpy" in state["rng"]
+    resumed = tr.load_trained(tr.train_run(cfg, tmp_path / "a", data, progress=False))[0]
+    straight = tr.load_trained(tr.train_run(cfg, tmp_path / "b", data, progress=False))[0]
+    for (k, v), (_, w) in zip(resumed.state_dict().items(), straight.state_dict().items()):
+        assert torch.equal(v, w), k
+
+
+@pytest.mark.unit
+def test_a_corrupt_checkpoint_is_discarded_and_recomputed(tmp_path, capsys):
+    from lmdepth.results import RunStore
+
+    store = RunStore(tmp_path, "a", "m", {"x": 1})
+    store.save_item("u1", {"v": np.arange(3)})
+    assert store.load_item("u1")["v"].tolist() == [0, 1, 2]
+    store._item_path("u1").write_bytes(b"")  # a 0-byte file: power lost before the data reached the disk
+    assert store.load_item("u1") is None and "discarding" in capsys.readouterr().err
+    assert not store._item_path("u1").exists()
+
+
+def _finish(args):
+    root, i = args
+    from lmdepth.results import RunStore
+
+    RunStore(root, "a", "m", {"x": 1}).finalize(pd.DataFrame({"v": [1.0, 2.0]}), {"who": i})
+    return i
+
+
+@pytest.mark.unit
+def test_two_processes_finishing_the_same_run(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+
+    from lmdepth.results import RunStore
+
+    with ProcessPoolExecutor(4) as ex:
+        done = list(ex.map(_finish, [(tmp_path, i) for i in range(40)]))
+    assert done == list(range(40))
+    store = RunStore(tmp_path, "a", "m", {"x": 1})
+    assert store.complete and store.load().table.v.tolist() == [1.0, 2.0]
+    assert [p.name for p in store.dir.parent.iterdir()] == [store.dir.name]  # no temporaries left behind
+    assert oct(store.dir.stat().st_mode & 0o777) != oct(0o700)  # readable by others like any file
+
+
+@pytest.mark.unit
+def test_clean_removes_leftovers_and_keeps_results(tmp_path):
+    import time as _time
+
+    from lmdepth.results import RunStore, clean
+
+    store = RunStore(tmp_path, "a", "m", {"x": 1}, item_params={"y": 2})
+    store.save_item("u", {"v": np.zeros(1)})
+    store.finalize(pd.DataFrame({"v": [1.0]}), {})
+    leftover = store.dir.parent / ".abc-xyz"
+    leftover.mkdir()
+    old = _time.time() - 30 * 86400
+    for p in (leftover, store.partial):
+        os.utime(p, (old, old))
+    removed = clean(tmp_path, partial_days=7)
+    assert set(removed) == {leftover, store.partial} and store.complete
+
+
+@pytest.mark.unit
+def test_ad_hoc_runs_never_reach_the_findings(tmp_path, monkeypatch):
+    """Only what the book build recorded for its profile is read by the findings page; a run outside the build,
+    whatever its parameters, writes elsewhere."""
+    from lmdepth.analyses import atlas
+    from lmdepth.book.notebook import Claim, claims_table
+    from lmdepth.results import BOOK_RECORD_ENV
+
+    results = tmp_path / "results"
+    record = results / "book" / "default"
+    monkeypatch.setenv(BOOK_RECORD_ENV, str(record / "norms"))  # what `lmdepth book` sets while running chapter 01
+    claims_table([Claim("the drop", "ratio < 0.5", "smollm2-135m", "0.24", True)], chapter="norms", results_dir=results)
+    monkeypatch.delenv(BOOK_RECORD_ENV)
+    # an ad-hoc run of the same chapter on a one-token file flips the verdict: it must not reach the book
+    claims_table([Claim("the drop", "ratio < 0.5", "smollm2-135m", "0.91", False)], chapter="norms", results_dir=results)
+    book = atlas.saved_claims(results, "default")
+    assert book["measured"].tolist() == ["0.24"] and book["agrees with paper"].tolist() == ["yes"]
+    assert atlas.saved_claims(results)["measured"].tolist() == ["0.91"]  # kept, for the user, outside the book
+
+
+@pytest.mark.unit
+def test_a_summary_page_without_its_inputs_stops_with_what_to_run(tmp_path):
+    from lmdepth.analyses import atlas
+    from lmdepth.errors import DataError
+
+    (tmp_path / "book" / "default" / "cosine").mkdir(parents=True)  # one chapter ran on this fresh clone
+    with pytest.raises(DataError, match=r"norms, skipping, lens, complexity, maps, moeut.*lmdepth book"):
+        atlas.atlas_table(tmp_path, profile="default")
+
+
+@pytest.mark.unit
+def test_one_unit_gives_no_interval_and_a_warning():
+    from lmdepth.metrics.effects import cutoff_with_ci
+    from lmdepth.metrics.residual import DatasetStats, PromptStats
+
+    stats = DatasetStats()
+    stats.add(PromptStats.from_tokens(np.random.default_rng(0).random((2, 3, 7))))
+    with pytest.warns(UserWarning, match="One prompt"):
+        lo, hi = stats.bootstrap_mean_ci(n_boot=50)
+    assert np.isnan(lo).all() and np.isnan(hi).all()  # not a zero-width interval that looks certain
+    with pytest.warns(UserWarning, match="One problem"):
+        c = cutoff_with_ci(np.random.default_rng(0).random((1, 4, 4)), 0.1, n_boot=50)
+    assert np.isnan(c["ci_low"]) and np.isnan(c["ci_high"])
+
+
+@pytest.mark.unit
+def test_token_tables_are_escaped():
+    from lmdepth.book.notebook import show_table
+
+    html = show_table(pd.DataFrame({"token": ["<|endoftext|>", "<b>bold</b>"]})).to_html()
+    assert "&lt;|endoftext|&gt;" in html and "<b>bold</b>" not in html
+
+
+def _cli_cases(tmp: Path) -> list[tuple[list[str], str]]:
+    a_file = tmp / "a_file"
+    a_file.write_text("x")
+    readonly = tmp / "readonly"
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    not_a_model = tmp / "not_a_model"
+    not_a_model.mkdir()
+    profile = tmp / "mine.yaml"
+    profile.write_text("common: {n_examples: 0}\n")
+    # root may write anywhere, so the read-only case applies to ordinary users only (CI runs as root here)
+    as_user = [(["run", "norms", "--results-dir", str(readonly / "sub")], "is not writable")] if os.geteuid() else []
+    return as_user + [
+        (["run", "norms", "--results-dir", str(a_file)], "is a file, not a directory"),
+        (["run", "norms", "-p", "device", "cuda", "--results-dir", str(tmp)], "no CUDA GPU"),
+        (["run", "norms", "--model", str(not_a_model), "--results-dir", str(tmp)], "no config.json"),
+        (["run", "norms", "-p", "compare_models", "[gemma3-270m, qwen-typo]", "--results-dir", str(tmp)],
+         "Unknown model 'qwen-typo'"),
+        (["run", "explorer", "-p", "prompt", "Answer: 42"], "Quote it for YAML"),
+        (["run", "norms", "-p", "remote", "true", "--results-dir", str(tmp)], "is not one"),
+        (["run", "norms", "--profile", str(profile), "--results-dir", str(tmp)], "'n_examples' must be between 1"),
+    ]
+
+
+@pytest.mark.unit
+def test_common_mistakes_get_one_clear_message_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    from lmdepth.book.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    loads = []
+    monkeypatch.setattr(registry, "load_model", lambda *a, **k: loads.append(a))
+    for argv, message in _cli_cases(tmp_path):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+    assert loads == [] and not list(tmp_path.rglob("*.ipynb"))
+
+
+@pytest.mark.unit
+def test_bad_data_files_name_the_file_and_line(tmp_path):
+    from lmdepth.data.datasets import load_examples
+    from lmdepth.errors import DataError
+
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes('{"text": "ok"}\n{"text": "caf\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin.jsonl:2: not UTF-8"):
+        load_examples(str(latin), n_examples=1)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + b'{"text": "with a byte-order mark"}\n')
+    assert load_examples(str(bom), n_examples=1)[0].text == "with a byte-order mark"
+    num = tmp_path / "num.jsonl"
+    num.write_text('{"text": 42}\n')
+    with pytest.raises(DataError, match=r"num.jsonl:1: .*'text' is int"):
+        load_examples(str(num), n_examples=1)
+
+
+@pytest.mark.unit
+def test_one_token_text_without_bos_is_a_clear_error():
+    """SmolLM2 and Qwen add no BOS: a one-token text minus position 0 leaves nothing to average."""
+    from lmdepth.analyses.run import require_tokens
+    from lmdepth.errors import DataError
+
+    ok = [("data.jsonl:1", torch.zeros(1, 5)), ("data.jsonl:2", torch.zeros(1, 2))]
+    require_tokens(ok, 2, "include_bos=False leaves no position to average")
+    with pytest.raises(DataError, match="Example data.jsonl:3 has 1 token.*include_bos=False"):
+        require_tokens(ok + [("data.jsonl:3", torch.zeros(1, 1))], 2, "include_bos=False leaves no position to average")
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path):
+    """A real SIGINT to `lmdepth run`: exit 130, one line naming where to resume, no traceback (the kernel's own
+    stderr goes to a log), nothing that looks finished; the same command then completes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    exe = Path(sys.executable).with_name("lmdepth")
+    cmd = [str(exe), "run", "norms", "-p", "n_examples", "20", "-p", "compare_models", "[]",
+           "--results-dir", str(tmp_path / "res")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list((tmp_path / "res").rglob("*.partial/*.npz")):
+        time.sleep(0.5)  # wait until the first problem is checkpointed
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "lmdepth: interrupted" in err and "run the same command again" in err
+    assert "Traceback" not in err and "ZMQError" not in err and "without encryption" not in err
+    assert not list((tmp_path / "res").rglob("meta.json"))  # nothing looks complete
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert len(list((tmp_path / "res" / "residual_stream").rglob("table.csv"))) == 1
