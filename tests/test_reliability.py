@@ -338,3 +338,34 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path):
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert len(list((tmp_path / "res" / "residual_stream").rglob("table.csv"))) == 1
+
+
+@pytest.mark.unit
+def test_an_unreachable_hub_id_fails_fast(monkeypatch):
+    from lmdepth.errors import UnknownModelError
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(registry, "hub_reachable", lambda timeout=3.0: False)  # no traffic leaves the machine
+    with pytest.raises(UnknownModelError, match="cannot be reached"):
+        registry.load_model("someone/not-cached-anywhere")
+
+
+@pytest.mark.unit
+def test_cli_results_default_outside_the_book():
+    from lmdepth.book.cli import build_parser
+
+    assert build_parser().parse_args(["run", "norms"]).results_dir == "lmdepth-results"
+
+
+@pytest.mark.unit
+def test_two_first_conversions_at_once_both_succeed(tmp_path):
+    """Two processes converting the same packaged model on a fresh cache: the second keeps the first one's copy."""
+    target = tmp_path / "models" / "m"
+    target.parent.mkdir()
+    for who in ("first", "second"):
+        src = tmp_path / f".tmp-{who}"
+        src.mkdir()
+        (src / "model.safetensors").write_text(who)
+        (src / registry.SOURCE_FILE).write_text("{}")
+        registry.install_dir(src, target)  # the second os.replace meets a non-empty directory
+    assert (target / "model.safetensors").read_text() == "first"

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -285,11 +286,17 @@ def _convert_gguf(spec: PackagedModel, target: Path) -> None:
         tok.save_pretrained(out)
         record = {"name": spec.name, "gguf_sha256": digest, "fingerprint": dir_fingerprint(out)}
         (out / SOURCE_FILE).write_text(json.dumps(record))
-        try:
-            os.replace(out, target)
-        except OSError:  # another process converted it first (a non-empty target cannot be replaced): use theirs
-            if not (target / SOURCE_FILE).exists():
-                raise
+        install_dir(out, target)
+
+
+def install_dir(src: Path, target: Path) -> None:
+    """Move a finished directory into place in one step. When another process installed the same thing first (two
+    first runs on a fresh cache), theirs is kept: a non-empty target cannot be replaced, and it is complete."""
+    try:
+        os.replace(src, target)
+    except OSError:
+        if not (target / SOURCE_FILE).exists():
+            raise
 
 
 def _packaged_dir(spec: PackagedModel) -> Path:
@@ -334,6 +341,28 @@ def resolve_model_path(name: str) -> tuple[str, str, str | None]:
     )
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers (a TCP connection within ``timeout`` seconds)."""
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def check_hub_access(name: str) -> None:
+    """Fail in seconds, with what to do, when a hub model is neither cached locally nor downloadable (transformers
+    would otherwise retry for about a minute before a raw connection error)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    if cached or os.environ.get("HF_HUB_OFFLINE") or hub_reachable():
+        return
+    raise UnknownModelError(f"{name!r} is a Hugging Face hub id, but the hub cannot be reached from this machine and "
+                            "the model is not in the local hub cache. Use a packaged model "
+                            f"({', '.join(PACKAGED)}), a local directory, or run where the hub is reachable.")
+
+
 def current_weights_id(name: str, remote: bool = False) -> str:
     """:func:`weights_id` of a model name without loading it (packaged models are not even converted)."""
     if remote:
@@ -367,6 +396,8 @@ def load_model(
     if remote:
         return _load_remote(name)
     path, source, digest = resolve_model_path(name)
+    if source == "hub":
+        check_hub_access(name)
     device = resolve_device(device)
     try:
         tok = AutoTokenizer.from_pretrained(path)
