@@ -1,0 +1,129 @@
+"""Verdicts of claim checks in four states, decided from bootstrap intervals, never from point estimates
+(``shared/EVIDENCE.md``).
+
+A check reduces the result tables to one value per unit (problem, text, item, position — whatever the data were
+drawn as) and states the paper's side of a threshold. The statistic is the mean over units (or a ratio of two
+per-unit means, paired); its 95 % percentile bootstrap interval over units decides:
+
+* **agrees** — the whole interval lies on the paper's side of the threshold;
+* **disagrees** — the whole interval lies on the other side;
+* **inconclusive** — the interval straddles the threshold;
+* **not testable** — a precondition failed (fewer units than the minimum, a competence gate, a denominator that
+  can vanish); the verdict names which one and by how much.
+
+The control (a random-init model of the same architecture, a count-bigram predictor, an absolute-layer alignment,
+…) gets a verdict by the same rule; a check whose control gets the same verdict does not discriminate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+State = Literal["agrees", "disagrees", "inconclusive", "not testable"]
+STATES: tuple[State, ...] = ("agrees", "disagrees", "inconclusive", "not testable")
+MIN_UNITS = 10
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The paper's side of a threshold: ``statistic < threshold`` (``side="below"``) or ``> threshold``."""
+
+    threshold: float
+    side: Literal["below", "above"]
+
+    def holds(self, x: float) -> bool:
+        return x < self.threshold if self.side == "below" else x > self.threshold
+
+    def describe(self, name: str = "statistic") -> str:
+        return f"{name} {'<' if self.side == 'below' else '>'} {self.threshold:g}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One decided check.
+
+    Attributes:
+        state: one of :data:`STATES`.
+        estimate: the statistic on all units (NaN when not testable for lack of units).
+        ci_low, ci_high: its 95 % percentile bootstrap interval over units.
+        n: units the statistic rests on.
+        reason: for "not testable", the failed precondition and by how much; else empty.
+    """
+
+    state: State
+    estimate: float
+    ci_low: float
+    ci_high: float
+    n: int
+    reason: str = ""
+
+    def label(self) -> str:
+        """E.g. ``agrees: 0.31 [0.27, 0.35], n = 20`` (the interval and n always shown)."""
+        if self.state == "not testable":
+            return f"not testable: {self.reason}"
+        return f"{self.state}: {self.estimate:.3g} [{self.ci_low:.3g}, {self.ci_high:.3g}], n = {self.n}"
+
+
+def bootstrap(values: np.ndarray, statistic: Callable[[np.ndarray], float], n_boot: int = 1000, seed: int = 0,
+              level: float = 0.95) -> tuple[float, float, float, int]:
+    """(statistic, low, high, undefined): percentile bootstrap over the rows of ``values`` (units; rows resampled
+    together, so columns measured on the same unit stay paired); ``undefined`` counts resamples where the statistic
+    is not finite (the interval then ignores them, and the caller should not trust it)."""
+    values = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    n = len(values)
+    boots = np.array([statistic(values[rng.integers(0, n, n)]) for _ in range(n_boot)], dtype=float)
+    bad = int((~np.isfinite(boots)).sum())
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(boots[np.isfinite(boots)], [alpha, 1 - alpha]) if bad < n_boot else (np.nan, np.nan)
+    return float(statistic(values)), float(lo), float(hi), bad
+
+
+def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], float] | None = None,
+           min_units: int = MIN_UNITS, n_boot: int = 1000, seed: int = 0,
+           precondition: tuple[bool, str] = (True, "")) -> Verdict:
+    """The verdict of one check.
+
+    Args:
+        values: [units] or [units, k] per-unit values (k columns for paired statistics such as a ratio of means).
+        rule: the paper's side of the threshold.
+        statistic: reduces a (resampled) array of units to one number (default: the mean of a 1-D array).
+        min_units: the precondition on the sample size (EVIDENCE: at least 10).
+        precondition: (holds, why not) of a check-specific precondition (competence over a baseline, …).
+    """
+    values = np.asarray(values, dtype=float)
+    statistic = statistic or (lambda v: float(np.mean(v)))
+    n = int(len(values))
+    if n < min_units:
+        return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
+                       f"{n} units, at least {min_units} needed")
+    ok, why = precondition
+    if not ok:
+        return Verdict("not testable", float("nan"), float("nan"), float("nan"), n, why)
+    est, lo, hi, bad = bootstrap(values, statistic, n_boot, seed)
+    if bad or not np.isfinite(est):
+        return Verdict("not testable", est, lo, hi, n, f"the statistic is undefined on {bad} of {n_boot} resamples "
+                                                        "(a denominator that can vanish)")
+    if rule.holds(lo) and rule.holds(hi):
+        state: State = "agrees"
+    elif not rule.holds(lo) and not rule.holds(hi):
+        state = "disagrees"
+    else:
+        state = "inconclusive"
+    return Verdict(state, est, lo, hi, n)
+
+
+def ratio_of_means(values: np.ndarray) -> float:
+    """mean(column 1) / mean(column 0) of paired per-unit values (e.g. second-half / first-half contribution);
+    NaN when the denominator vanishes."""
+    den = float(np.mean(values[:, 0]))
+    return float(np.mean(values[:, 1]) / den) if den != 0 else float("nan")
+
+
+def discriminates(real: Verdict, control: Verdict) -> bool:
+    """A check discriminates when its control, judged by the same rule, does not reach the same verdict."""
+    return real.state != control.state
