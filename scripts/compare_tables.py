@@ -2,8 +2,8 @@
 
     python scripts/compare_tables.py BASELINE NEW [--atol 1e-6]
 
-Every ``table.csv`` under NEW is matched with the file at the same relative path under BASELINE (the path holds
-the analysis, the model and the cache key, so equal paths mean equal parameters). Numeric columns must agree
+Every ``table.csv`` under NEW is matched with the BASELINE table of the same analysis, model and parameters (the
+``parameters`` of the sidecars; cache keys may differ, e.g. when the key gained a field). Numeric columns must agree
 within ``--atol`` (NaN equals NaN), every other column exactly, and both tables must have the same rows and columns.
 Exit status 1 if any table differs or has no baseline; the report lists each table with its largest difference.
 
@@ -15,11 +15,19 @@ then with the new code into NEW, and compare.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+
+def identity(table: Path, root: Path) -> str:
+    """analysis/model plus the run's parameters: what makes two runs the same run."""
+    meta = json.loads((table.parent / "meta.json").read_text())
+    analysis_model = table.parent.parent.relative_to(root)
+    return f"{analysis_model}|{json.dumps(meta.get('parameters', {}), sort_keys=True, default=str)}"
 
 
 def compare(base: Path, new: Path, atol: float) -> tuple[list[str], list[str]]:
@@ -28,11 +36,14 @@ def compare(base: Path, new: Path, atol: float) -> tuple[list[str], list[str]]:
     tables = sorted(new.rglob("table.csv"))
     if not tables:
         failures.append(f"no table.csv under {new}")
+    baseline = {identity(t, base): t for t in base.rglob("table.csv") if not t.parent.name.startswith(".")}
     for t in tables:
+        if t.parent.name.startswith("."):
+            continue
         rel = t.relative_to(new)
-        b = base / rel
-        if not b.exists():
-            failures.append(f"{rel}: no baseline")
+        b = baseline.get(identity(t, new))
+        if b is None:
+            failures.append(f"{rel}: no baseline run with these parameters")
             continue
         x, y = pd.read_csv(b), pd.read_csv(t)
         if list(x.columns) != list(y.columns) or len(x) != len(y):

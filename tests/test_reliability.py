@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from lmdepth.analyses import residual
-from lmdepth.analyses.run import stored_weights
 from lmdepth.model import registry
 from lmdepth.testing import save_tiny_model, tiny_model
 
@@ -38,9 +37,9 @@ def test_a_local_model_retrained_in_place_is_recomputed(tmp_path, jsonl, monkeyp
         m.model.layers[1].mlp.down_proj.weight.mul_(5.0)
     m.save_pretrained(model_dir)
     again = residual.run(str(model_dir), **kw)
-    assert not again.from_cache and again.path == first.path  # same key, recomputed
+    assert not again.from_cache and again.path != first.path  # the weights are part of the key: a new key
     assert abs(_mean(again) - _mean(first)) > 1e-3
-    assert stored_weights(again.meta) != stored_weights(first.meta)
+    assert again.meta["weights"] != first.meta["weights"]
     assert residual.run(str(model_dir), **kw).from_cache  # and then served again
 
 
@@ -369,3 +368,29 @@ def test_two_first_conversions_at_once_both_succeed(tmp_path):
         (src / registry.SOURCE_FILE).write_text("{}")
         registry.install_dir(src, target)  # the second os.replace meets a non-empty directory
     assert (target / "model.safetensors").read_text() == "first"
+
+
+@pytest.mark.unit
+def test_the_atlas_reads_only_the_recorded_runs(tmp_path, monkeypatch):
+    """A 5-line custom file run with n_examples 50 used to replace the GSM8K run as the model's 'best' run."""
+    from lmdepth.analyses import atlas
+    from lmdepth.results import BOOK_RECORD_ENV, RunResult, record_run
+
+    def run_dir(key: str, dataset: str, n: int) -> Path:
+        d = tmp_path / "residual_stream" / "smollm2-135m" / key
+        d.mkdir(parents=True)
+        pd.DataFrame({"value": [0.0]}).to_csv(d / "table.csv", index=False)
+        meta = {"analysis": "residual_stream", "cache_key": key,
+                "parameters": {"model_name": "smollm2-135m", "dataset": dataset, "n_examples": n}}
+        (d / "meta.json").write_text(json.dumps(meta))
+        return d
+
+    book = run_dir("book", "gsm8k", 20)
+    run_dir("adhoc", "mine.jsonl:abc", 50)
+    monkeypatch.setenv(BOOK_RECORD_ENV, str(tmp_path / "book" / "default" / "norms"))
+    record_run(RunResult(pd.DataFrame(), json.loads((book / "meta.json").read_text()), book))
+    monkeypatch.delenv(BOOK_RECORD_ENV)
+    only = atlas.recorded_runs(tmp_path / "book" / "default")
+    runs = atlas.best_runs(atlas.finished_runs(tmp_path, "residual_stream", only))
+    assert [r.path.name for r in runs] == ["book"]
+    assert {r.path.name for r in atlas.best_runs(atlas.finished_runs(tmp_path, "residual_stream"))} == {"adhoc"}

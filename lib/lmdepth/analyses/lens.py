@@ -36,13 +36,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.run import Job, require_tokens, concat_tables, per_unit, run_many as many, stored_weights
+from lmdepth.analyses.run import Job, require_tokens, concat_tables, per_unit, run_many as many
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.errors import ParameterError
 from lmdepth.hooks.lens import prompt_lens
 from lmdepth.metrics.distributions import LENS_METRICS as METRICS, TOP_K
 from lmdepth.metrics.residual import DatasetStats, PromptStats
-from lmdepth.model.registry import LoadedModel, load_model
+from lmdepth.model.registry import LoadedModel, current_weights_id, load_model
 from lmdepth.model.unembed import DEFAULT_LENS_DTYPE, Unembedding
 from lmdepth.params import DTYPE_NAMES, CommonParams, param
 from lmdepth.results import RunResult, RunStore, atomic_write
@@ -99,11 +99,10 @@ def fit_tuned_lens(
     """
     store = tuned_store(lm.name, cfg, dataset, dtype, lens_dtype, results_dir)
     state = store.dir / "translators.npz"
-    weights = {lm.name: lm.weights_id}
-    if use_cache and store.complete and state.exists() and stored_weights(store.load().meta) == weights:
+    if use_cache and store.complete and state.exists():
         with np.load(state) as z:
             return Translators.from_arrays({k: z[k] for k in z.files}).eval(), store.load()
-    store.clear()  # not trained yet, or trained on other weights
+    store.clear()
     exs = train_examples(dataset, cfg.n_tokens, cfg.seed)
     # Held-out problems are the last ones of the shuffled list: never read for training.
     n_val = max(1, int(cfg.n_tokens * cfg.val_fraction))
@@ -112,7 +111,7 @@ def fit_tuned_lens(
     translators, curve, info = train_translators(lm, train_h, val_h, cfg, lens_dtype)
     curve.insert(0, "model", lm.name)
     meta = {"analysis": TUNED_ANALYSIS, "parameters": {"model_name": lm.name, **store.params},
-            "model": lm.provenance(), "weights": weights, "training": info, "environment": environment()}
+            "model": lm.provenance(), "training": info, "environment": environment()}
     result = store.finalize(curve, meta)
     atomic_write(state, lambda tmp: np.savez(tmp, **translators.state_arrays()))
     return translators, result
@@ -120,10 +119,12 @@ def fit_tuned_lens(
 
 def tuned_store(model_name: str, cfg: TrainConfig, dataset: str, dtype: str, lens_dtype: str,
                 results_dir: str | Path) -> RunStore:
-    """Cache entry of a model's translators, keyed by the recipe, the training text and the numerics."""
+    """Cache entry of a model's translators, keyed by the recipe, the training text, the numerics and the model's
+    weights (translators trained on other weights are never reused)."""
     train_data = (dataset if dataset in ("gsm8k", "math") else "gsm8k") + "/train"
     return RunStore(results_dir, TUNED_ANALYSIS, model_name,
-                    {**asdict(cfg), "train_data": train_data, "dtype": dtype, "lens_dtype": lens_dtype})
+                    {**asdict(cfg), "train_data": train_data, "dtype": dtype, "lens_dtype": lens_dtype,
+                     "weights": current_weights_id(model_name)})
 
 
 def training_curve(result: RunResult) -> pd.DataFrame:

@@ -14,7 +14,6 @@ the sidecar. :func:`per_unit` is the checkpointed loop over problems (or items, 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,9 +43,10 @@ class Job:
         item_key: the parameters that change one unit's numbers (default: ``key``); leaving out e.g.
             ``n_examples`` lets a larger run reuse a smaller one's per-unit checkpoints.
         model: the model name the run is filed under (default: ``params.model_name``).
-        models: every model whose weights the numbers depend on (default: ``[model]``). A cached run whose models'
-            weights changed since it was computed (a local directory retrained in place, another hub revision) is
-            recomputed, never served: the sidecar records each model's :func:`~lmdepth.model.registry.weights_id`.
+        models: every model whose weights the numbers depend on (default: ``[model]``). Their
+            :func:`~lmdepth.model.registry.weights_id` is part of the cache key and of every per-unit checkpoint's
+            key, so a local directory retrained in place (or another hub revision) gets a new key: a result computed
+            with other weights is never served. The sidecar records the ids.
     """
 
     analysis: str
@@ -57,11 +57,11 @@ class Job:
     models: list[str] | None = None
 
     def store(self, weights: dict[str, str]) -> RunStore:
-        """The cache entry; per-unit checkpoints are also keyed by the models' weights (a unit computed with other
-        weights is never reused)."""
+        """The cache entry of these parameters and weights (its per-unit checkpoints keyed by the weights too)."""
         p = self.params
+        key = {**self.key, "weights": weights}
         item_key = {**(self.key if self.item_key is None else self.item_key), "weights": weights}
-        return RunStore(p.results_dir, self.analysis, self.model or p.model_name, self.key, item_params=item_key)
+        return RunStore(p.results_dir, self.analysis, self.model or p.model_name, key, item_params=item_key)
 
     def weights(self) -> dict[str, str]:
         """The current weights id of every model the run depends on."""
@@ -74,12 +74,8 @@ class Job:
         store = self.store(weights)
         if self.params.use_cache and store.complete:
             cached = store.load()
-            if stored_weights(cached.meta) == weights:
-                record_run(cached)
-                return cached
-            print(f"lmdepth: the weights of {', '.join(weights)} changed since {store.dir} was computed; "
-                  "recomputing", file=sys.stderr, flush=True)
-            store.clear()
+            record_run(cached)
+            return cached
         if not self.params.use_cache:
             store.clear()
         t0 = time.time()
@@ -89,16 +85,6 @@ class Job:
         result = store.finalize(table, meta)
         record_run(result)
         return result
-
-
-def stored_weights(meta: dict[str, Any]) -> dict[str, str]:
-    """The weights ids a sidecar was computed with. Sidecars written before they were recorded name a packaged
-    model's pinned digest in their provenance, which is its weights id; other models then have none (recompute)."""
-    if "weights" in meta:
-        return meta["weights"]
-    provenance = meta.get("models") or {meta.get("parameters", {}).get("model_name"): meta.get("model") or {}}
-    return {m: f"packaged:{p['file_sha256']}" for m, p in provenance.items()
-            if p.get("source") == "packaged" and p.get("file_sha256")}
 
 
 def per_unit(store: RunStore, units: Sequence[tuple[str, X]], compute: Callable[[str, X], Arrays],
