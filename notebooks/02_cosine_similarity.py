@@ -55,7 +55,8 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 
 # %% tags=["remove-cell"]
 from lmdepth.analyses import residual
-from lmdepth.book.notebook import Claim, chapter_models, claims_table, md, setup, show_table
+from lmdepth.book.notebook import chapter_models, md, setup, show_table
+from lmdepth.claims import report
 from lmdepth.charts.residual import across_models, layer_bars
 from lmdepth.runtime import environment, resolve_device
 
@@ -89,9 +90,10 @@ trans = residual.cosine_transition_layer(table)
 L = meta["model"]["n_layers"]
 md("Mean cosine, first half → second half: " + "; ".join(
     f"{c} {a:+.3f} → {b:+.3f}" for c, (a, b) in ((c, residual.half_means(v)) for c, v in cos.items())) + ". "
-   + (f"The average of the three cosines last turns from negative to non-negative at layer {trans} "
-      f"(relative depth {(trans + 0.5) / L:.2f})." if trans is not None else
-      "The average of the three cosines never turns from negative to non-negative."))
+   + (f"The mean of the three cosines changes sign, negative before and positive from layer {trans} on "
+      f"(relative depth {trans / L:.2f}; the change point over layers 2…{L - 1})." if trans is not None else
+      "The mean of the three cosines has no sustained sign change over layers 2…L−1 (negative on average before "
+      "its change point and positive after it)."))
 
 # %% [markdown]
 # ## Input–output cosine (appendix)
@@ -115,27 +117,17 @@ across_models(all_tables, "cosine", "Mean cosine similarity", ["attention", "mlp
 # %% [markdown]
 # ## Does the claim hold here?
 #
-# Fixed criteria, the same for every model: **(a)** there is a sign change — the mean of the three cosines goes
-# from negative to non-negative at some layer (the effective-depth definition of arXiv 2512.14064); **(b)** it
-# happens near the middle, at relative depth between 0.25 and 0.75; **(c)** the second half reinforces more than
-# the first (mean whole-layer cosine higher in the second half).
+# From the claims registry (`lmdepth.claims`), each model beside a random-init model of its own architecture on the
+# same problems.
 
 # %% tags=["hide-input"]
-claims = []
-for m in models:
-    n = all_meta[m]["model"]["n_layers"]
-    t = residual.cosine_transition_layer(all_tables, model=m)
-    rd = None if t is None else (t + 0.5) / n
-    a, b = residual.half_means(residual.select(all_tables, "cosine", "layer", model=m))
-    claims += [
-        Claim("sign change (phase transition)", "mean cosine turns from < 0 to ≥ 0", m,
-              "none" if t is None else f"layer {t}", t is not None),
-        Claim("transition near mid-depth", "relative depth in [0.25, 0.75]", m,
-              "n/a" if rd is None else f"{rd:.2f}", rd is not None and 0.25 <= rd <= 0.75),
-        Claim("second half reinforces", "layer cosine 2nd half > 1st half", m, f"{a:+.3f} → {b:+.3f}", b > a),
-    ]
-claims_df = claims_table(claims, chapter="cosine", results_dir=results_dir)
-show_table(claims_df)
+md(report.describe("cosine"))
+
+# %% tags=["hide-input"]
+controls = residual.run_units(report.control_models(models, remote), **run_kw)  # random-init twins, same problems
+verdicts = report.check("cosine", residual.run_units(models, **run_kw), models, controls, n_boot=n_boot, seed=seed)
+report.save(verdicts, "cosine", results_dir)
+show_table(report.display(verdicts))
 
 # %% tags=["remove-cell"]
 import numpy as np
@@ -151,13 +143,16 @@ for m in models:
 # - **Models and precision** as in {doc}`01_residual_norms`: small PyPI-packaged models in fp32 instead of
 #   Llama 3.1 70B in bf16; cosines in fp32 (the code used bf16 inputs).
 # - **Sample:** 20 random GSM8K problems with a recorded seed (the code: the first 20).
-# - **Phase transition as a number:** the paper reads it off the figure; here it is the last negative-to-non-negative
-#   crossing of the mean of the three cosines (arXiv 2512.14064), reported per model.
+# - **Phase transition as a number:** the paper reads it off the figure. arXiv 2512.14064 takes the last
+#   negative-to-non-negative crossing of the mean of the three cosines; on these models that crossing is often the
+#   last of several noise crossings (and every model crosses between layers 0 and 1). Here the transition is the
+#   change point of the mean cosine over layers 2…L−1 (the split with the largest rise), and a sign change counts
+#   only when the curve is negative on average before it and positive after it. The atlas and chapter 04 use the
+#   same definition.
 # - **Beyond the paper:** bootstrap intervals over problems and explicit criteria per model.
 #
 # ## Summary and environment
 
 # %% tags=["hide-input"]
-md(f"Claims that hold: {int((claims_df['agrees with paper'] == 'yes').sum())} of {len(claims_df)} "
-   f"(model × criterion). Results: `{main.path}`.")
+md(f"{report.summary(verdicts)} Results: `{main.path}`.")
 md(" · ".join(f"{k} {v}" for k, v in environment().items() if v is not None))

@@ -112,9 +112,9 @@ def test_settling_layers_and_summary():
     s = lens.settling_summary(t, {"m": 1})
     assert lens.settled_depth(s, "m", "tuned_lens", lens.OVERLAP_CRITERION) == 1.0  # never: placed at the output
     assert lens.settled_depth(s, "m", "tuned_lens", lens.SHARED_KL_CRITERION) == 0.25  # 0.5 < 0.1 · 10 (strict) at layer 1
-    assert lens.settled_depth(s, "m", "cosine", lens.COSINE_CRITERION) == 1.5 / 4
+    assert lens.settled_depth(s, "m", "cosine", lens.COSINE_CRITERION) == 1 / 4  # boundary before layer t, as l / L
     wide = lens.summary_wide(s)
-    assert wide.loc[0, "tuned lens: top-5 overlap > 0.2"] == "output" and wide.loc[0, "cosine: cosine transition"] == "1 (0.38)"
+    assert wide.loc[0, "tuned lens: top-5 overlap > 0.2"] == "output" and wide.loc[0, "cosine: cosine transition"] == "1 (0.25)"
 
 
 # ---- integration: tiny models of every family -------------------------------------------------------------------

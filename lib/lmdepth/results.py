@@ -78,12 +78,17 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 @dataclass
 class RunResult:
-    """A finished run: its tidy table, its sidecar and where they live."""
+    """A finished run: its tidy table, its sidecar and where they live.
+
+    ``units`` is the per-unit table (one row per problem, text or item and whatever it measured), which claim
+    verdicts bootstrap over (:mod:`lmdepth.claims`); None for analyses that do not write one.
+    """
 
     table: pd.DataFrame
     meta: dict[str, Any]
     path: Path
     from_cache: bool = False
+    units: pd.DataFrame | None = None
 
 
 class RunStore:
@@ -105,7 +110,8 @@ class RunStore:
 
     def load(self) -> RunResult:
         meta = json.loads((self.dir / "meta.json").read_text())
-        return RunResult(pd.read_csv(self.dir / "table.csv"), meta, self.dir, from_cache=True)
+        units = pd.read_csv(self.dir / "units.csv") if (self.dir / "units.csv").exists() else None
+        return RunResult(pd.read_csv(self.dir / "table.csv"), meta, self.dir, from_cache=True, units=units)
 
     def clear(self) -> None:
         """Forget both the finished result and any checkpoints (``use_cache=False``)."""
@@ -135,8 +141,8 @@ class RunStore:
         atomic_write(self._item_path(item), lambda tmp: np.savez(tmp, **arrays))
 
     # ---- finishing ------------------------------------------------------------------------------------
-    def finalize(self, table: pd.DataFrame, meta: dict[str, Any]) -> RunResult:
-        """Write table and sidecar into a temporary directory, then move it into place in one step.
+    def finalize(self, table: pd.DataFrame, meta: dict[str, Any], units: pd.DataFrame | None = None) -> RunResult:
+        """Write table, per-unit table (if any) and sidecar into a temporary directory, then move it into place in one step.
 
         Two processes finishing the same run (same parameters, so the same numbers) is safe: the first one to
         land stays and the other discards its copy.
@@ -146,6 +152,8 @@ class RunStore:
         meta = {**meta, "cache_key": self.key, "compute_version": COMPUTE_VERSION}
         try:
             _write_synced(tmp / "table.csv", table.to_csv(index=False))
+            if units is not None:
+                _write_synced(tmp / "units.csv", units.to_csv(index=False))
             _write_synced(tmp / "meta.json", json.dumps(meta, indent=2, default=str))
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700: give the result ordinary permissions
             while True:
@@ -165,7 +173,7 @@ class RunStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return RunResult(table, meta, self.dir)
+        return RunResult(table, meta, self.dir, units=units)
 
 
 def _write_synced(path: Path, text: str) -> None:

@@ -28,6 +28,7 @@ from lmdepth.analyses import lens
 from lmdepth.analyses import complexity
 from lmdepth.analyses import maps as linear_maps
 from lmdepth.book.chapters import CHAPTERS
+from lmdepth.claims.spec import EARLY_LAYERS
 
 ATLAS_COLUMNS = ["model", "n_layers", "chapter", "measure", "layer", "rel_depth", "rel_low", "rel_high", "value",
                  "sample"]
@@ -98,8 +99,9 @@ def _row(model: str, n_layers: int, chapter: str, measure: str, sample: str, lay
 
 
 def residual_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[dict[str, Any]]:
-    """Chapters 01–02 (one shared run): the cosine phase-transition layer t at (t + 0.5)/L, and the second-half /
-    first-half ratio of the layers' relative contributions (a ratio, not a depth)."""
+    """Chapters 01–02 (one shared run): the cosine phase transition t (the mean cosine is positive from layer t on;
+    :func:`lmdepth.analyses.residual.cosine_transition_layer`) at t / L, and the second-half / first-half ratio of
+    the whole layer's relative contribution without layers 0–1 (a ratio, not a depth)."""
 
     rows = []
     for r in best_runs(finished_runs(results_dir, residual.ANALYSIS, only)):
@@ -107,9 +109,10 @@ def residual_rows(results_dir: str | Path, only: set[Path] | None = None) -> lis
         model, L = p["model_name"], int(t["n_layers"].iloc[0])
         tr = residual.cosine_transition_layer(t)
         rows.append(_row(model, L, "02_cosine_similarity", "cosine phase transition", _sample(p), layer=tr,
-                         rel_depth=None if tr is None else (tr + 0.5) / L))
-        ratio = residual.half_ratio(residual.select(t, "relative_contribution", "layer"))
-        rows.append(_row(model, L, "01_residual_norms", "contribution ratio 2nd/1st half", _sample(p), value=ratio))
+                         rel_depth=None if tr is None else tr / L))
+        ratio = residual.half_ratio(residual.select(t, "relative_contribution", "layer"), skip_first=EARLY_LAYERS)
+        rows.append(_row(model, L, "01_residual_norms", "contribution ratio 2nd/1st half (without layers 0–1)",
+                         _sample(p), value=ratio))
     return rows
 
 
@@ -150,7 +153,8 @@ def lens_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[di
 
 def complexity_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[dict[str, Any]]:
     """Chapter 05, per data source: the depth score D (layer effect, mean aggregation, 0-based, averaged over the
-    difficulty levels) at (D + 0.5)/L, and its fitted slope per difficulty level with the bootstrap interval (a
+    difficulty levels) at (D + 0.5)/L — the effect-weighted mean layer, placed at the centre of layer D, not an end
+    point of the computation — and its fitted slope per difficulty level with the bootstrap interval (a
     value: the paper's claim is a slope near 0)."""
 
     rows = []
@@ -164,7 +168,8 @@ def complexity_rows(results_dir: str | Path, only: set[Path] | None = None) -> l
         levels = [x for x in s["levels"] if x["aggregation"] == "mean" and x["metric"] == "layer_effect"]
         d = pd.Series([x["depth_score"] for x in levels], dtype=float).mean()
         if pd.notna(d):
-            rows.append(_row(p["model_name"], L, "05_depth_vs_complexity", f"depth score ({src})", sample,
+            rows.append(_row(p["model_name"], L, "05_depth_vs_complexity",
+                             f"depth score ({src}; effect-weighted mean layer)", sample,
                              layer=d, rel_depth=(d + 0.5) / L))
         for x in s["slopes"]:
             if x["aggregation"] == "mean" and x["metric"] == "layer_effect":
@@ -268,13 +273,17 @@ def saved_claims(results_dir: str | Path, profile: str | None = None) -> pd.Data
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
-def findings_table(results_dir: str | Path, models: list[str] | None = None, profile: str | None = None) -> pd.DataFrame:
-    """Each chapter's claims with one column per model ("yes 0.27" / "NO 0.91") and how many models agree.
+def findings_table(results_dir: str | Path, models: list[str] | None = None, profile: str | None = None,
+                   exclude_chapters: set[str] = frozenset()) -> pd.DataFrame:
+    """The point-estimate checks of chapters not yet in the claims registry, one column per model ("yes 0.27" /
+    "NO 0.91"), and how many models pass.
 
     Rows are grouped by the paper figure the chapter reproduces; ``models`` fixes the column order (default: all
     models that have saved claims, in file order); claims about something else than one model (a pair of models in
-    chapter 06) get their own columns after them."""
+    chapter 06, "MoEUT vs Transformer" in chapter 07) get their own columns after them. ``exclude_chapters``: chapter
+    keys (``norms``, …) whose claims are now registry verdicts."""
     claims = saved_claims(results_dir, profile)
+    claims = claims[~claims["chapter"].map(lambda stem: CHAPTER_KEYS.get(stem, stem)).isin(exclude_chapters)]
     # checks of the method (e.g. chapter 06's self-map and shuffled-pair controls) are not claims of the paper
     claims = claims[~claims["claim"].str.startswith("control:")]
     if claims.empty:
@@ -283,8 +292,8 @@ def findings_table(results_dir: str | Path, models: list[str] | None = None, pro
     figures = {}
     for f in FINDINGS:
         figures.setdefault(f.chapter, []).append(f.paper_figure)
-    pairs = [m for m in dict.fromkeys(claims["model"]) if "→" in m]
-    models = [*(models or [m for m in dict.fromkeys(claims["model"]) if "→" not in m]), *pairs]
+    subjects = [m for m in dict.fromkeys(claims["model"]) if "→" in m or " vs " in m]  # not one model
+    models = [*(models or [m for m in dict.fromkeys(claims["model"]) if m not in subjects]), *subjects]
     claims = claims[claims.model.isin(models)].copy()
     claims["cell"] = claims["agrees with paper"] + " · " + claims["measured"]
     wide = claims.pivot_table(index=["chapter", "claim", "criterion"], columns="model", values="cell",
@@ -297,15 +306,6 @@ def findings_table(results_dir: str | Path, models: list[str] | None = None, pro
     order = {stem: i for i, stem in enumerate(CHAPTER_KEYS)}
     out = out.sort_values("chapter", key=lambda c: c.map(order), kind="stable", ignore_index=True)
     return out.fillna("—").rename_axis(columns=None)
-
-
-def findings_headline(findings: pd.DataFrame) -> str:
-    """Markdown: how many (claim × model) checks of :func:`findings_table` agree with the paper, overall and per model."""
-    cells = findings.drop(columns=["paper figure", "chapter", "claim", "criterion", "agree"])  # models and model pairs
-    yes, tested = cells.apply(lambda c: c.str.startswith("yes")), cells != "—"
-    per_model = ", ".join(f"{m} {int(yes[m].sum())} of {int(tested[m].sum())}" for m in cells)
-    return (f"Over all chapters, **{int(yes.to_numpy().sum())} of {int(tested.to_numpy().sum())}** (claim × model) "
-            f"checks agree with the paper; per model: {per_model}.")
 
 
 # ---- reproducibility: what the build did ------------------------------------------------------------------------
@@ -324,4 +324,5 @@ def build_record(book_dir: str | Path) -> pd.DataFrame:
 
 
 __all__ = ["ATLAS_COLUMNS", "FINDINGS", "Finding", "finished_runs", "best_runs", "residual_rows", "skipping_rows",
-           "lens_rows", "complexity_rows", "maps_rows", "SUMMARIES", "atlas_table", "saved_claims", "findings_table", "build_record"]
+           "lens_rows", "complexity_rows", "maps_rows", "SUMMARIES", "atlas_table", "saved_claims", "findings_table",
+           "build_record"]

@@ -332,7 +332,7 @@ def settling_summary(table: pd.DataFrame, transitions: dict[str, int | None] | N
         if transitions is not None:
             tr = transitions.get(model)
             rows.append(dict(model=model, lens="cosine", criterion=COSINE_CRITERION, layer=tr, n_layers=n_layers,
-                             rel_depth=None if tr is None else (tr + 0.5) / n_layers))
+                             rel_depth=None if tr is None else tr / n_layers))
     return pd.DataFrame(rows)
 
 

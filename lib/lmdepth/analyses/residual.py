@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmdepth.claims.spec import EARLY_LAYERS
 from lmdepth.hooks.capture import trace_layer_reductions
+from lmdepth.metrics import layer_curves
 from lmdepth.data.datasets import dataset_id, Example, load_examples, selection_record
 from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats, residual_token_metrics
 from lmdepth.analyses.run import Job, require_tokens, concat_tables, per_unit, run_many as many
@@ -52,6 +54,22 @@ def tidy_table(stats: DatasetStats, model: str, n_boot: int, seed: int) -> pd.Da
     return pd.DataFrame(rows)
 
 
+def units_table(ids: list[str], items: list[dict[str, np.ndarray]], model: str) -> pd.DataFrame:
+    """Per-problem table for claim verdicts: the token mean of every metric and layer within each problem, with
+    the problem's token count (so a resample of problems can be re-weighted by tokens, as the main table is).
+
+    Columns: ``model, unit, tokens, metric, component, layer, value``.
+    """
+    frames = []
+    for uid, item in zip(ids, items):
+        mean = item["sum"] / float(item["count"])  # [metrics, layers]
+        n_layers = mean.shape[1]
+        for i, (metric, component) in enumerate(RESIDUAL_METRICS):
+            frames.append(pd.DataFrame({"model": model, "unit": uid, "tokens": int(item["count"]), "metric": metric,
+                                        "component": component, "layer": np.arange(n_layers), "value": mean[i]}))
+    return pd.concat(frames, ignore_index=True)
+
+
 @dataclass(frozen=True)
 class ResidualParams(CommonParams):
     """Parameters of the residual-stream run (chapters 01 and 02)."""
@@ -73,13 +91,14 @@ def run(params: ResidualParams | None = None, **kwargs: Any) -> RunResult:
     p = ResidualParams.of(params, **kwargs)
     examples = load_examples(p.dataset, n_examples=p.n_examples, seed=p.seed, selection=p.selection)
     key = dict(dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed, selection=p.selection,
-               include_bos=p.include_bos, dtype=p.dtype, n_boot=p.n_boot)
-    per_item = {k: v for k, v in key.items() if k not in ("n_examples", "n_boot")}
+               include_bos=p.include_bos, dtype=p.dtype, n_boot=p.n_boot,
+               outputs=2)  # 2: also the per-problem table (runs finished before it recompute from their checkpoints)
+    per_item = {k: v for k, v in key.items() if k not in ("n_examples", "n_boot", "outputs")}
     return Job(ANALYSIS, p, key, per_item).execute(lambda store: _compute(p, key, examples, store))
 
 
 def _compute(p: ResidualParams, key: dict[str, Any], examples: list[Example], store: RunStore
-             ) -> tuple[pd.DataFrame, dict[str, Any]]:
+             ) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
     lm = load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote)
     # Tokenize everything first: a prompt that does not fit fails before any compute is spent.
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
@@ -92,7 +111,8 @@ def _compute(p: ResidualParams, key: dict[str, Any], examples: list[Example], st
         return {"sum": ps.sum, "max": ps.max, "count": np.array(ps.count)}
 
     stats = DatasetStats()
-    for item in per_unit(store, encoded, one, desc=f"{p.model_name}: residual stats"):
+    items = per_unit(store, encoded, one, desc=f"{p.model_name}: residual stats")
+    for item in items:
         stats.add(PromptStats(item["sum"], item["max"], int(item["count"])))
     table = tidy_table(stats, p.model_name, n_boot=p.n_boot, seed=p.seed)
     meta = {
@@ -101,13 +121,18 @@ def _compute(p: ResidualParams, key: dict[str, Any], examples: list[Example], st
         "data": selection_record(p.dataset, p.selection, p.seed, examples),
         "n_tokens": stats.count,
     }
-    return table, meta
+    return table, meta, units_table([uid for uid, _ in encoded], items, p.model_name)
 
 
 def run_many(model_names: list[str], **kwargs: Any) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
     """:func:`run` for several models; returns the concatenated table and each model's sidecar."""
     results = many(run, model_names, **kwargs)
     return concat_tables(results), {m: r.meta for m, r in results.items()}
+
+
+def run_units(model_names: list[str], **kwargs: Any) -> pd.DataFrame:
+    """The per-problem tables of :func:`run` for several models, concatenated (what claim verdicts resample)."""
+    return pd.concat([r.units for r in many(run, model_names, **kwargs).values()], ignore_index=True)
 
 
 # ---- summaries used by the chapters' claim checks ---------------------------------------------------------
@@ -121,27 +146,30 @@ def select(table: pd.DataFrame, metric: str, component: str, stat: str = "mean",
 
 
 def half_means(values: pd.Series, skip_first: int = 0) -> tuple[float, float]:
-    """Mean over the first and over the second half of the layers (the middle layer of an odd L goes to neither).
-
-    ``skip_first`` leaves the first layers out of the first half: their large *relative* writes reflect the small
-    embedding norm they start from, not the mid-depth drop the paper describes.
-    """
-    n = len(values)
-    return float(values.iloc[skip_first : n // 2].mean()), float(values.iloc[(n + 1) // 2 :].mean())
+    """Mean over the first and over the second half of the layers (:func:`lmdepth.metrics.layer_curves.half_means`);
+    ``skip_first`` leaves the first layers out of the first half."""
+    return layer_curves.half_means(values.to_numpy(), skip_first)
 
 
 def half_ratio(values: pd.Series, skip_first: int = 0) -> float:
     """Second-half mean / first-half mean (see :func:`half_means`)."""
-    first, second = half_means(values, skip_first)
-    return second / first
+    return layer_curves.half_ratio(values.to_numpy(), skip_first)
+
+
+def mean_cosine(table: pd.DataFrame, model: str | None = None) -> pd.Series:
+    """Per layer, the mean of the attention, MLP and whole-layer cosines."""
+    return sum(select(table, "cosine", c, model=model) for c in ("attention", "mlp", "layer")) / 3
 
 
 def cosine_transition_layer(table: pd.DataFrame, model: str | None = None) -> int | None:
-    """Effective depth from cosines (arXiv 2512.14064): the last layer where the mean of the attention, MLP and
-    layer cosines goes from < 0 to ≥ 0. None if it never does."""
-    avg = sum(select(table, "cosine", c, model=model) for c in ("attention", "mlp", "layer")) / 3
-    ups = [l for l in avg.index[1:] if avg[l - 1] < 0 <= avg[l]]
-    return int(ups[-1]) if ups else None
+    """The cosine phase transition (the book's one definition, also its claim check ``cosine.sign_change``): the
+    change point of the mean cosine over layers 2…L−1, if the curve is negative on average before it and positive
+    after it; None if there is no such sustained sign change."""
+    curve = mean_cosine(table, model).to_numpy()
+    if layer_curves.sign_change_margin(curve, EARLY_LAYERS) <= 0:
+        return None
+    return layer_curves.change_point(curve, EARLY_LAYERS)
 
 
-__all__ = ["ANALYSIS", "run", "run_many", "select", "half_means", "cosine_transition_layer", "Example"]
+__all__ = ["ANALYSIS", "run", "run_many", "run_units", "select", "half_means", "half_ratio", "mean_cosine",
+           "cosine_transition_layer", "Example"]

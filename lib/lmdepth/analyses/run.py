@@ -8,7 +8,7 @@ validation (the analysis's :class:`~lmdepth.params.Params`) → cache key → :c
         job = Job(ANALYSIS, p, key={...}, item_key={...})
         return job.execute(lambda store: compute(p, store))
 
-``compute`` returns ``(table, meta)``; the template adds the analysis name, the environment and the wall time to
+``compute`` returns ``(table, meta)`` or ``(table, meta, units)`` (a per-unit table for claim verdicts); the template adds the analysis name, the environment and the wall time to
 the sidecar. :func:`per_unit` is the checkpointed loop over problems (or items, prompts, runs).
 """
 
@@ -68,7 +68,7 @@ class Job:
         names = self.models or [self.model or self.params.model_name]
         return {m: current_weights_id(m, remote=bool(getattr(self.params, "remote", False))) for m in names}
 
-    def execute(self, compute: Callable[[RunStore], tuple[pd.DataFrame, dict[str, Any]]]) -> RunResult:
+    def execute(self, compute: Callable[[RunStore], tuple[Any, ...]]) -> RunResult:
         """Serve a finished run from the cache, or compute it (resuming from checkpoints) and finish it."""
         weights = self.weights()
         store = self.store(weights)
@@ -79,10 +79,10 @@ class Job:
         if not self.params.use_cache:
             store.clear()
         t0 = time.time()
-        table, meta = compute(store)
+        table, meta, *units = compute(store)
         meta = {"analysis": self.analysis, **meta, "weights": weights, "environment": environment(),
                 "wall_time_s": round(time.time() - t0, 2)}
-        result = store.finalize(table, meta)
+        result = store.finalize(table, meta, units[0] if units else None)
         record_run(result)
         return result
 

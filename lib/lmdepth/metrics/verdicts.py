@@ -30,15 +30,32 @@ MIN_UNITS = 10
 
 @dataclass(frozen=True)
 class Rule:
-    """The paper's side of a threshold: ``statistic < threshold`` (``side="below"``) or ``> threshold``."""
+    """The paper's side of a threshold: ``statistic < threshold`` (``side="below"``), ``> threshold``
+    (``"above"``), or ``threshold ≤ statistic ≤ upper`` (``"between"``)."""
 
     threshold: float
-    side: Literal["below", "above"]
+    side: Literal["below", "above", "between"]
+    upper: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.side == "between") != (self.upper is not None):
+            raise ValueError("a 'between' rule needs an upper bound, and only it has one")
+
+    def position(self, x: float) -> int:
+        """0 on the paper's side; -1 / +1 below / above it (for ``"below"``/``"above"`` rules: ±1 is the other
+        side)."""
+        if self.side == "below":
+            return 0 if x < self.threshold else 1
+        if self.side == "above":
+            return 0 if x > self.threshold else -1
+        return -1 if x < self.threshold else (1 if x > self.upper else 0)
 
     def holds(self, x: float) -> bool:
-        return x < self.threshold if self.side == "below" else x > self.threshold
+        return self.position(x) == 0
 
     def describe(self, name: str = "statistic") -> str:
+        if self.side == "between":
+            return f"{self.threshold:g} ≤ {name} ≤ {self.upper:g}"
         return f"{name} {'<' if self.side == 'below' else '>'} {self.threshold:g}"
 
 
@@ -108,9 +125,10 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
     if bad or not np.isfinite(est):
         return Verdict("not testable", est, lo, hi, n, f"the statistic is undefined on {bad} of {n_boot} resamples "
                                                         "(a denominator that can vanish)")
-    if rule.holds(lo) and rule.holds(hi):
+    low_side, high_side = rule.position(lo), rule.position(hi)
+    if low_side == high_side == 0:
         state: State = "agrees"
-    elif not rule.holds(lo) and not rule.holds(hi):
+    elif low_side == high_side:  # the whole interval on one side outside the paper's
         state = "disagrees"
     else:
         state = "inconclusive"

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from lmdepth.model import random_init
 from lmdepth.model.families import ModelAdapter
 from lmdepth.hooks.capture import check_additivity
 from lmdepth.runtime import DTYPES, resolve_device
@@ -324,6 +325,8 @@ def resolve_model_path(name: str) -> tuple[str, str, str | None]:
     """Map a user's model name to (path or hub id, source, file digest) without loading anything."""
     if not isinstance(name, str) or not name:
         raise UnknownModelError(f"model_name must be a non-empty string, got {name!r}.")
+    if random_init.is_random_init(name):  # the base model's config and tokenizer, fresh weights
+        return resolve_model_path(random_init.base_name(name))[0], "random-init", None
     if name in PACKAGED:
         spec = PACKAGED[name]
         return str(_packaged_dir(spec)), "packaged", spec.sha256
@@ -367,6 +370,8 @@ def current_weights_id(name: str, remote: bool = False) -> str:
     """:func:`weights_id` of a model name without loading it (packaged models are not even converted)."""
     if remote:
         return weights_id(name, name, "ndif", None)
+    if random_init.is_random_init(name):
+        return random_init.weights_id(current_weights_id(random_init.base_name(name)))
     if name in PACKAGED:
         return weights_id(name, "", "packaged", PACKAGED[name].sha256)
     path, source, digest = resolve_model_path(name)
@@ -388,12 +393,16 @@ def load_model(
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         remote: run traces on NDIF (hub ids only; needs ``NDIF_API_KEY`` and internet).
         check: run the additivity self-check (refuses non-additive, e.g. post-LN, models).
+
+    ``random-init:<name>`` loads ``<name>``'s architecture with untrained weights (:mod:`lmdepth.model.random_init`).
     """
     if dtype not in DTYPES:
         raise ParameterError(f"Parameter 'dtype' must be one of {list(DTYPES)}, got {dtype!r}.")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if remote:
+        if random_init.is_random_init(name):
+            raise ParameterError(f"{name!r} is a local control model; run it with remote=False.")
         return _load_remote(name)
     path, source, digest = resolve_model_path(name)
     if source == "hub":
@@ -401,7 +410,8 @@ def load_model(
     device = resolve_device(device)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
+        model = (random_init.build(path, DTYPES[dtype]) if source == "random-init"
+                 else AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])).to(device).eval()
     except OSError as e:
         if source != "hub":
             raise
@@ -415,7 +425,7 @@ def load_model(
     if check:
         probe = tok("The cat sat on the mat because it was warm.", return_tensors="pt").input_ids.to(device)
         err = check_additivity(adapter, probe)
-    return LoadedModel(name, model, tok, adapter, source, digest, err, weights_id=weights_id(name, path, source, digest))
+    return LoadedModel(name, model, tok, adapter, source, digest, err, weights_id=current_weights_id(name))
 
 
 def _load_remote(name: str) -> LoadedModel:

@@ -1,0 +1,21 @@
+"""The claims registry: every claim of the paper the book checks, with its statistic, rule, precondition and
+control (``shared/EVIDENCE.md``). Chapters and the findings page render from it; nothing else sets a threshold.
+
+Claims not yet in the registry are still checked by their chapters as point estimates; the findings page lists
+them apart and does not count them.
+"""
+
+from __future__ import annotations
+
+from lmdepth.claims import residual
+from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
+
+REGISTRY: dict[str, ClaimSpec] = {c.id: c for c in (*residual.CLAIMS,)}
+
+
+def for_chapter(chapter: str) -> list[ClaimSpec]:
+    """The registered claims of one chapter, in the order the chapter shows them."""
+    return [c for c in REGISTRY.values() if c.chapter == chapter]
+
+
+__all__ = ["REGISTRY", "EARLY_LAYERS", "ClaimSpec", "for_chapter"]

@@ -1,0 +1,72 @@
+"""The findings page's view of the verdicts: what the book build saved, as a claim × model matrix and counts.
+
+Nothing here decides anything: the chapters decided and saved their verdict rows (:func:`lmdepth.claims.report.save`);
+this module reads them back and arranges them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lmdepth.claims import REGISTRY
+from lmdepth.claims.report import HEADLINE_STATES
+
+
+def saved_verdicts(results_dir: str | Path, profile: str | None = None) -> pd.DataFrame:
+    """Every verdict row the chapters saved.
+
+    With ``profile``: those the book build recorded for it (``<results>/book/<profile>/<chapter>/verdicts``);
+    without: those of runs outside the book (``<results>/verdicts/<chapter>``). Rows of claims that are no longer in
+    the registry are dropped (a stale record must not reach the page)."""
+    if profile is None:
+        files = sorted(Path(results_dir, "verdicts").glob("*/*.csv"))
+    else:
+        files = sorted((Path(results_dir) / "book" / Path(profile).stem).glob("*/verdicts/*.csv"))
+    frames = [pd.read_csv(p) for p in files]
+    if not frames:
+        return pd.DataFrame(columns=["chapter", "claim_id", "claim", "model", "state", "counted_as", "headline"])
+    out = pd.concat(frames, ignore_index=True)
+    out = out[out["claim_id"].isin(list(REGISTRY))]
+    order = {cid: i for i, cid in enumerate(REGISTRY)}
+    return out.sort_values("claim_id", key=lambda c: c.map(order), kind="stable", ignore_index=True)
+
+
+def _cell(r) -> str:
+    if r.state == "not testable":
+        return f"not testable: {r.reason} (n = {r.n})"
+    ci = f"[{r.ci_low:.3g}, {r.ci_high:.3g}]" if np.isfinite(r.ci_low) else ""
+    tag = " ⊘" if r.counted_as == "non-discriminating" else ""
+    return f"{r.state}{tag} · {r.estimate:.3g} {ci} · n = {r.n} · control: {r.control_state}"
+
+
+def verdict_matrix(verdicts: pd.DataFrame, models: list[str] | None = None) -> pd.DataFrame:
+    """One row per claim (paper figure, chapter, claim, the paper's side), one column per model: the verdict, the
+    statistic with its 95 % interval, n, and the random-init control's verdict; ⊘ marks a check whose control got
+    the same verdict (non-discriminating, not counted)."""
+    if verdicts.empty:
+        return pd.DataFrame()
+    models = models or list(dict.fromkeys(verdicts["model"]))
+    v = verdicts[verdicts.model.isin(models)].assign(cell=lambda d: [_cell(r) for r in d.itertuples()])
+    wide = v.pivot_table(index=["figure", "chapter", "claim", "rule"], columns="model", values="cell",
+                         aggfunc="first", sort=False).reindex(columns=models)
+    return wide.reset_index().fillna("—").rename_axis(columns=None).rename(columns={"rule": "paper's side"})
+
+
+def state_counts(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """Headline verdict rows per state (columns, in :data:`HEADLINE_STATES` order) per model (rows), plus a total."""
+    v = verdicts[verdicts["headline"].astype(bool)]
+    table = pd.crosstab(v["model"], v["counted_as"]).reindex(columns=list(HEADLINE_STATES), fill_value=0)
+    table.loc["all models"] = table.sum()
+    return table.rename_axis(index="model", columns=None).reset_index()
+
+
+def headline(verdicts: pd.DataFrame) -> str:
+    """Markdown: the verdict counts per state over all (claim × model) rows, never "N of M agree" alone."""
+    c = state_counts(verdicts).set_index("model").loc["all models"]
+    return ("Over the registered claims, (claim × model) verdicts: "
+            + ", ".join(f"**{int(c[s])} {s}**" for s in HEADLINE_STATES)
+            + f" — {int(c.sum())} in all. Non-discriminating rows (the random-init control reached the same verdict) "
+            "are shown but not counted as agreement or disagreement.")

@@ -1,0 +1,143 @@
+"""Verdict tables: decide a chapter's registered claims, show them, save them for the findings page."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lmdepth.claims import REGISTRY, for_chapter
+from lmdepth.claims.spec import evaluate
+from lmdepth.metrics.verdicts import Verdict
+from lmdepth.model.random_init import control_name
+from lmdepth.results import atomic_write_text, book_record_dir, slug
+from lmdepth.runtime import REPO_ROOT
+
+#: Headline states of the findings page, in display order ("non-discriminating": the control got the same verdict).
+HEADLINE_STATES = ("agrees", "disagrees", "inconclusive", "not testable", "non-discriminating")
+
+
+def control_models(models: list[str], remote: bool = False) -> list[str]:
+    """The random-init controls of ``models`` (none for remote runs: a control is built and run locally)."""
+    return [] if remote else [control_name(m) for m in models]
+
+
+def check(chapter: str, units: pd.DataFrame, models: list[str], control_units: pd.DataFrame | None = None,
+          n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Every registered claim of ``chapter`` for every model, with its random-init control.
+
+    Args:
+        units: the per-unit tables of ``models`` (concatenated; column ``model``).
+        control_units: the per-unit tables of their controls (``random-init:<model>``), or None.
+
+    Returns:
+        One verdict row per (claim, model): see :func:`lmdepth.claims.spec.evaluate`, plus ``counted_as`` (the
+        headline state).
+    """
+    decided: dict[tuple[str, str], Verdict] = {}
+    rows = []
+    for spec in for_chapter(chapter):
+        for m in models:
+            ctrl = control_name(m)
+            has_ctrl = control_units is not None and (control_units.model == ctrl).any()
+            rows.append(evaluate(spec, units, m, control_units if has_ctrl else None, ctrl if has_ctrl else None,
+                                 decided, n_boot=n_boot, seed=seed))
+    out = pd.DataFrame(rows)
+    out["counted_as"] = [headline_state(r) for r in out.itertuples()]
+    return out
+
+
+def headline_state(row) -> str:
+    """The state a verdict row is counted as: its own, unless a decided verdict's control reached the same one."""
+    if row.state != "not testable" and not row.discriminates:
+        return "non-discriminating"
+    return row.state
+
+
+def _fmt(est: float, lo: float, hi: float) -> str:
+    return "—" if not np.isfinite(est) else (f"{est:.3g} [{lo:.3g}, {hi:.3g}]" if np.isfinite(lo) else f"{est:.3g}")
+
+
+def display(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """The compact table a chapter shows: claim, model, n, statistic with its 95 % interval, verdict, the control's
+    verdict by the same rule, and how the row is counted."""
+    out = pd.DataFrame({
+        "claim": verdicts["claim"],
+        "rule": verdicts["rule"],
+        "model": verdicts["model"],
+        "n": verdicts["n"],
+        "statistic [95 % CI]": [_fmt(r.estimate, r.ci_low, r.ci_high) for r in verdicts.itertuples()],
+        "with layers 0–1": [f"{v:.3g}" if np.isfinite(v) else "—" for v in verdicts["with_layers_0_1"]],
+        "verdict": [r.state + (f" ({r.reason})" if r.reason else "") for r in verdicts.itertuples()],
+        "random-init control": [f"{r.control_state}: {_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)}"
+                                if r.control_state not in ("not run", "not testable") else r.control_state
+                                for r in verdicts.itertuples()],
+        "counted as": verdicts["counted_as"],
+    })
+    return out
+
+
+def counts(verdicts: pd.DataFrame, headline_only: bool = True) -> pd.Series:
+    """Verdict rows per headline state (every state listed, zeros included)."""
+    v = verdicts[verdicts["headline"].astype(bool)] if headline_only else verdicts
+    return v["counted_as"].value_counts().reindex(list(HEADLINE_STATES), fill_value=0)
+
+
+def summary(verdicts: pd.DataFrame) -> str:
+    """One sentence: counts per state, for the chapter's closing line."""
+    c = counts(verdicts, headline_only=False)
+    return "Verdicts (claim × model): " + ", ".join(f"{n} {s}" for s, n in c.items()) + "."
+
+
+def save(verdicts: pd.DataFrame, chapter: str, results_dir: str | None = None) -> None:
+    """Save the verdict rows, one file per model: inside a book build into the chapter's book record
+    (``<results>/book/<profile>/<chapter>/verdicts/<model>.csv``, what the findings page reads), otherwise into
+    ``<results_dir>/verdicts/<chapter>/`` (your own runs; never read by the book)."""
+    record = book_record_dir()
+    target = record / "verdicts" if record is not None else (
+        Path(results_dir) / "verdicts" / chapter if results_dir is not None else None)
+    if target is None:
+        return
+    for model, rows in verdicts.groupby("model", sort=False):
+        atomic_write_text(target / f"{slug(model)}.csv", rows.to_csv(index=False))
+
+
+def registry_commit() -> str:
+    """The last commit that changed the claims registry (``lib/lmdepth/claims``), as ``<hash> (<date>)``; the
+    findings page names it so a reader can check that the criteria predate the runs they judge."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return "unknown (not a git checkout)"
+        out = subprocess.run(["git", "log", "-1", "--format=%h (%cs)", "--", "lib/lmdepth/claims"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "lib/lmdepth/claims"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (git is not available)"
+    commit = out.stdout.strip() or "not committed yet"
+    return commit + (", with uncommitted changes" if dirty else "")
+
+
+def describe(chapter: str) -> str:
+    """Markdown: the chapter's registered claims, each with its statistic, rule, unit and control, the one
+    convention on layers 0–1, and the dated history of criteria changed after their numbers were seen."""
+    specs = for_chapter(chapter)
+    lines = [f"- **{s.claim}** ({s.figure}): {s.statement} *Statistic* — {s.statistic}; the paper's side: "
+             f"{s.rule.describe(s.statistic.split(':')[0])}; unit: {s.unit}"
+             + (f"; only meaningful if *{REGISTRY[s.requires].claim}* agrees" if s.requires else "") + "."
+             for s in specs]
+    controls = sorted({s.control for s in specs})
+    history = [f"- *{s.claim}*: {h}" for s in specs for h in s.history]
+    return ("\n".join(lines)
+            + f"\n\nEach verdict is decided from a 95 % percentile bootstrap interval over {specs[0].unit}s "
+            f"(1000 resamples, seeded): **agrees** when the whole interval lies on the paper's side, **disagrees** "
+            f"when it lies on the other side, **inconclusive** when it straddles the threshold, **not testable** "
+            f"when a precondition fails (fewer than 10 {specs[0].unit}s, or a claim it depends on). "
+            f"Layers 0–1 are left out of every verdict statistic in this book (their writes are large relative to "
+            f"the small embedding they start from); the column *with layers 0–1* shows the statistic with them. "
+            f"Control: {'; '.join(controls)} — judged by the same rule; a check whose control reaches the same "
+            f"verdict does not discriminate and is not counted on the findings page."
+            + ("\n\nChanges to the criteria after their numbers were seen:\n" + "\n".join(history) if history else ""))

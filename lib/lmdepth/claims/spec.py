@@ -1,0 +1,103 @@
+"""What a claim check is (``shared/EVIDENCE.md``): statistic over units, decision rule, precondition, control.
+
+A :class:`ClaimSpec` is data: the chapters and the findings page render from it and nothing else sets a threshold.
+:func:`evaluate` turns a spec and the per-unit tables of a model and of its control into one verdict row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lmdepth.metrics.verdicts import MIN_UNITS, Rule, Verdict, decide, discriminates
+
+#: Layers left out of every verdict statistic, in every chapter: layers 0–1 write a lot *relative* to the small
+#: embedding they start from (and hold the attention sinks), so they dwarf the mid-depth structure the paper's claims
+#: are about. Every verdict row also shows its statistic with them (``with_early``).
+EARLY_LAYERS = 2
+
+Values = Callable[[pd.DataFrame, str], np.ndarray]  # (per-unit table, model) -> [units, k] values
+Reduce = Callable[[np.ndarray], float]  # [units, k] (a resample) -> the statistic
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """One claim of the paper, as the book checks it.
+
+    Attributes:
+        id: stable identifier, ``<chapter>.<name>`` (saved with every verdict).
+        chapter: the book chapter that owns it (``norms``, ``cosine``, …).
+        figure: the paper's figure or section.
+        claim: short name shown in tables.
+        statement: the paper's statement, in one sentence.
+        statistic: what is computed, in words (names the unit and the layers used).
+        unit: what the bootstrap resamples (``problem``, ``text``, ``item``, ``position``).
+        rule: the paper's side of the threshold.
+        values: per-unit values of one model from its per-unit table, [units, k].
+        reduce: the statistic of a (resampled) [units, k] array.
+        control: which control and what it rules out.
+        with_early: the same statistic with layers 0–1 kept, shown beside the verdict (None where it does not apply).
+        requires: the id of a claim that must agree for this one to mean anything (e.g. a transition's depth needs
+            a transition); otherwise "not testable".
+        headline: counted on the findings page (False: reported in its chapter only).
+        history: dated notes of every change made to the criterion after its numbers were seen.
+    """
+
+    id: str
+    chapter: str
+    figure: str
+    claim: str
+    statement: str
+    statistic: str
+    unit: str
+    rule: Rule
+    values: Values
+    reduce: Reduce
+    control: str
+    with_early: Reduce | None = None
+    requires: str | None = None
+    headline: bool = True
+    history: tuple[str, ...] = field(default=())
+
+
+def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict | None,
+             n_boot: int, seed: int) -> tuple[Verdict, np.ndarray]:
+    values = spec.values(units, model)
+    if required is not None and required.state != "agrees":
+        reason = f"needs '{spec.requires}' to agree (it is {required.state})"
+        return Verdict("not testable", float("nan"), float("nan"), float("nan"), len(values), reason), values
+    return decide(values, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed), values
+
+
+def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd.DataFrame | None,
+             control_model: str | None, decided: dict[tuple[str, str], Verdict] | None = None,
+             n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """One verdict row: the model's verdict, the statistic with layers 0–1, the control's verdict by the same rule,
+    and whether the check discriminates.
+
+    Args:
+        units, control_units: per-unit tables holding ``model`` / ``control_model`` (None: no control run).
+        decided: verdicts already decided in this chapter, by (claim id, model); updated in place (for ``requires``).
+    """
+    decided = {} if decided is None else decided
+    real, values = _verdict(spec, units, model, decided.get((spec.requires, model)) if spec.requires else None,
+                            n_boot, seed)
+    decided[(spec.id, model)] = real
+    early = spec.with_early(values) if spec.with_early is not None and len(values) else float("nan")
+    row = {"chapter": spec.chapter, "claim_id": spec.id, "figure": spec.figure, "claim": spec.claim,
+           "rule": spec.rule.describe(spec.statistic.split(":")[0]), "unit": spec.unit, "model": model,
+           "n": real.n, "estimate": real.estimate, "ci_low": real.ci_low, "ci_high": real.ci_high,
+           "state": real.state, "reason": real.reason, "with_layers_0_1": early, "control": spec.control,
+           "control_model": control_model, "headline": spec.headline}
+    if control_units is None or control_model is None:
+        return {**row, "control_state": "not run", "control_estimate": float("nan"), "control_ci_low": float("nan"),
+                "control_ci_high": float("nan"), "discriminates": False}
+    ctrl, _ = _verdict(spec, control_units, control_model,
+                       decided.get((spec.requires, control_model)) if spec.requires else None, n_boot, seed)
+    decided[(spec.id, control_model)] = ctrl
+    return {**row, "control_state": ctrl.state, "control_estimate": ctrl.estimate, "control_ci_low": ctrl.ci_low,
+            "control_ci_high": ctrl.ci_high, "discriminates": discriminates(real, ctrl)}
