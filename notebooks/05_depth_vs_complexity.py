@@ -76,7 +76,8 @@ from lmdepth.analyses import complexity, erasure
 from lmdepth.analyses.run import concat_tables
 from lmdepth.charts.complexity import depth_vs_level_chart, effect_profile_chart, solved_chart
 from lmdepth.charts.erasure import comparison_maps, map_chart
-from lmdepth.book.notebook import chapter_models, claims_table, md, setup, show_table
+from lmdepth.book.notebook import chapter_models, md, setup, show_table
+from lmdepth.claims import complexity as cc, report  # cc: the chapter's claims
 from lmdepth.book.pages import complexity as page
 from lmdepth.runtime import environment, resolve_device
 
@@ -181,14 +182,17 @@ solved_chart(solved)
 # %% [markdown]
 # ## Does the claim hold here?
 #
-# Criterion, fixed before looking at the numbers and the same for every model and source: **no increase** means
-# that the fitted rise of the layer-effect depth score (mean aggregation) over the whole range of levels is below
-# **0.05 of the network's depth** (1.5 layers of SmolLM2's 30). The interval says whether the sample can tell: an
-# interval reaching above 0.05 means a real increase cannot be ruled out with this many items.
+# From the claims registry (`lmdepth.claims`), per model and source, with the unit the items were drawn as. A
+# model that does not solve the easy items clearly better than always giving the most common answer, or a sample
+# with fewer than 10 items on a level, makes the check *not testable*: "difficulty" then never engages the model.
 
 # %% tags=["hide-input"]
-claims_df = claims_table(page.depth_claims(sl), chapter="complexity", results_dir=results_dir)
-show_table(claims_df)
+md(report.describe("complexity"))
+
+# %% tags=["hide-input"]
+verdicts = report.check("complexity", table, models, cc.shuffled_levels(table), n_boot, seed, only=cc.claim_ids(sources))
+report.save(verdicts, "complexity", results_dir)
+show_table(report.display(verdicts))
 
 # %% tags=["remove-cell"]
 # Checks of the code (not of the claim): depth scores lie inside the network. (A percentile interval of a ratio
@@ -288,5 +292,5 @@ map_chart(case[model_name].table, "ig", model_name, prompts=list(completeness.pr
 # ## Summary and environment
 
 # %% tags=["hide-input"]
-md(page.summary_note(claims_df, results))
+md(page.summary_note(verdicts, results))
 md(" · ".join(f"{k} {v}" for k, v in environment().items() if v is not None))

@@ -75,7 +75,8 @@ from IPython.display import display
 
 from lmdepth.analyses import maps as lmaps
 from lmdepth.charts.maps import floor_lines, heatmap_grid, heatmap_rows, map_heatmaps
-from lmdepth.book.notebook import claims_table, md, setup, show_table
+from lmdepth.book.notebook import md, setup, show_table
+from lmdepth.claims import maps as maps_claims, report
 from lmdepth.book.pages import maps as page
 from lmdepth.runtime import environment, resolve_device
 
@@ -185,16 +186,21 @@ show_table(page.controls_table(table, meta))
 # %% [markdown]
 # ## Does the claim hold here?
 #
-# Criteria fixed in advance, applied to each direction of each pair, on the best source of each target boundary
-# (see "Reading it" above): **(a)** it follows relative depth — Pearson correlation of $l/L_B$ and $m^*(l)/L_A$
-# at least 0.9; **(b)** it lies near the equal-depth line — mean $|l/L_B - m^*/L_A|$ at most 0.1. The controls
-# must behave: **(c)** in the self-map every boundary is its own best match with error below 0.01; **(d)** on
-# shuffled pairs no cell beats the mean-only predictor by more than 2 %. (c) and (d) check the method, not the
-# paper. A "NO" in (a) or (b) is a finding about these models.
+# From the claims registry (`lmdepth.claims`), for each direction of each pair, over the target boundaries. The
+# control aligns the models by absolute layer index instead of relative depth. The self-map and the shuffled pairs
+# check the method, not the paper; they are reported below the verdicts.
 
 # %% tags=["hide-input"]
-claims_df = claims_table(page.claims(table, meta), chapter="maps", results_dir=results_dir)
-show_table(claims_df)
+md(report.describe("maps"))
+
+# %% tags=["hide-input"]
+units, controls = maps_claims.units_of(table, main_labels)
+verdicts = report.check("maps", units, main_labels, controls, seed=seed)
+report.save(verdicts, "maps", results_dir)
+show_table(report.display(verdicts))
+
+# %% tags=["hide-input"]
+show_table(page.method_checks(table, meta))
 
 # %% tags=["remove-cell"]
 # Invariants that hold whatever the models (checks of the code, not of the claim), and enough aligned tokens.
@@ -248,6 +254,6 @@ show_table(page.timings_table(meta))
 # ## Summary and environment
 
 # %% tags=["hide-input"]
-md(f"Claims that hold: {int((claims_df['agrees with paper'] == 'yes').sum())} of {len(claims_df)} "
+md(f"{report.summary(verdicts)} "
    f"(map × criterion). Results: `{res.path}`.")
 md(" · ".join(f"{k} {v}" for k, v in environment().items() if v is not None))

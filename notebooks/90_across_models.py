@@ -73,8 +73,7 @@ table = table[table.model.isin(shown)]
 # model at this scale, not an error: the chapter behind the row discusses it.
 
 # %% tags=["hide-input"]
-verdicts = findings.saved_verdicts(results_dir, profile=profile)
-verdicts = verdicts[verdicts.model.isin(shown)]
+verdicts = findings.shown(findings.saved_verdicts(results_dir, profile=profile), shown)
 md(f"The registry's criteria were last changed in commit {report.registry_commit()}; every verdict below was "
    "executed by this build. Criteria changed after their numbers were seen carry a dated note in their chapter.")
 show_table(findings.verdict_matrix(verdicts, shown))
@@ -83,20 +82,10 @@ show_table(findings.verdict_matrix(verdicts, shown))
 md(findings.headline(verdicts))
 show_table(findings.state_counts(verdicts))
 
-# %% [markdown]
-# ### Checks not yet in the registry
-#
-# The chapters below still check their claims as point estimates against fixed thresholds, without an interval or a
-# control. They are listed for completeness, are **not verdicts**, and are not counted above; converting them to the
-# registry is ongoing work (the chapter behind each row explains its criterion).
-
 # %% tags=["hide-input"]
-legacy = atlas.findings_table(results_dir, models=shown, profile=profile,
-                              exclude_chapters=set(verdicts["chapter"]))
 links = {f.chapter: f"[{f.chapter.split('_', 1)[1].replace('_', ' ')}]({f.chapter}.html)" for f in atlas.FINDINGS}
 md("Chapters and the paper figures they reproduce: "
    + "; ".join(f"{f.paper_figure} → {links[f.chapter]} (`{f.book_figure}`)" for f in atlas.FINDINGS) + ".")
-show_table(legacy)
 
 # %% [markdown]
 # ## Atlas: where does each model's computation end?

@@ -122,6 +122,6 @@ show_table(pd.DataFrame({"package / fact": list(env), "value": [str(v) for v in 
 #   checkpoints are committed in `checkpoints/dm_math/`); the `paper` profile holds the 244M configuration.
 # - **Numerics.** Metrics are computed in fp32, without the known slips of the authors' released code (each
 #   chapter names the ones that matter to it).
-# - **Beyond the paper.** Bootstrap intervals over problems, pass/fail criteria fixed in advance for every claim,
+# - **Beyond the paper.** Bootstrap intervals over problems, claim verdicts in four states with controls (the claims registry),
 #   a tuned lens next to the logit lens, solved vs unsolved items, synthetic multi-hop data with known hop counts,
 #   and the cross-model atlas.

@@ -6,11 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from lmdepth.analyses import residual
 from lmdepth.claims import REGISTRY, for_chapter, report
+from lmdepth.claims.complexity import shuffled_levels
+from lmdepth.claims.maps import units_of as maps_units
+from lmdepth.claims.scratch import RUNS, SUBJECT, shuffled_objectives, units_of
 from lmdepth.claims.findings import headline, saved_verdicts, state_counts, verdict_matrix
+from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.layer_curves import change_point, sign_change_margin
+from lmdepth.data.difficulty import LEVELS
 from lmdepth.metrics.verdicts import Rule
 from lmdepth.model.random_init import control_name
 
@@ -90,7 +96,220 @@ SCENARIOS = {  # claim id -> state -> (metric, {component: curve})
 }
 
 
+def skip_units(model: str, curves: dict[tuple[str, str], callable], n: int = 20, seed: int = 0) -> pd.DataFrame:
+    """A per-problem table like :func:`lmdepth.analyses.skipping.units_table` (layer skip only); unlisted
+    (analysis, metric) pairs get a flat 0.5."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(n):
+        for analysis in ("current", "future"):
+            for metric in ("later_effect", "output_change"):
+                curve = curves.get((analysis, metric), lambda r: np.full(L, 0.5))(rng)
+                rows += [dict(model=model, unit=f"p{p}", analysis=analysis, variant="layer", metric=metric,
+                              layer=layer, value=float(v)) for layer, v in enumerate(curve)]
+    return pd.DataFrame(rows)
+
+
+def feeds_until(last: int, level: float = 0.5):
+    """Future later effect ``level`` on layers ≤ ``last``, 0.01 after (the last layer: 0, no later layer)."""
+    return lambda rng: np.r_[[level] * (last + 1), [0.01] * (L - last - 2), 0.0][:L]
+
+
+def mixed_feeding(rng):
+    """Layers 6–8 feed forward at 0.18 in half the problems: the mean hovers around the 0.1 level, so the cutoff
+    is either layer 6 or 9 (0.5 or 0.75 of depth) across resamples."""
+    mid = 0.18 if rng.random() < 0.5 else 0.0
+    return np.r_[[0.5] * 6, [mid] * 3, [0.01] * 2, 0.0]
+
+
+SKIP = {
+    "skipping.current_later_small": ("current", "later_effect", "below"),
+    "skipping.current_output_changes": ("current", "output_change", "above"),
+    "skipping.future_later_small": ("future", "later_effect", "below"),
+}
+for cid, (analysis, metric, side) in SKIP.items():
+    low, high = halves(0.8, 0.2, early=0.9), halves(0.8, 0.8, early=0.9)
+    SCENARIOS[cid] = {
+        "agrees": ("skip", {(analysis, metric): low if side == "below" else high}),
+        "disagrees": ("skip", {(analysis, metric): high if side == "below" else halves(0.8, 0.1, early=0.9)}),
+        "inconclusive": ("skip", {(analysis, metric): halves(0.8, 0.4, sd=0.6, early=0.9)}),
+    }
+SCENARIOS["skipping.future_cutoff"] = {
+    "agrees": ("skip", {("future", "later_effect"): feeds_until(4)}),
+    "disagrees": ("skip", {("future", "later_effect"): feeds_until(10)}),
+    "inconclusive": ("skip", {("future", "later_effect"): mixed_feeding}),
+}
+
+
+def lens_units(model: str, curves: dict[tuple[str, str], callable], n: int = 20, seed: int = 0) -> pd.DataFrame:
+    """A per-problem lens table like :func:`lmdepth.analyses.lens.units_table`, with the bigram baseline as a flat
+    ``bigram`` lens (as :func:`lmdepth.analyses.bigram.with_baseline` adds it); unlisted curves are neutral."""
+    neutral = {"kl": lambda r: np.linspace(5, 0.1, L), "kl_final_lens": lambda r: np.linspace(5, 0.1, L),
+               "top5_overlap": lambda r: np.linspace(0, 1, L)}
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(n):
+        for lens in ("logit_lens", "tuned_lens", "bigram"):
+            for metric in ("kl", "kl_final_lens", "top5_overlap"):
+                default = (lambda r: np.full(L, 0.3)) if lens == "bigram" else neutral[metric]
+                c = curves.get((lens, metric), default)(rng)
+                rows += [dict(model=model, unit=f"p{p}", lens=lens, metric=metric, layer=layer, value=float(v))
+                         for layer, v in enumerate(c)]
+    return pd.DataFrame(rows)
+
+
+def rises_at(layer: int, low: float = 0.1, high: float = 0.9, sd: float = 0.0):
+    def curve(rng):
+        return np.r_[[low] * layer, [high] * (L - layer)] + rng.normal(0, sd)
+    return curve
+
+
+def alternating(early, late):
+    """Every other problem ``early``, the rest ``late``: exactly half each in a sample of 20, so the mean of layers
+    4–8 sits at the criterion's level and the settling layer (4 or 9: 0.33 or 0.75 of depth) moves across
+    resamples, on both sides of mid-depth."""
+    state = {"i": 0}
+
+    def curve(rng):
+        state["i"] += 1
+        return (early if state["i"] % 2 else late)(rng)
+    return curve
+
+
+def mixed_rise(low: float, high: float, later: float):
+    """Rise to ``high`` at layer 4 (early problems) or stay at ``later`` on layers 4–8 and rise at 9."""
+    return alternating(lambda r: np.r_[[low] * 4, [high] * 8],
+                       lambda r: np.r_[[low] * 4, [later] * 5, [high] * 3])
+
+
+SCENARIOS["lens.logit_overlap_mid"] = {
+    "agrees": ("lens", {("logit_lens", "top5_overlap"): rises_at(7)}),
+    "disagrees": ("lens", {("logit_lens", "top5_overlap"): rises_at(3)}),
+    "inconclusive": ("lens", {("logit_lens", "top5_overlap"): mixed_rise(0.0, 0.41, 0.0)}),
+}
+SCENARIOS["lens.logit_kl_mid"] = {
+    "agrees": ("lens", {("logit_lens", "kl"): rises_at(7, 5.0, 0.1)}),
+    "disagrees": ("lens", {("logit_lens", "kl"): rises_at(3, 5.0, 0.1)}),
+    "inconclusive": ("lens", {("logit_lens", "kl"): mixed_rise(5.0, 0.0, 1.0)}),
+}
+SCENARIOS["lens.tuned_over_bigram_mid"] = {  # the bigram baseline sits at 0.3: the level is 0.5
+    "agrees": ("lens", {("tuned_lens", "top5_overlap"): rises_at(7, 0.35, 0.9)}),
+    "disagrees": ("lens", {("tuned_lens", "top5_overlap"): rises_at(3, 0.35, 0.9)}),
+    "inconclusive": ("lens", {("tuned_lens", "top5_overlap"): mixed_rise(0.3, 0.71, 0.3)}),
+}
+SCENARIOS["lens.tuned_first_half_little"] = {
+    "agrees": ("lens", {("tuned_lens", "kl_final_lens"): lambda r: np.r_[[4.0] * 6, [3.0] * 6] * (1 + r.normal(0, .05))}),
+    "disagrees": ("lens", {("tuned_lens", "kl_final_lens"): lambda r: np.r_[[4.0] * 6, [0.5] * 6] * (1 + r.normal(0, .05))}),
+    "inconclusive": ("lens", {("tuned_lens", "kl_final_lens"): lambda r: np.r_[[4.0] * 6, [2.0 + r.normal(0, 2)] * 6]}),
+}
+
+
+def item_units(model: str, source: str, peak, n: int = 20, seed: int = 0, correct: int = 1) -> pd.DataFrame:
+    """A per-item table like :func:`lmdepth.analyses.complexity.tidy_items`: ``n // 2`` items per level (at least
+    10 with the default n), each layer-effect vector a bump at layer ``peak(level, rng)``; every item solved and
+    every answer different (constant-answer baseline 1/items)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for level in LEVELS[source]:
+        for i in range(max(n // 2, 1)):
+            e = np.full(L, 0.01)
+            e[int(np.clip(peak(level, rng, i), 0, L - 1))] = 1.0
+            rows += [dict(model=model, source=source, item=f"{level}-{i}", level=level, correct=correct, n_layers=L,
+                          answer=f"{level}-{i}", metric="layer_effect", layer=layer, value=float(v))
+                     for layer, v in enumerate(e)]
+    return pd.DataFrame(rows)
+
+
+for source in LEVELS:
+    lo = min(LEVELS[source])
+    SCENARIOS[f"complexity.{source}_depth_flat"] = {
+        "agrees": (f"items:{source}", lambda level, rng, i: 6),
+        "disagrees": (f"items:{source}", lambda level, rng, i, lo=lo: 3 + 2 * (level - lo)),
+        # items spread over layers 3–9 on every level; the easiest level's sits one layer lower: a rise of
+        # 1/12 ≈ 0.08 of depth on 10 items per level, which the interval cannot separate from 0.05
+        "inconclusive": (f"items:{source}", lambda level, rng, i, lo=lo:
+                         [3, 4, 5, 6, 6, 6, 6, 7, 8, 9][i % 10] - (level == lo)),
+    }
+
+
+def eval_units(extrapolate: dict[str, tuple[float, float]], n: int = 20, seed: int = 0,
+               interpolate_acc: float = 0.8) -> pd.DataFrame:
+    """A per-problem evaluation like :func:`lmdepth.analyses.scratch.evaluate_runs` of the four runs, as
+    :func:`lmdepth.claims.scratch.units_of` labels it: on extrapolation each run solves a problem with probability
+    ``extrapolate[run][0]`` and has answer loss ``extrapolate[run][1]`` ± 0.3; on interpolation every run solves
+    ``interpolate_acc`` of the problems, whose answers all differ (constant-answer baseline 1/n)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for run in RUNS:
+        p_ok, nll = extrapolate.get(run, (0.5, 1.0))
+        for split, acc in (("interpolate", interpolate_acc), ("extrapolate", p_ok)):
+            for i in range(n):
+                rows.append(dict(run=run, split=split, answer=f"{split}{i}", correct=int(rng.random() < acc),
+                                 answer_nll=float(nll + rng.normal(0, 0.3))))
+    return units_of(pd.DataFrame(rows))
+
+
+def map_units(error, n_src: int = 12, n_tgt: int = 24, model: str = "m", seed: int = 0):
+    """A main map A → B as :func:`lmdepth.analyses.maps.map_table` writes it (relative errors only), with
+    ``error(m, l, rng)`` the held-out error from source boundary m to target boundary l; returns the per-boundary
+    table and its absolute-index control (:func:`lmdepth.claims.maps.units_of`)."""
+    rng = np.random.default_rng(seed)
+    rows = [dict(map=model, metric="relative_error", source_layer=m, target_layer=l, n_source_layers=n_src,
+                 n_target_layers=n_tgt, value=float(error(m, l, rng)))
+            for l in range(n_tgt + 1) for m in range(n_src + 1)]
+    return maps_units(pd.DataFrame(rows), [model])
+
+
+def relative_line(m, l, rng, n_src=12, n_tgt=24):
+    return 0.1 + abs(m / n_src - l / n_tgt) + rng.normal(0, 0.01)
+
+
+def index_line(m, l, rng, n_src=12):
+    return 0.1 + abs(m - min(l, n_src)) / n_src + rng.normal(0, 0.01)
+
+
+def alternating_offset(m, l, rng, n_src=12, n_tgt=24):
+    """Best source on the relative line for even l, 0.2 of depth above it for odd l: mean offset ≈ 0.1."""
+    return relative_line(m - (0.2 * n_src if l % 2 else 0), l, rng)
+
+
+SCENARIOS["maps.relative_beats_absolute"] = {
+    "agrees": ("maps", relative_line), "disagrees": ("maps", index_line),
+    "inconclusive": ("maps", lambda m, l, rng: 0.5 + rng.normal(0, 0.05))}
+SCENARIOS["maps.best_near_equal_depth"] = {
+    "agrees": ("maps", relative_line), "disagrees": ("maps", index_line), "inconclusive": ("maps", alternating_offset)}
+
+
+def table_for(metric: str, curves, n: int = 20, model: str = "m", seed: int = 0) -> pd.DataFrame:
+    if metric == "maps":
+        return map_units(curves, n_tgt=n + 4 if n >= 10 else n, model=model, seed=seed)[0]  # boundaries 2…n+4
+    if metric == "runs":
+        return eval_units(curves, 5 * n if n >= 10 else n, seed)  # 100 problems: a paired gain of 0.2–0.4 is decided
+    if metric.startswith("items:"):
+        return item_units(model, metric.split(":")[1], curves, n, seed)
+    if metric == "lens":
+        return lens_units(model, curves, n, seed)
+    return skip_units(model, curves, n, seed) if metric == "skip" else units(model, metric, curves, n, seed)
+
+
+MO, MA, TO, TA = "moeut-lm", "moeut-answer_only", "transformer-lm", "transformer-answer_only"
+SCENARIOS["moeut.exact_match_gain"] = {
+    "agrees": ("runs", {MO: (0.3, 1), MA: (0.7, 1)}), "disagrees": ("runs", {MO: (0.7, 1), MA: (0.3, 1)}),
+    "inconclusive": ("runs", {MO: (0.5, 1), MA: (0.5, 1)})}
+SCENARIOS["moeut.exact_match_gain_vs_transformer"] = {
+    "agrees": ("runs", {MO: (0.2, 1), MA: (0.8, 1), TO: (0.5, 1), TA: (0.5, 1)}),
+    "disagrees": ("runs", {MO: (0.5, 1), MA: (0.5, 1), TO: (0.2, 1), TA: (0.8, 1)}),
+    "inconclusive": ("runs", {MO: (0.5, 1), MA: (0.5, 1), TO: (0.5, 1), TA: (0.5, 1)})}
+SCENARIOS["moeut.answer_loss_gain"] = {
+    "agrees": ("runs", {MO: (0.5, 1.5), MA: (0.5, 1.0)}), "disagrees": ("runs", {MO: (0.5, 1.0), MA: (0.5, 1.5)}),
+    "inconclusive": ("runs", {MO: (0.5, 1.0), MA: (0.5, 1.0)})}
+SCENARIOS["moeut.answer_loss_gain_vs_transformer"] = {
+    "agrees": ("runs", {MO: (0.5, 1.5), MA: (0.5, 1.0)}), "disagrees": ("runs", {TO: (0.5, 1.5), TA: (0.5, 1.0)}),
+    "inconclusive": ("runs", {})}
+
+
 def verdict_of(claim_id: str, table: pd.DataFrame, model: str = "m") -> pd.Series:
+    model = SUBJECT if claim_id.startswith("moeut.") else model
     return report.check(REGISTRY[claim_id].chapter, table, [model]).set_index("claim_id").loc[claim_id]
 
 
@@ -105,16 +324,16 @@ def test_every_registered_claim_has_a_scenario_rule_and_control():
 @pytest.mark.parametrize("state", ["agrees", "disagrees", "inconclusive"])
 def test_each_claim_reaches_each_decided_state(claim_id, state):
     metric, curves = SCENARIOS[claim_id][state]
-    row = verdict_of(claim_id, units("m", metric, curves))
+    row = verdict_of(claim_id, table_for(metric, curves))
     assert row.state == state, (row.estimate, row.ci_low, row.ci_high, row.reason)
-    assert row.n == 20 and np.isfinite(row.ci_low) and np.isfinite(row.ci_high)
+    assert row.n >= 20 and np.isfinite(row.ci_low) and np.isfinite(row.ci_high)
 
 
 @pytest.mark.parametrize("claim_id", sorted(SCENARIOS))
 def test_each_claim_is_not_testable_below_ten_problems(claim_id):
     metric, curves = SCENARIOS[claim_id]["agrees"]
-    row = verdict_of(claim_id, units("m", metric, curves, n=9))
-    assert row.state == "not testable" and ("9 units" in row.reason or "needs" in row.reason)
+    row = verdict_of(claim_id, table_for(metric, curves, n=9))
+    assert row.state == "not testable" and any(w in row.reason for w in ("units, at least 10", "needs", "4 items on level"))
 
 
 def test_a_transition_depth_needs_a_sign_change():
@@ -172,3 +391,87 @@ def test_findings_count_states_and_read_only_registered_claims(tmp_path):
     assert "non-discriminating" in text and " of " not in text
     matrix = verdict_matrix(saved, ["m"])
     assert matrix.shape[0] == 3 and all("n = 20" in c for c in matrix["m"])
+
+
+def test_the_cutoff_can_land_anywhere_or_nowhere():
+    assert sustained_cutoff(np.r_[0.5, 0.5, 0.05, 0.05, 0.0], 0.1) == 2
+    assert sustained_cutoff(np.r_[0.5, 0.05, 0.5, 0.05, 0.0], 0.1) == 3  # sustained: the later excursion counts
+    assert sustained_cutoff(np.r_[0.5, 0.5, 0.5, 0.5, 0.0], 0.1) == 5  # L: layer L−2 still feeds forward
+    assert sustained_cutoff(np.r_[0.5, 0.5, 0.05, 0.05, 0.0], 0.1, skip=3) == 3
+
+
+def test_one_exploding_effect_cannot_carry_a_skipping_verdict():
+    """A relative change of 1e4 (a layer whose clean contribution is near zero) in one problem: clipped at 1."""
+    t = skip_units("m", {("current", "later_effect"): halves(0.8, 0.2, early=0.9)})
+    boom = (t.unit == "p0") & (t.analysis == "current") & (t.metric == "later_effect") & (t.layer == 8)
+    t.loc[boom, "value"] = 1e4
+    assert verdict_of("skipping.current_later_small", t).state == "agrees"
+
+
+def test_a_lens_that_never_settles_is_not_a_late_settler():
+    row = verdict_of("lens.logit_overlap_mid", lens_units("m", {("logit_lens", "top5_overlap"): rises_at(12)}))
+    assert row.state == "disagrees" and row.estimate == 1.0
+
+
+def test_the_bigram_baseline_as_control_makes_an_early_tuned_lens_non_discriminating():
+    """A tuned lens whose overlap already exceeds 0.2 at layer 0 only because it is a bigram model: judged against
+    the baseline it does not 'settle' there, and the flat baseline itself never settles."""
+    curves = {("tuned_lens", "top5_overlap"): rises_at(7, 0.35, 0.9)}
+    real = lens_units("m", curves)
+    control = lens_units("bigram:m", {(lens, m): (lambda r: np.full(L, 0.3))
+                                      for lens in ("logit_lens", "tuned_lens", "bigram")
+                                      for m in ("top5_overlap",)})
+    v = report.check("lens", real, ["m"], control).set_index("claim_id")
+    assert v.loc["lens.tuned_over_bigram_mid", "state"] == "agrees"
+    assert v.loc["lens.tuned_over_bigram_mid", "control_state"] == "disagrees"  # flat: never settles
+    assert v.loc["lens.logit_overlap_mid", "control_state"] == "disagrees"  # flat at 0.3 > 0.2: 'settled' at layer 2
+
+
+def test_bigram_counts_back_off_to_the_unigram():
+    from lmdepth.analyses.bigram import BigramCounts
+
+    c = BigramCounts([[1, 2, 1, 2, 1, 3]], vocab=5)
+    lp = c.logprobs(torch.tensor([1, 4]))
+    assert lp.shape == (2, 5) and torch.allclose(lp.exp().sum(-1), torch.ones(2), atol=1e-5)
+    assert lp[0].argmax() == 2 and lp[0, 2] > lp[0, 3] > lp[0, 0]  # seen pairs first (2 twice, 3 once)
+    assert torch.allclose(lp[1].exp(), torch.as_tensor(c.unigram, dtype=torch.float32))  # unseen context: unigram
+
+
+def test_depth_vs_difficulty_needs_competence_and_ten_items_per_level():
+    flat = lambda level, rng, i: 6  # noqa: E731
+    assert verdict_of("complexity.math_depth_flat", item_units("m", "math", flat)).state == "agrees"
+    unsolved = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, correct=0))
+    assert unsolved.state == "not testable" and "constant-answer baseline" in unsolved.reason
+    few = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, n=8))
+    assert few.state == "not testable" and "4 items on level" in few.reason
+    # a null claim: shuffling the levels also gives "no rise", so a flat model does not discriminate
+    t = item_units("m", "math", flat)
+    row = report.check("complexity", t, ["m"], shuffled_levels(t), only=["complexity.math_depth_flat"]).iloc[0]
+    assert (row.state, row.control_state, row.counted_as) == ("agrees", "agrees", "non-discriminating")
+
+
+def test_runs_at_the_constant_answer_baseline_are_not_testable():
+    weak = eval_units({MO: (0.3, 1), MA: (0.7, 1)}, n=100, interpolate_acc=0.0)
+    row = verdict_of("moeut.exact_match_gain", weak)
+    assert row.state == "not testable" and "constant-answer baseline" in row.reason
+
+
+def test_shuffling_the_objectives_removes_a_real_gain():
+    t = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100)
+    row = report.check("moeut", t, [SUBJECT], shuffled_objectives(t)).set_index("claim_id").loc["moeut.exact_match_gain"]
+    assert row.state == "agrees" and row.control_state != "agrees" and row.counted_as == "agrees"
+
+
+def test_maps_of_models_with_similar_depth_do_not_discriminate_relative_from_index():
+    """Maps on the relative-depth line between a 22- and a 24-layer model: the best sources also lie within 0.1 of
+    the absolute-index line, so 'on the equal-depth line' agrees for the control too."""
+    units, controls = map_units(lambda m, l, rng: relative_line(m, l, rng, 22, 24), n_src=22, n_tgt=24)
+    v = report.check("maps", units, ["m"], controls).set_index("claim_id")
+    assert v.loc["maps.best_near_equal_depth", "state"] == "agrees"
+    assert v.loc["maps.best_near_equal_depth", "counted_as"] == "non-discriminating"
+
+
+def test_maps_between_models_of_equal_depth_are_not_testable():
+    units, controls = map_units(relative_line, n_src=24, n_tgt=24)
+    row = report.check("maps", units, ["m"], controls).iloc[0]
+    assert row.state == "not testable" and "same depth" in row.reason

@@ -376,13 +376,14 @@ def test_grid_summaries_and_notes():
     assert counts.to_dict("records") == [{"model": "m1", "source": "gsm8k", "solved": 4, "unsolved": 4},
                                          {"model": "m1", "source": "vars", "solved": 4, "unsolved": 4},
                                          {"model": "m2", "source": "vars", "solved": 4, "unsolved": 4}]
-    claims = pd.DataFrame({"agrees with paper": ["yes", "NO", "yes"]})
-    assert cx_page.summary_note(claims, results) == ("Claims that hold: 2 of 3 (model × source). "
-                                               "Results: `/r/depth_complexity`.")
+    verdicts = pd.DataFrame({"counted_as": ["agrees", "not testable", "agrees"], "headline": True})
+    assert cx_page.summary_note(verdicts, results) == (
+        "Verdicts (claim × model): 2 agrees, 0 disagrees, 0 inconclusive, 1 not testable, 0 non-discriminating. "
+        "Results: `/r/depth_complexity`.")
 
 
 @pytest.mark.unit
-def test_slope_table_and_the_claim():
+def test_slope_table():
     slopes = pd.DataFrame({"model": ["m"] * 4, "source": ["math", "math", "vars", "vars"],
                            "aggregation": ["mean", "max", "mean", "mean"],
                            "metric": ["layer_effect", "layer_effect", "layer_effect", "logit_effect"],
@@ -398,13 +399,6 @@ def test_slope_table_and_the_claim():
     assert math["rise over all levels (rel. depth)"] == pytest.approx(0.12)  # 4 level steps × 0.03
     assert math["95% CI"] == "-0.040 … +0.080" and math["slope (layers/level)"] == 0.3
     assert vars_["rise over all levels (rel. depth)"] == pytest.approx(-0.03) and vars_["95% CI"] == "n/a (2 per level)"
-    claims = cx_page.depth_claims(sl)
-    assert [(c.claim, c.holds) for c in claims] == [
-        ("MATH intermediate algebra: depth does not grow with difficulty", False),
-        ("synthetic variable chains: depth does not grow with difficulty", True)]
-    assert claims[1].criterion == "rise over all levels < 0.05 of depth"
-    assert claims[1].measured == "-0.030 (95% CI n/a (2 per level))"
-    assert [c.holds for c in cx_page.depth_claims(sl, max_rise=0.2)] == [True, True]
 
 
 @pytest.mark.unit

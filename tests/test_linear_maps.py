@@ -318,14 +318,23 @@ def test_chapter_summaries_of_a_synthetic_run():
 
 @pytest.mark.parametrize("shuffled_ratio, holds", [(1.0, "yes"), (0.9, "NO")])
 @pytest.mark.unit
-def test_claims_of_a_synthetic_run(shuffled_ratio, holds):
-    from lmdepth.book.notebook import claims_table
-
+def test_method_checks_of_a_synthetic_run(shuffled_ratio, holds):
     table, meta = _synthetic_run(shuffled_ratio=shuffled_ratio)
-    df = claims_table(maps_page.claims(table, meta))
-    assert len(df) == 2 * 2 + 1 + 1
-    assert (df["agrees with paper"].iloc[:5] == "yes").all()  # diagonal, on the line, self-map identity
-    assert df["agrees with paper"].iloc[5] == holds  # shuffled pairs: no cell below 0.98 × mean-only
+    df = maps_page.method_checks(table, meta)
+    assert list(df["passes"]) == ["yes", holds]  # self-map identity; shuffled pairs: no cell below 0.98 × mean-only
+
+
+@pytest.mark.unit
+def test_map_claims_of_a_synthetic_run():
+    """Two 4-layer models leave 3 target boundaries (2–4) for the claims: not testable."""
+    from lmdepth.claims import maps as maps_claims, report
+
+    table, meta = _synthetic_run()
+    labels = lmaps.map_labels(meta, "main")
+    units, controls = maps_claims.units_of(table, labels)
+    v = report.check("maps", units, labels, controls)
+    assert len(v) == 2 * len(labels) and set(v.model) == set(labels)
+    assert (v.state == "not testable").all() and v.reason.str.contains("at least 10").all()  # 3 boundaries (2–4)
 
 
 @pytest.mark.unit

@@ -195,20 +195,26 @@ def test_clean_removes_leftovers_and_keeps_results(tmp_path):
 def test_ad_hoc_runs_never_reach_the_findings(tmp_path, monkeypatch):
     """Only what the book build recorded for its profile is read by the findings page; a run outside the build,
     whatever its parameters, writes elsewhere."""
-    from lmdepth.analyses import atlas
-    from lmdepth.book.notebook import Claim, claims_table
+    import pandas as pd
+
+    from lmdepth.claims import report
+    from lmdepth.claims.findings import saved_verdicts
     from lmdepth.results import BOOK_RECORD_ENV
+
+    def verdict(estimate: float, state: str) -> pd.DataFrame:
+        return pd.DataFrame([{"chapter": "norms", "claim_id": "norms.sharp_drop", "claim": "the drop is sharp",
+                              "model": "smollm2-135m", "estimate": estimate, "state": state}])
 
     results = tmp_path / "results"
     record = results / "book" / "default"
     monkeypatch.setenv(BOOK_RECORD_ENV, str(record / "norms"))  # what `lmdepth book` sets while running chapter 01
-    claims_table([Claim("the drop", "ratio < 0.5", "smollm2-135m", "0.24", True)], chapter="norms", results_dir=results)
+    report.save(verdict(0.24, "agrees"), "norms", str(results))
     monkeypatch.delenv(BOOK_RECORD_ENV)
     # an ad-hoc run of the same chapter on a one-token file flips the verdict: it must not reach the book
-    claims_table([Claim("the drop", "ratio < 0.5", "smollm2-135m", "0.91", False)], chapter="norms", results_dir=results)
-    book = atlas.saved_claims(results, "default")
-    assert book["measured"].tolist() == ["0.24"] and book["agrees with paper"].tolist() == ["yes"]
-    assert atlas.saved_claims(results)["measured"].tolist() == ["0.91"]  # kept, for the user, outside the book
+    report.save(verdict(0.91, "disagrees"), "norms", str(results))
+    book = saved_verdicts(results, "default")
+    assert book["estimate"].tolist() == [0.24] and book["state"].tolist() == ["agrees"]
+    assert saved_verdicts(results)["estimate"].tolist() == [0.91]  # kept, for the user, outside the book
 
 
 @pytest.mark.unit

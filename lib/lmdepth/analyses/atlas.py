@@ -1,7 +1,7 @@
 """The atlas: every chapter's saved results for every model that has them, reduced to a few numbers on relative depth.
 
 Nothing here computes a model: the atlas reads ``results/<analysis>/<model>/<key>/{table.csv,meta.json}`` written by
-the chapters and the claims each chapter saved (``results/claims/<chapter>/<model>.csv``). Adding a model to the
+the chapters (the verdicts each chapter saved are read by :mod:`lmdepth.claims.findings`). Adding a model to the
 atlas means running the chapters for it (``lmdepth run …``) and rebuilding the book.
 
 When a model has several finished runs of one analysis (e.g. a smoke run and the book's run), the atlas uses the
@@ -258,56 +258,6 @@ CHAPTER_KEYS = {"01_residual_norms": "norms", "02_cosine_similarity": "cosine", 
                 "06_linear_maps": "maps", "07_moeut_vs_transformer": "moeut"}
 
 
-def saved_claims(results_dir: str | Path, profile: str | None = None) -> pd.DataFrame:
-    """Every claim check the chapters saved: ``chapter, claim, criterion, model, measured, agrees with paper``.
-
-    With ``profile``: the claims the book build recorded for it (``<results>/book/<profile>/<chapter>/claims``);
-    without: the claims of runs outside the book (``<results>/claims/<chapter>``)."""
-    if profile is None:
-        files = [(p, p.parent.name) for p in sorted(Path(results_dir, "claims").glob("*/*.csv"))]
-    else:
-        root = Path(results_dir) / "book" / Path(profile).stem
-        files = [(p, p.parent.parent.name) for p in sorted(root.glob("*/claims/*.csv"))]
-    frames = [pd.read_csv(p, dtype=str).assign(chapter=chapter) for p, chapter in files]
-    cols = ["chapter", "claim", "criterion", "model", "measured", "agrees with paper"]
-    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
-
-
-def findings_table(results_dir: str | Path, models: list[str] | None = None, profile: str | None = None,
-                   exclude_chapters: set[str] = frozenset()) -> pd.DataFrame:
-    """The point-estimate checks of chapters not yet in the claims registry, one column per model ("yes 0.27" /
-    "NO 0.91"), and how many models pass.
-
-    Rows are grouped by the paper figure the chapter reproduces; ``models`` fixes the column order (default: all
-    models that have saved claims, in file order); claims about something else than one model (a pair of models in
-    chapter 06, "MoEUT vs Transformer" in chapter 07) get their own columns after them. ``exclude_chapters``: chapter
-    keys (``norms``, …) whose claims are now registry verdicts."""
-    claims = saved_claims(results_dir, profile)
-    claims = claims[~claims["chapter"].map(lambda stem: CHAPTER_KEYS.get(stem, stem)).isin(exclude_chapters)]
-    # checks of the method (e.g. chapter 06's self-map and shuffled-pair controls) are not claims of the paper
-    claims = claims[~claims["claim"].str.startswith("control:")]
-    if claims.empty:
-        return pd.DataFrame()
-    by_key = {k: stem for stem, k in CHAPTER_KEYS.items()}
-    figures = {}
-    for f in FINDINGS:
-        figures.setdefault(f.chapter, []).append(f.paper_figure)
-    subjects = [m for m in dict.fromkeys(claims["model"]) if "→" in m or " vs " in m]  # not one model
-    models = [*(models or [m for m in dict.fromkeys(claims["model"]) if m not in subjects]), *subjects]
-    claims = claims[claims.model.isin(models)].copy()
-    claims["cell"] = claims["agrees with paper"] + " · " + claims["measured"]
-    wide = claims.pivot_table(index=["chapter", "claim", "criterion"], columns="model", values="cell",
-                              aggfunc="first", sort=False).reindex(columns=models)
-    agree = claims.groupby(["chapter", "claim", "criterion"], sort=False)["agrees with paper"].apply(
-        lambda s: f"{(s == 'yes').sum()} of {len(s)}")
-    out = wide.assign(agree=agree).reset_index()
-    out.insert(0, "paper figure", out["chapter"].map(lambda k: " / ".join(figures.get(by_key.get(k, ""), []))))
-    out["chapter"] = out["chapter"].map(lambda k: by_key.get(k, k))
-    order = {stem: i for i, stem in enumerate(CHAPTER_KEYS)}
-    out = out.sort_values("chapter", key=lambda c: c.map(order), kind="stable", ignore_index=True)
-    return out.fillna("—").rename_axis(columns=None)
-
-
 # ---- reproducibility: what the build did ------------------------------------------------------------------------
 
 def build_record(book_dir: str | Path) -> pd.DataFrame:
@@ -324,5 +274,4 @@ def build_record(book_dir: str | Path) -> pd.DataFrame:
 
 
 __all__ = ["ATLAS_COLUMNS", "FINDINGS", "Finding", "finished_runs", "best_runs", "residual_rows", "skipping_rows",
-           "lens_rows", "complexity_rows", "maps_rows", "SUMMARIES", "atlas_table", "saved_claims", "findings_table",
-           "build_record"]
+           "lens_rows", "complexity_rows", "maps_rows", "SUMMARIES", "atlas_table", "build_record"]

@@ -27,7 +27,7 @@ from lmdepth.analyses.run import Job
 from lmdepth.data import multihop
 from lmdepth.data.datasets import Example, selection_record
 from lmdepth.data.difficulty import (LEVELS, SOURCE_TITLES, SOURCES, analysis_input, answer_start,
-                                     difficulty_examples, gsm8k_correct, math_correct)
+                                     difficulty_examples, gsm8k_correct, last_boxed, math_correct)
 from lmdepth.errors import DataError, ParameterError
 from lmdepth.hooks.skipping import prompt_effects
 from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics
@@ -97,7 +97,8 @@ def run(params: ComplexityParams | str | None = None,
                n_boot=p.n_boot, **({"hop_cut": p.hop_cut} if synthetic else
                                    {"n_cuts": p.n_cuts, "cut_stride": p.cut_stride,
                                     "max_answer_tokens": p.max_answer_tokens, "gen_tokens": p.gen_tokens}))
-    per_item = {k: v for k, v in key.items() if k not in ("n_per_level", "levels", "n_boot")}
+    key["outputs"] = 2  # 2: the reference answer in the per-item table (older runs refinish from their checkpoints)
+    per_item = {k: v for k, v in key.items() if k not in ("n_per_level", "levels", "n_boot", "outputs")}
     return Job(ANALYSIS, p, key, per_item).execute(lambda store: _compute(p, lm, key, examples, store))
 
 
@@ -164,14 +165,26 @@ def model_loader(model_name: str, device: str = "cpu", dtype: str = "float32") -
     return cache(lambda: load_model(model_name, device=device, dtype=dtype))
 
 
+def reference_answer(source: str, ex: Example) -> str:
+    """The final answer an item is scored on (GSM8K's number, MATH's last boxed expression, the one-token answer of
+    a synthetic chain): what the constant-answer baseline counts."""
+    if source == "gsm8k":
+        return str(ex.meta["final_answer"])
+    if source == "math":
+        return last_boxed(ex.answer) or ex.answer
+    return ex.answer.strip()
+
+
 def tidy_items(model: str, source: str, examples: list[Example], E: np.ndarray, O: np.ndarray,
                correct: np.ndarray) -> pd.DataFrame:
-    """Per-item layer and logit effect vectors as a long table (the E matrices stay in the per-item checkpoints)."""
+    """Per-item layer and logit effect vectors as a long table (the E matrices stay in the per-item checkpoints);
+    also the per-unit table of the claim checks (unit: the item), with each item's reference answer."""
     L = E.shape[1]
     e = layer_effect(E)
     rows = []
     for i, ex in enumerate(examples):
-        base = dict(model=model, source=source, item=ex.id, level=ex.meta["level"], correct=int(correct[i]), n_layers=L)
+        base = dict(model=model, source=source, item=ex.id, level=ex.meta["level"], correct=int(correct[i]), n_layers=L,
+                    answer=reference_answer(source, ex))
         for m, v in (("layer_effect", e[i]), ("logit_effect", O[i])):
             rows += [{**base, "metric": m, "layer": s, "value": float(v[s])} for s in range(L)]
     return pd.DataFrame(rows)

@@ -202,14 +202,15 @@ def run(params: LensParams | None = None, **kwargs: Any) -> RunResult:
                  if p.tuned_lens else None)
     key = dict(dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed, selection=p.selection,
                include_bos=p.include_bos, dtype=p.dtype, n_boot=p.n_boot, positions_per_example=p.positions_per_example,
-               lens_dtype=p.lens_dtype, top_k=TOP_K, tuned_lens=tuned_key)
+               lens_dtype=p.lens_dtype, top_k=TOP_K, tuned_lens=tuned_key,
+               outputs=2)  # 2: also the per-problem table (runs finished before it recompute from their checkpoints)
     # A problem's numbers do not depend on which other problems are in the sample: share its checkpoint.
-    item_key = {k: v for k, v in key.items() if k not in ("n_examples", "selection", "n_boot")}
+    item_key = {k: v for k, v in key.items() if k not in ("n_examples", "selection", "n_boot", "outputs")}
     return Job(ANALYSIS, p, key, item_key).execute(lambda store: _compute(p, cfg, key, examples, store))
 
 
 def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: list[Example], store: RunStore
-             ) -> tuple[pd.DataFrame, dict[str, Any]]:
+             ) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
     lm = load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote)
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
     if not p.include_bos:
@@ -242,7 +243,22 @@ def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: lis
             "recipe": asdict(cfg), **tuned.meta["training"]},
         "eval_time_s": round(time.time() - t_eval, 2),
     }
-    return table, meta
+    return table, meta, units_table(p.model_name, [uid for uid, _ in encoded], [it["mean"] for it in items])
+
+
+def units_table(model: str, ids: list[str], means: list[np.ndarray]) -> pd.DataFrame:
+    """Per-problem table for claim verdicts: each problem's mean over its evaluated positions.
+
+    Args:
+        means: per problem, [lenses, metrics, layers].
+
+    Returns:
+        ``model, unit, lens, metric, layer, value`` rows.
+    """
+    rows = [{"model": model, "unit": uid, "lens": LENSES[i], "metric": metric, "layer": layer, "value": float(v)}
+            for uid, mean in zip(ids, means) for i in range(mean.shape[0]) for j, metric in enumerate(METRICS)
+            for layer, v in enumerate(mean[i, j])]
+    return pd.DataFrame(rows)
 
 
 def run_many(model_names: list[str], **kwargs: Any) -> tuple[pd.DataFrame, dict[str, dict[str, Any]], pd.DataFrame]:
@@ -375,3 +391,8 @@ def settled_depth(summary: pd.DataFrame, model: str, lens: str, criterion: str) 
 __all__ = [
     "ANALYSIS", "LENSES", "METRICS", "LensParams", "fit_tuned_lens", "run", "run_many", "training_curve", "select", "settling_layers", "settling_summary", "settled_depth", "summary_wide", "curve_ends", "STATS", "KL_CRITERION", "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
 ]
+
+
+def run_units(model_names: list[str], **kwargs: Any) -> pd.DataFrame:
+    """The per-problem tables of :func:`run` for several models, concatenated (what claim verdicts resample)."""
+    return pd.concat([r.units for r in many(run, model_names, **kwargs).values()], ignore_index=True)

@@ -107,13 +107,15 @@ def evaluate_runs(runs: dict[str, TrainedRun], splits: dict[str, list[MathExampl
 
 
 def accuracy_summary(per_example: pd.DataFrame) -> pd.DataFrame:
-    """Per (run, split): ``n, correct, accuracy, ci_low, ci_high`` (Wilson 95 %) and the mean ``answer_nll``."""
+    """Per (run, split): ``n, correct, accuracy, ci_low, ci_high`` (Wilson 95 %), the mean ``answer_nll`` and the
+    constant-answer ``baseline`` (the exact match of always giving the split's most common answer)."""
     rows = []
     for (run, arch, objective, split), g in per_example.groupby(["run", "arch", "objective", "split"], sort=False):
         k, n = int(g.correct.sum()), len(g)
         lo, hi = wilson_interval(k, n)
         rows.append({"run": run, "arch": arch, "objective": objective, "split": split, "n": n, "correct": k,
-                     "accuracy": k / n, "ci_low": lo, "ci_high": hi, "answer_nll": float(g.answer_nll.mean())})
+                     "accuracy": k / n, "ci_low": lo, "ci_high": hi, "answer_nll": float(g.answer_nll.mean()),
+                     "baseline": float(g.answer.astype(str).value_counts().iloc[0] / n)})
     return pd.DataFrame(rows)
 
 

@@ -39,6 +39,27 @@ def _tidy(model: str, effects: dict[tuple[str, str], np.ndarray], outputs: dict[
     return pd.DataFrame(rows)
 
 
+def units_table(model: str, analysis: str, ids: list[str], effects: dict[str, np.ndarray],
+                outputs: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Per-problem table for claim verdicts: for every variant and skipped layer, the problem's later effect (the
+    largest relative change of any later layer, :func:`later_effect`) and its output change.
+
+    Args:
+        effects, outputs: variant → [P, L, L] / [P, L] per-problem values, problems in ``ids`` order.
+
+    Returns:
+        ``model, unit, analysis, variant, metric, layer, value`` rows.
+    """
+    frames = []
+    for v, E in effects.items():
+        L = E.shape[1]
+        for i, uid in enumerate(ids):
+            for metric, vals in (("later_effect", later_effect(E[i])), ("output_change", outputs[v][i])):
+                frames.append(pd.DataFrame({"model": model, "unit": uid, "analysis": analysis, "variant": v,
+                                            "metric": metric, "layer": np.arange(L), "value": vals}))
+    return pd.concat(frames, ignore_index=True)
+
+
 @dataclass(frozen=True)
 class SkipParams(CommonParams):
     """Parameters of the layer-skipping run (chapter 03)."""
@@ -87,13 +108,14 @@ def run(params: SkipParams | None = None, **kwargs: Any) -> RunResult:
     examples = load_examples(p.dataset, n_examples=p.n_examples, seed=p.seed, selection=p.selection)
     key = dict(analysis=p.analysis, dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed,
                selection=p.selection, parts=parts, local=p.local, dtype=p.dtype, threshold=p.threshold, n_boot=p.n_boot,
-               **({"n_cuts": p.n_cuts, "cut_stride": p.cut_stride} if p.analysis == "future" else {}))
-    per_item = {k: v for k, v in key.items() if k not in ("n_examples", "threshold", "n_boot")}
+               **({"n_cuts": p.n_cuts, "cut_stride": p.cut_stride} if p.analysis == "future" else {}),
+               outputs=2)  # 2: also the per-problem table (runs finished before it recompute from their checkpoints)
+    per_item = {k: v for k, v in key.items() if k not in ("n_examples", "threshold", "n_boot", "outputs")}
     return Job(ANALYSIS, p, key, per_item).execute(lambda store: _compute(p, parts, key, examples, store))
 
 
 def _compute(p: SkipParams, parts: list[str], key: dict[str, Any], examples: list[Example], store: RunStore
-             ) -> tuple[pd.DataFrame, dict[str, Any]]:
+             ) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
     lm = load_model(p.model_name, device=p.device, dtype=p.dtype)
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
     names = [v.name for v in variants(parts, p.local)]
@@ -116,7 +138,9 @@ def _compute(p: SkipParams, parts: list[str], key: dict[str, Any], examples: lis
         "data": {**selection_record(p.dataset, p.selection, p.seed, examples), "cuts": cuts_used},
         "summary": summary,
     }
-    return table, meta
+    units = units_table(p.model_name, p.analysis, [uid for uid, _ in encoded],
+                        {n: E[p.analysis, n] for n in names}, {n: O[p.analysis, n] for n in names})
+    return table, meta, units
 
 
 def matrix(table: pd.DataFrame, analysis: str, variant: str, stat: str = "max", model: str | None = None) -> np.ndarray:
@@ -144,10 +168,12 @@ class Comparison:
         table: every run's tidy table (main model: future, then current; then per comparison model future and,
             when run, current).
         metas: model → sidecar of its future-token run (its ``summary`` holds the cutoffs).
+        units: every run's per-problem table (:func:`units_table`), in the same order.
     """
 
     table: pd.DataFrame
     metas: dict[str, dict[str, Any]]
+    units: pd.DataFrame
 
 
 def compare(models: Sequence[str], current: RunResult, future: RunResult, n_examples: int, n_cuts: int,
@@ -161,14 +187,24 @@ def compare(models: Sequence[str], current: RunResult, future: RunResult, n_exam
         with_current: also run the all-token analysis on the comparison models (on ``n_examples`` problems).
         common: the remaining :class:`SkipParams` fields, shared by every run.
     """
-    tables, metas = [future.table, current.table], {models[0]: future.meta}
+    runs, metas = [future, current], {models[0]: future.meta}
     for m in models[1:]:
         f = run(m, analysis="future", n_examples=n_examples, n_cuts=n_cuts, **common)
-        tables.append(f.table)
+        runs.append(f)
         metas[m] = f.meta
         if with_current:
-            tables.append(run(m, analysis="current", n_examples=n_examples, **common).table)
-    return Comparison(pd.concat(tables, ignore_index=True), metas)
+            runs.append(run(m, analysis="current", n_examples=n_examples, **common))
+    return Comparison(pd.concat([r.table for r in runs], ignore_index=True), metas,
+                      pd.concat([r.units for r in runs], ignore_index=True))
+
+
+def units_of(models: Sequence[str], n_examples_current: int, n_examples: int, n_cuts: int, **common: Any
+             ) -> pd.DataFrame | None:
+    """The per-problem tables of the all-token and the future-token run of each model (e.g. the random-init controls
+    of :func:`lmdepth.claims.report.control_models`), concatenated; None for no models."""
+    runs = [run(m, analysis="current", n_examples=n_examples_current, **common) for m in models]
+    runs += [run(m, analysis="future", n_examples=n_examples, n_cuts=n_cuts, **common) for m in models]
+    return pd.concat([r.units for r in runs], ignore_index=True) if runs else None
 
 
 def later_effect_table(table: pd.DataFrame, models: Sequence[str]) -> pd.DataFrame:

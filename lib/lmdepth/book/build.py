@@ -20,7 +20,8 @@ from pathlib import Path
 import nbformat
 
 from lmdepth.book.chapters import CHAPTERS, chapter_source, declared_parameters, execute_chapter, profile_params, profiles_dir
-from lmdepth.results import BOOK_RECORD_ENV
+from lmdepth.claims.findings import intro_summary, saved_verdicts
+from lmdepth.results import BOOK_RECORD_ENV, atomic_write_text
 from lmdepth.runtime import REPO_ROOT
 
 BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/references.md")
@@ -90,7 +91,9 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return _execute_all(profile, force, book_dir, results_dir)
+        times = _execute_all(profile, force, book_dir, results_dir)
+        write_findings_summary(book_dir, results_dir, profile)
+        return times
     finally:  # do not leak the build's settings into the caller (e.g. later tests in the same process)
         for k, v in saved.items():
             if v is None:
@@ -140,6 +143,15 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path) -
         out.with_suffix(".failed.ipynb").unlink(missing_ok=True)  # a failed attempt of an earlier build
         print(f"[{i}/{len(CHAPTERS)}] {chapter}: done in {times[chapter]:.0f} s", flush=True)
     return times
+
+
+def write_findings_summary(book_dir: Path, results_dir: Path, profile: str) -> Path:
+    """``<book_dir>/findings.md``: the introduction's paragraph on what this build found (included by intro.md),
+    from the verdicts the chapters recorded for ``profile``."""
+    text = intro_summary(saved_verdicts(results_dir, profile), Path(profile).stem)
+    out = book_dir / "findings.md"
+    atomic_write_text(out, text + "\n")
+    return out
 
 
 def render_html(root: Path = REPO_ROOT, strict: bool = True) -> Path:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -14,7 +11,6 @@ from lmdepth.runtime import seed_everything
 from lmdepth.charts import vega_offline
 from lmdepth.model.registry import current_weights_id
 from lmdepth.params import check_type
-from lmdepth.results import atomic_write_text, book_record_dir, slug
 
 
 def setup(seed: int = 0) -> None:
@@ -61,35 +57,6 @@ def md(text: str) -> None:
     from IPython.display import Markdown, display
 
     display(Markdown(text))
-
-
-@dataclass
-class Claim:
-    """One testable statement of the paper, its operational criterion, and what a model showed."""
-
-    claim: str
-    criterion: str
-    model: str
-    measured: str
-    holds: bool
-
-    def row(self) -> dict[str, Any]:
-        return {"claim": self.claim, "criterion": self.criterion, "model": self.model,
-                "measured": self.measured, "agrees with paper": "yes" if self.holds else "NO"}
-
-
-def claims_table(claims: list[Claim], chapter: str | None = None, results_dir: str | None = None) -> pd.DataFrame:
-    """The claims as a table, also saved one file per model: inside a book build into the chapter's book record
-    (``<results>/book/<profile>/<chapter>/claims/<model>.csv``, what the findings page reads), otherwise into
-    ``<results_dir>/claims/<chapter>/`` (your own runs; never read by the book)."""
-    df = pd.DataFrame([c.row() for c in claims])
-    record = book_record_dir()
-    target = record / "claims" if record is not None else (
-        Path(results_dir) / "claims" / chapter if chapter is not None and results_dir is not None else None)
-    if target is not None and len(df):
-        for model, rows in df.groupby("model", sort=False):
-            atomic_write_text(target / f"{slug(model)}.csv", rows.to_csv(index=False))
-    return df
 
 
 def show_table(df: pd.DataFrame):

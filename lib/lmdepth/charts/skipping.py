@@ -102,7 +102,9 @@ def comparison_panels(table: pd.DataFrame, metas: dict[str, dict[str, Any]], mod
             if len(t):
                 n = metas[m]["data"]["n"] if a == "future" else n_current
                 out.append((f"**{m}**, {title} ({n} problem(s)):",
-                            effect_heatmaps(t, a, variants, title_by_variant, size=170),
+                            # all tokens: the local variant pins every position, so nothing reaches a later layer
+                            effect_heatmaps(t, a, [v for v in variants if a == "future" or v != "local"],
+                                            title_by_variant, size=170),
                             output_effect_bars(t, a, [v for v in variants if v != "local"], title_by_variant, width=450)))
     return out
 

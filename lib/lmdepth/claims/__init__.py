@@ -7,10 +7,12 @@ them apart and does not count them.
 
 from __future__ import annotations
 
-from lmdepth.claims import residual
+from lmdepth.claims import complexity, lens, maps, residual, scratch, skipping
 from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 
-REGISTRY: dict[str, ClaimSpec] = {c.id: c for c in (*residual.CLAIMS,)}
+REGISTRY: dict[str, ClaimSpec] = {c.id: c for c in (*residual.CLAIMS, *skipping.CLAIMS, *lens.CLAIMS,
+                                                      *complexity.CLAIMS, *maps.CLAIMS,
+                                                      *scratch.CLAIMS)}
 
 
 def for_chapter(chapter: str) -> list[ClaimSpec]:

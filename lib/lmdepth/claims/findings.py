@@ -34,6 +34,18 @@ def saved_verdicts(results_dir: str | Path, profile: str | None = None) -> pd.Da
     return out.sort_values("claim_id", key=lambda c: c.map(order), kind="stable", ignore_index=True)
 
 
+def shown(verdicts: pd.DataFrame, models: list[str]) -> pd.DataFrame:
+    """The rows of ``models``, and of subjects that are not one model (a map ``A → B`` between two of them,
+    ``MoEUT vs Transformer``)."""
+    def keep(subject: str) -> bool:
+        if subject in models:
+            return True
+        if "→" in subject:
+            return all(m.strip() in models for m in subject.split("→"))
+        return " vs " in subject
+    return verdicts[verdicts.model.map(keep)]
+
+
 def _cell(r) -> str:
     if r.state == "not testable":
         return f"not testable: {r.reason} (n = {r.n})"
@@ -48,8 +60,9 @@ def verdict_matrix(verdicts: pd.DataFrame, models: list[str] | None = None) -> p
     the same verdict (non-discriminating, not counted)."""
     if verdicts.empty:
         return pd.DataFrame()
-    models = models or list(dict.fromkeys(verdicts["model"]))
-    v = verdicts[verdicts.model.isin(models)].assign(cell=lambda d: [_cell(r) for r in d.itertuples()])
+    subjects = list(dict.fromkeys(verdicts["model"]))
+    models = [m for m in (models or []) if m in subjects] + [s for s in subjects if s not in (models or [])]
+    v = verdicts.assign(cell=lambda d: [_cell(r) for r in d.itertuples()])
     wide = v.pivot_table(index=["figure", "chapter", "claim", "rule"], columns="model", values="cell",
                          aggfunc="first", sort=False).reindex(columns=models)
     return wide.reset_index().fillna("—").rename_axis(columns=None).rename(columns={"rule": "paper's side"})
@@ -70,3 +83,27 @@ def headline(verdicts: pd.DataFrame) -> str:
             + ", ".join(f"**{int(c[s])} {s}**" for s in HEADLINE_STATES)
             + f" — {int(c.sum())} in all. Non-discriminating rows (the random-init control reached the same verdict) "
             "are shown but not counted as agreement or disagreement.")
+
+
+def _claims_by_state(verdicts: pd.DataFrame, state: str) -> str:
+    rows = verdicts[verdicts["counted_as"] == state]
+    by_claim = rows.groupby("claim", sort=False)["model"].apply(lambda m: ", ".join(m))
+    return "; ".join(f"*{c}* ({m})" for c, m in by_claim.items()) or "none"
+
+
+def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
+    """Markdown for the book's introduction: what this build found, with the counts per state (computed by the
+    build from the verdicts the chapters saved; nothing here is written by hand)."""
+    if verdicts.empty:
+        return (f"*No verdicts are recorded for the `{profile}` profile yet: `lmdepth book --profile {profile}` "
+                "executes the chapters and fills this paragraph.*")
+    v = verdicts[verdicts["headline"].astype(bool)]
+    c = v["counted_as"].value_counts().reindex(list(HEADLINE_STATES), fill_value=0)
+    return (f"**What this build found** (`{profile}` profile, recomputed whenever the book is built). Of the "
+            f"{len(v)} (claim × model) checks of the claims registry, **{c['agrees']} agree** with the paper, "
+            f"**{c['disagrees']} disagree**, {c['inconclusive']} are inconclusive, {c['not testable']} are not "
+            f"testable here (too few units, or a model that does not do the task), and {c['non-discriminating']} do "
+            f"not discriminate (their control reaches the same verdict, so they measure the architecture or the "
+            f"data rather than the trained model). Agree: {_claims_by_state(v, 'agrees')}. Disagree: "
+            f"{_claims_by_state(v, 'disagrees')}. The [findings page](90_across_models.ipynb) shows every verdict "
+            "with its interval, sample size and control.")

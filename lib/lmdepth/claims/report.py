@@ -10,7 +10,7 @@ import pandas as pd
 
 from lmdepth.claims import REGISTRY, for_chapter
 from lmdepth.claims.spec import evaluate
-from lmdepth.metrics.verdicts import Verdict
+from lmdepth.metrics.verdicts import MIN_UNITS, Verdict
 from lmdepth.model.random_init import control_name
 from lmdepth.results import atomic_write_text, book_record_dir, slug
 from lmdepth.runtime import REPO_ROOT
@@ -19,18 +19,19 @@ from lmdepth.runtime import REPO_ROOT
 HEADLINE_STATES = ("agrees", "disagrees", "inconclusive", "not testable", "non-discriminating")
 
 
-def control_models(models: list[str], remote: bool = False) -> list[str]:
-    """The random-init controls of ``models`` (none for remote runs: a control is built and run locally)."""
-    return [] if remote else [control_name(m) for m in models]
+def control_models(models: list[str], remote: bool = False, n_units: int = MIN_UNITS) -> list[str]:
+    """The random-init controls of ``models``: none for remote runs (a control is built and run locally), and none
+    when the sample has fewer than 10 units (the real check is then not testable: nothing to discriminate)."""
+    return [] if remote or n_units < MIN_UNITS else [control_name(m) for m in models]
 
 
 def check(chapter: str, units: pd.DataFrame, models: list[str], control_units: pd.DataFrame | None = None,
-          n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Every registered claim of ``chapter`` for every model, with its random-init control.
+          n_boot: int = 1000, seed: int = 0, only: list[str] | None = None) -> pd.DataFrame:
+    """Every registered claim of ``chapter`` (or the ids in ``only``) for every model, with its control.
 
     Args:
         units: the per-unit tables of ``models`` (concatenated; column ``model``).
-        control_units: the per-unit tables of their controls (``random-init:<model>``), or None.
+        control_units: the per-unit tables of their controls (rows named by each claim's ``control_of``), or None.
 
     Returns:
         One verdict row per (claim, model): see :func:`lmdepth.claims.spec.evaluate`, plus ``counted_as`` (the
@@ -39,8 +40,10 @@ def check(chapter: str, units: pd.DataFrame, models: list[str], control_units: p
     decided: dict[tuple[str, str], Verdict] = {}
     rows = []
     for spec in for_chapter(chapter):
+        if only is not None and spec.id not in only:
+            continue
         for m in models:
-            ctrl = control_name(m)
+            ctrl = spec.control_of(m)
             has_ctrl = control_units is not None and (control_units.model == ctrl).any()
             rows.append(evaluate(spec, units, m, control_units if has_ctrl else None, ctrl if has_ctrl else None,
                                  decided, n_boot=n_boot, seed=seed))
@@ -50,7 +53,10 @@ def check(chapter: str, units: pd.DataFrame, models: list[str], control_units: p
 
 
 def headline_state(row) -> str:
-    """The state a verdict row is counted as: its own, unless a decided verdict's control reached the same one."""
+    """The state a verdict row is counted as: its own, unless a decided verdict's control reached the same one
+    ("non-discriminating") or was not run (then the check is incomplete: "not testable")."""
+    if row.state != "not testable" and row.control_state == "not run":
+        return "not testable"
     if row.state != "not testable" and not row.discriminates:
         return "non-discriminating"
     return row.state

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmdepth.errors import DataError
+from lmdepth.model.random_init import control_name
 from lmdepth.metrics.verdicts import MIN_UNITS, Rule, Verdict, decide, discriminates
 
 #: Layers left out of every verdict statistic, in every chapter: layers 0–1 write a lot *relative* to the small
@@ -40,9 +42,13 @@ class ClaimSpec:
         values: per-unit values of one model from its per-unit table, [units, k].
         reduce: the statistic of a (resampled) [units, k] array.
         control: which control and what it rules out.
+        control_of: the name the control's rows carry in per-unit tables, from the model's name (default: its
+            random-init twin, :func:`lmdepth.model.random_init.control_name`).
         with_early: the same statistic with layers 0–1 kept, shown beside the verdict (None where it does not apply).
         requires: the id of a claim that must agree for this one to mean anything (e.g. a transition's depth needs
             a transition); otherwise "not testable".
+        precondition: a check-specific precondition on the per-unit table (competence over a baseline, units per
+            level …): (holds, what failed and by how much).
         headline: counted on the findings page (False: reported in its chapter only).
         history: dated notes of every change made to the criterion after its numbers were seen.
     """
@@ -58,19 +64,26 @@ class ClaimSpec:
     values: Values
     reduce: Reduce
     control: str
+    control_of: Callable[[str], str] = control_name
     with_early: Reduce | None = None
     requires: str | None = None
+    precondition: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
     headline: bool = True
     history: tuple[str, ...] = field(default=())
 
 
 def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict | None,
              n_boot: int, seed: int) -> tuple[Verdict, np.ndarray]:
-    values = spec.values(units, model)
+    try:
+        values = spec.values(units, model)
+    except DataError as e:  # e.g. a comparison model without an all-token run
+        return Verdict("not testable", float("nan"), float("nan"), float("nan"), 0, str(e)), np.empty((0, 0))
     if required is not None and required.state != "agrees":
         reason = f"needs '{spec.requires}' to agree (it is {required.state})"
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), len(values), reason), values
-    return decide(values, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed), values
+    pre = spec.precondition(units, model) if spec.precondition is not None else (True, "")
+    return decide(values, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
+                  precondition=pre), values
 
 
 def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd.DataFrame | None,

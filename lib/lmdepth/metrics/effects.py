@@ -45,3 +45,19 @@ def halves(values: np.ndarray) -> tuple[float, float]:
     """Mean over the first and over the second half of the layers (the middle layer of an odd L goes to neither)."""
     n = len(values)
     return float(values[: n // 2].mean()), float(values[(n + 1) // 2 :].mean())
+
+
+def sustained_cutoff(curve: np.ndarray, level: float, skip: int = 0) -> int:
+    """The first layer c ≥ ``skip`` from which ``curve`` stays below ``level`` up to layer L−2; L when layer L−2
+    is at or above it (no cutoff). The last layer is left out: it has no later layer, so its later effect is 0 by
+    construction and would otherwise make L−1 the largest cutoff possible.
+
+    Args:
+        curve: [L] later effect per skipped layer.
+    """
+    L = len(curve)
+    above = np.nonzero(np.asarray(curve[skip : L - 1]) >= level)[0]
+    if not len(above):
+        return skip
+    last = skip + int(above[-1])
+    return L if last == L - 2 else last + 1

@@ -117,7 +117,7 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
     n = int(len(values))
     if n < min_units:
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
-                       f"{n} units, at least {min_units} needed")
+                       f"{n} unit{'' if n == 1 else 's'}, at least {min_units} needed")
     ok, why = precondition
     if not ok:
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), n, why)

@@ -8,13 +8,9 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.analyses.complexity import model_names, summary_frame
-from lmdepth.book.notebook import Claim
-from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
+from lmdepth.claims import report
+from lmdepth.data.difficulty import LEVELS
 from lmdepth.results import RunResult
-
-
-#: The claim's criterion: the fitted rise of the depth score over all levels stays below this fraction of the depth.
-MAX_RISE = 0.05
 
 
 def runs_note(results: dict[tuple[str, str], RunResult]) -> str:
@@ -64,23 +60,9 @@ def solved_counts(items: pd.DataFrame) -> pd.DataFrame:
             .groupby(["model", "source"])[["solved", "unsolved"]].sum().reset_index())
 
 
-def depth_claims(slope_rows: pd.DataFrame, max_rise: float = MAX_RISE) -> list[Claim]:
-    """The chapter's claim per (model, source): the layer-effect depth score rises by less than ``max_rise`` of
-    the depth over all levels (rows of :func:`slope_table`)."""
-    claims = []
-    for _, r in slope_rows[slope_rows.metric == "layer_effect"].iterrows():
-        rise = r["rise over all levels (rel. depth)"]
-        claims.append(Claim(f"{SOURCE_TITLES[r.source]}: depth does not grow with difficulty",
-                            f"rise over all levels < {max_rise:g} of depth", r.model,
-                            f"{rise:+.3f} (95% CI {r['95% CI']})", bool(rise < max_rise)))
-    return claims
-
-
-def summary_note(claims: pd.DataFrame, results: dict[tuple[str, str], RunResult]) -> str:
-    """Markdown: how many claims hold (of a :func:`lmdepth.book.notebook.claims_table`) and where the results are."""
-    held = int((claims["agrees with paper"] == "yes").sum())
-    return (f"Claims that hold: {held} of {len(claims)} (model × source). Results: "
-            f"`{next(iter(results.values())).path.parent.parent}`.")
+def summary_note(verdicts: pd.DataFrame, results: dict[tuple[str, str], RunResult]) -> str:
+    """Markdown: the verdict counts and where the results are."""
+    return f"{report.summary(verdicts)} Results: `{next(iter(results.values())).path.parent.parent}`."
 
 
 #: Completeness-table columns (:func:`completeness_table`).

@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmdepth.analyses.lens import (COSINE_CRITERION, KL_CRITERION, LENSES, OVERLAP_CRITERION, STATS, curve_ends,
+from lmdepth.analyses.lens import (KL_CRITERION, LENSES, OVERLAP_CRITERION, STATS, curve_ends,
                                    select, settled_depth, settling_summary)
-from lmdepth.book.notebook import Claim
 from lmdepth.scratch.tuned_lens import TrainConfig
 
 
@@ -116,42 +115,6 @@ def disagreement_md(table: pd.DataFrame, metas: dict[str, dict[str, Any]], summa
                      f"lens reaches {o0:.2f} on the embeddings alone, and at mid-depth {share:.0%} of its "
                      f"KL(P_final ‖ P_tuned) at the embeddings is left.")
     return "Logit lens vs tuned lens: " + " ".join(parts)
-
-
-def claims(table: pd.DataFrame, metas: dict[str, dict[str, Any]], summary: pd.DataFrame, models: Sequence[str],
-           tuned: bool = True) -> list[Claim]:
-    """The chapter's fixed criteria, per model (l = L counts as the output):
-
-    (a) the logit lens' top-5 overlap first exceeds 0.2 at l/L ≥ 0.5; (b) its KL first falls below 10 % of its
-    maximum at l/L ≥ 0.5; (c) (a) lies within 0.15 relative depth of the cosine transition (t + 0.5)/L; with the
-    tuned lens, (d) its overlap, too, first exceeds 0.2 at l/L ≥ 0.5 and (e) at l = ⌊L/2⌋ its KL(P_final ‖ P_tuned)
-    is still at least half its value at the embeddings.
-    """
-    out = []
-    for m in models:
-        n = metas[m]["model"]["n_layers"]
-        lo = settled_depth(summary, m, "logit_lens", OVERLAP_CRITERION)
-        lk = settled_depth(summary, m, "logit_lens", KL_CRITERION)
-        cos_d = settled_depth(summary, m, "cosine", COSINE_CRITERION)
-        out += [
-            Claim("logit lens: overlap rises only from mid-depth", "first l/L with top-5 overlap > 0.2 ≥ 0.5", m,
-                  f"{lo:.2f}", lo >= 0.5),
-            Claim("logit lens: KL falls only from mid-depth", "first l/L with KL < 10 % of max ≥ 0.5", m, f"{lk:.2f}",
-                  lk >= 0.5),
-            Claim("settles at the phase transition", "|overlap l/L − cosine (t+0.5)/L| ≤ 0.15", m,
-                  "no transition" if cos_d is None else f"{lo:.2f} vs {cos_d:.2f}",
-                  cos_d is not None and abs(lo - cos_d) <= 0.15),
-        ]
-        if tuned:
-            to = settled_depth(summary, m, "tuned_lens", OVERLAP_CRITERION)
-            share = mid_depth_share(table, m, n)
-            out += [
-                Claim("tuned lens: overlap rises only from mid-depth", "first l/L with top-5 overlap > 0.2 ≥ 0.5", m,
-                      f"{to:.2f}", to >= 0.5),
-                Claim("tuned lens: first half does little", "KL(final‖tuned) at l = ⌊L/2⌋ ≥ 0.5 × at l = 0", m,
-                      f"{share:.2f} ×", share >= 0.5),
-            ]
-    return out
 
 
 def check_invariants(table: pd.DataFrame, metas: dict[str, dict[str, Any]], curves: pd.DataFrame,

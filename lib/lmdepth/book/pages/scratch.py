@@ -10,7 +10,7 @@ import pandas as pd
 
 from lmdepth.analyses.scratch import (ARCH_LABELS, RISE, DepthByOperations, TrainedRun, answer_only_rises,
                                       evaluation_splits, extrapolation_gains)
-from lmdepth.book.notebook import Claim
+from lmdepth.claims import report
 from lmdepth.data.dm_math import EXTRAPOLATE, MathData
 from lmdepth.scratch.training import OBJECTIVE_LABELS, TrainConfig, run_config
 
@@ -70,12 +70,15 @@ def runs_table(runs: dict[str, TrainedRun]) -> pd.DataFrame:
 
 def accuracy_table(summary: pd.DataFrame) -> pd.DataFrame:
     """:func:`accuracy_summary` for display: per run, exact match with its Wilson interval and the answer loss of
-    each split."""
+    each split, and a last row with the constant-answer baseline of each split."""
     table = summary.assign(**{"exact match": [f"{a:.1%} [{lo:.1%}, {hi:.1%}]" for a, lo, hi in
                                               zip(summary.accuracy, summary.ci_low, summary.ci_high)]})
-    return (table.pivot(index="run", columns="split", values="exact match").reset_index()
+    runs = (table.pivot(index="run", columns="split", values="exact match").reset_index()
             .merge(table.pivot(index="run", columns="split", values="answer_nll").round(3).add_prefix("answer loss ")
                    .reset_index(), on="run"))
+    base = summary.groupby("split", sort=False)["baseline"].first()
+    const = {"run": "always the most common answer", **{split: f"{b:.1%}" for split, b in base.items()}}
+    return pd.concat([runs, pd.DataFrame([const])], ignore_index=True).fillna("—")
 
 
 def gains_table(gains: pd.DataFrame) -> pd.DataFrame:
@@ -123,38 +126,6 @@ def solved_table(solved_groups: pd.DataFrame) -> pd.DataFrame:
                                   for d, lo, hi, n, L in zip(sg.depth_score, sg.ci_low, sg.ci_high, sg.n, sg.n_layers)]
     return (sg.pivot(index="run", columns="group", values="relative depth score").reset_index()
             .merge(sg.pivot(index="run", columns="group", values="n").add_prefix("n ").reset_index(), on="run"))
-
-
-def gain_claim(gains: pd.DataFrame, claim: str, metric: str, comparison: str, fmt: str) -> Claim:
-    """A claim that not modelling the question helps on extrapolation: the paired gain of ``comparison`` in
-    ``metric`` (``gains``: :func:`gains_by_split`), formatted with ``fmt``, holds when its 95 % interval is above 0."""
-    r = extrapolation_gains(gains).loc[(metric, comparison)]
-    return Claim(claim, f"{metric}: change > 0, paired 95% CI above 0", "MoEUT vs Transformer",
-                 f"{r.gain:{fmt}} [{r.ci_low:{fmt}}, {r.ci_high:{fmt}}]", bool(r.ci_low > 0))
-
-
-def claims(gains: pd.DataFrame, rises: pd.DataFrame) -> list[Claim]:
-    """The chapter's fixed criteria: not modelling the question raises MoEUT's extrapolation exact match and
-    answer loss reduction, by more than the Transformer's (paired intervals above 0); with the question not
-    modelled MoEUT's depth score rises with the number of operations (interval above 0), more steeply than the
-    Transformer's (larger, intervals disjoint). ``rises``: :func:`overall_rises`."""
-    mo, tf = answer_only_rises(rises)
-    return [
-        gain_claim(gains, "Not modelling the question raises MoEUT's extrapolation accuracy", "exact match", "moeut",
-                   "+.1%"),
-        gain_claim(gains, "… more than the Transformer's (MoEUT − Transformer)", "exact match", "moeut − transformer",
-                   "+.1%"),
-        gain_claim(gains, "Not modelling the question improves MoEUT's extrapolated answers (answer loss)",
-                   "answer loss reduction", "moeut", "+.3f"),
-        gain_claim(gains, "… more than the Transformer's (answer loss, MoEUT − Transformer)", "answer loss reduction",
-                   "moeut − transformer", "+.3f"),
-        Claim("With the question not modelled, MoEUT's depth grows with the number of operations",
-              "rise of the depth score over all counts > 0, 95% CI above 0", "MoEUT vs Transformer",
-              f"{mo[RISE]:+.3f} (95% CI {mo['95% CI']})", bool(mo.rel_ci_low > 0)),
-        Claim("… more steeply than the Transformer's", "rise MoEUT > rise Transformer, intervals disjoint",
-              "MoEUT vs Transformer", f"{mo[RISE]:+.3f} vs {tf[RISE]:+.3f}",
-              bool(mo.rel_slope > tf.rel_slope and mo.rel_ci_low > tf.rel_ci_high)),
-    ]
 
 
 def interval_verdict(r: pd.Series, better: str) -> str:
@@ -207,9 +178,8 @@ def check_results(runs: dict[str, TrainedRun], summary: pd.DataFrame, erasure_ta
             raise AssertionError(f"{name}: the probe maps need one row per depth step")
 
 
-def page_md(claims_df: pd.DataFrame, runs: dict[str, TrainedRun], runs_dir: str | Path, seconds: float) -> str:
-    """The closing summary: claims that hold, the page's wall time and which runs were trained now."""
-    held = claims_df[claims_df["agrees with paper"] == "yes"]
+def page_md(verdicts: pd.DataFrame, runs: dict[str, TrainedRun], runs_dir: str | Path, seconds: float) -> str:
+    """The closing summary: verdict counts, the page's wall time and which runs were trained now."""
     trained = [n for n, r in runs.items() if r.trained_now]
-    return (f"Claims that hold: {len(held)} of {len(claims_df)}. Wall time of this page: {seconds:.0f} s; "
+    return (f"{report.summary(verdicts)} Wall time of this page: {seconds:.0f} s; "
             + (f"trained now: {', '.join(trained)}." if trained else f"all four runs loaded from `{runs_dir}` (not retrained)."))

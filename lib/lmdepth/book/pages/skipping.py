@@ -11,7 +11,6 @@ import pandas as pd
 import torch
 
 from lmdepth.analyses.skipping import matrix
-from lmdepth.book.notebook import Claim
 from lmdepth.data.datasets import load_examples
 from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
 from lmdepth.hooks.skipping import draw_cuts
@@ -59,34 +58,6 @@ def cutoff_table(metas: dict[str, dict[str, Any]], models: Sequence[str], varian
                           "relative depth": round(metas[m]["summary"][v]["rel_depth"], 2),
                           "95% CI (layers)": f"{metas[m]['summary'][v]['ci_low']:.0f}–{metas[m]['summary'][v]['ci_high']:.0f}"}
                          for m in models for v in variants])
-
-
-def claims(table: pd.DataFrame, models: Sequence[str]) -> list[Claim]:
-    """The chapter's fixed criteria, per model, on the layer skip's later effect (:func:`later_effect`):
-
-    (a) all tokens: second-half layers' mean later effect < 0.5 × the first half's; (b) all tokens: their mean output
-    change ≥ 0.5 × the first half's; (c) future tokens: their mean later effect < 0.5 × the first half's.
-    (a) and (b) only for models with an all-token run in ``table``.
-    """
-    out = []
-    with_current = set(table[table.analysis == "current"].model)
-    for m in models:
-        if m in with_current:
-            ce = later_effect(matrix(table, "current", "layer", model=m))
-            out_change = table[(table.model == m) & (table.analysis == "current") & (table.variant == "layer")
-                               & (table.metric == "output_change") & (table.stat == "max")
-                               ].sort_values("skipped_layer").value.to_numpy()
-            (c1, c2), (o1, o2) = halves(ce), halves(out_change)
-            out += [
-                Claim("all tokens: 2nd half barely affects later layers", "later effect 2nd/1st half < 0.5", m,
-                      f"{c1:.2f} → {c2:.2f}", c2 < 0.5 * c1),
-                Claim("all tokens: 2nd half still changes the output", "output change 2nd/1st half ≥ 0.5", m,
-                      f"{o1:.3f} → {o2:.3f}", o2 >= 0.5 * o1),
-            ]
-        f1, f2 = halves(later_effect(matrix(table, "future", "layer", model=m)))
-        out.append(Claim("future tokens: 2nd half feeds little forward", "later effect 2nd/1st half < 0.5", m,
-                         f"{f1:.2f} → {f2:.2f}", f2 < 0.5 * f1))
-    return out
 
 
 def check_identities(table: pd.DataFrame, models: Sequence[str]) -> None:
