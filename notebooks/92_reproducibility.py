@@ -33,7 +33,7 @@
 #
 # ```bash
 # lmdepth list -v                                                     # chapters, parameters, packaged models
-# lmdepth run norms --model meta-llama/Llama-3.1-8B -p device cuda -p dtype bfloat16 -p compare_models "[]"
+# lmdepth run norms --model meta-llama/Llama-3.1-8B -p device cuda -p dtype bfloat16
 # lmdepth run skipping --profile default -p n_examples 10             # a profile, then overrides
 # lmdepth run lens --model meta-llama/Llama-3.1-70B -p remote true -p tuned_lens false   # on NDIF
 # ```
@@ -46,8 +46,9 @@ if "google.colab" in sys.modules:  # pragma: no cover
     import subprocess
 
     REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
-    subprocess.run(f"pip install -q 'lmdepth @ git+{REPO}' && pip install -q --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=False)
+    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
+                   shell=True, check=True)
 
 # %% tags=["parameters"]
 book_dir: str = "book"  # where the executed chapter notebooks are (their build record)
@@ -93,8 +94,10 @@ record = atlas.build_record(book_dir)
 record = record[record.chapter != "92_reproducibility"]
 show_table(record)
 known = pd.to_numeric(record["wall time (s)"], errors="coerce")
-md(f"{len(record)} pages executed; their recorded execution times add up to {known.sum() / 60:.1f} min "
-   f"({int(known.isna().sum())} without a record). Chapters: {', '.join(CHAPTERS)}.")
+md(f"{len(record)} pages; the times of their last executions add up to {known.sum() / 60:.1f} min "
+   f"({int(known.isna().sum())} without a record). These are the times of *this* build's executions — a page whose "
+   "results were cached re-executes in seconds — not the cost of computing everything on a fresh machine (the "
+   f"README gives that, per page). Chapters: {', '.join(CHAPTERS)}.")
 
 # %% [markdown]
 # ## Versions of this build

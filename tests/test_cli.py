@@ -81,3 +81,18 @@ def test_cli_runs_a_chapter_on_a_local_model(tiny_dirs, tmp_path):
 
     nb = nbformat.read(notebooks[0], as_version=4)
     assert not [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+@pytest.mark.unit
+def test_model_flag_runs_that_model_alone_unless_comparisons_are_named(tmp_path, monkeypatch, capsys):
+    import lmdepth.book.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "execute_chapter", lambda chapter, params, out, **kw: seen.append(params))
+    assert main(["run", "norms", "--model", "gemma3-270m", "--results-dir", str(tmp_path)]) == 0
+    assert seen[-1]["compare_models"] == [] and "compare_models set to []" in capsys.readouterr().err
+    main(["run", "norms", "--model", "gemma3-270m", "-p", "compare_models", "[smollm2-135m]",
+          "--results-dir", str(tmp_path)])
+    assert seen[-1]["compare_models"] == ["smollm2-135m"]
+    main(["run", "norms", "--results-dir", str(tmp_path)])  # no --model: the chapter's own comparisons
+    assert "compare_models" not in seen[-1]

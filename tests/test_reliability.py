@@ -244,9 +244,9 @@ def test_one_unit_gives_no_interval_and_a_warning():
 
 @pytest.mark.unit
 def test_token_tables_are_escaped():
-    from lmdepth.book.notebook import show_table
+    from lmdepth.book.notebook import styled
 
-    html = show_table(pd.DataFrame({"token": ["<|endoftext|>", "<b>bold</b>"]})).to_html()
+    html = styled(pd.DataFrame({"token": ["<|endoftext|>", "<b>bold</b>"]})).to_html()
     assert "&lt;|endoftext|&gt;" in html and "<b>bold</b>" not in html
 
 

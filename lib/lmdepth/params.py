@@ -191,7 +191,7 @@ class ModelParams(Params):
 
     model_name: str = param("smollm2-135m", help="packaged short name, hub id or local directory")
     seed: int = param(0, help="seed of every random choice")
-    device: str = param("cpu", help="'cpu', 'cuda', 'cuda:1', 'auto' …")
+    device: str = param("auto", help="'auto' (a GPU where there is one), 'cpu', 'cuda', 'cuda:1' …")
     dtype: str = param("float32", choices=DTYPE_NAMES, help="model weights' dtype")
     results_dir: str | Path = param("results", help="root of the results cache")
     use_cache: bool = param(True, help="reuse finished runs and checkpoints; False recomputes")

@@ -85,8 +85,12 @@ def best_runs(runs: list[RunResult], group: Callable[[dict[str, Any]], Any] = la
     return list(best.values())
 
 
+def _plural(n: Any, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _sample(p: dict[str, Any]) -> str:
-    return f"{p.get('n_examples', '?')} {p.get('dataset', '')} problems".strip()
+    return f"{p.get('n_examples', '?')} {p.get('dataset', '')} {'problem' if p.get('n_examples') == 1 else 'problems'}"
 
 
 # ---- per-analysis summaries --------------------------------------------------------------------------------------
@@ -164,7 +168,7 @@ def complexity_rows(results_dir: str | Path, only: set[Path] | None = None) -> l
     for r in best_runs(runs, group=lambda p: (p.get("model_name"), p.get("source"))):
         p, s = r.meta["parameters"], r.meta["summary"]
         L, src = int(s["n_layers"]), p["source"]
-        sample = f"{p.get('n_per_level')} items per level"
+        sample = f"{_plural(p.get('n_per_level'), 'item')} per level"
         levels = [x for x in s["levels"] if x["aggregation"] == "mean" and x["metric"] == "layer_effect"]
         d = pd.Series([x["depth_score"] for x in levels], dtype=float).mean()
         if pd.notna(d):
@@ -216,6 +220,20 @@ def atlas_table(results_dir: str | Path, profile: str | None = None) -> pd.DataF
     rows = [row for summarise in SUMMARIES.values() for row in summarise(results_dir, only)]
     t = pd.DataFrame(rows, columns=ATLAS_COLUMNS)
     return t.sort_values(["n_layers", "model", "chapter", "measure"], kind="stable", ignore_index=True)
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The atlas for reading: one row per (model, measure); layers as integers (or a mean layer to one decimal),
+    relative depths and values to two decimals, "—" where a measure has no such number."""
+    def num(x: Any, fmt: str) -> str:
+        return "—" if pd.isna(x) else format(x, fmt)
+
+    return pd.DataFrame({
+        "model": table["model"], "chapter": table["chapter"], "measure": table["measure"],
+        "layer": [str(int(x)) if pd.notna(x) and float(x).is_integer() else num(x, ".1f") for x in table["layer"]],
+        "relative depth": [num(x, ".2f") for x in table["rel_depth"]],
+        "value": [num(x, ".2f") for x in table["value"]],
+        "of layers": table["n_layers"].astype(int), "sample": table["sample"]})
 
 
 def shown_models(table: pd.DataFrame, models: list[str]) -> list[str]:
@@ -274,4 +292,4 @@ def build_record(book_dir: str | Path) -> pd.DataFrame:
 
 
 __all__ = ["ATLAS_COLUMNS", "FINDINGS", "Finding", "finished_runs", "best_runs", "residual_rows", "skipping_rows",
-           "lens_rows", "complexity_rows", "maps_rows", "SUMMARIES", "atlas_table", "build_record"]
+           "lens_rows", "complexity_rows", "maps_rows", "SUMMARIES", "atlas_table", "display_table", "build_record"]

@@ -130,9 +130,11 @@ def run_many(model_names: list[str], **kwargs: Any) -> tuple[pd.DataFrame, dict[
     return concat_tables(results), {m: r.meta for m, r in results.items()}
 
 
-def run_units(model_names: list[str], **kwargs: Any) -> pd.DataFrame:
-    """The per-problem tables of :func:`run` for several models, concatenated (what claim verdicts resample)."""
-    return pd.concat([r.units for r in many(run, model_names, **kwargs).values()], ignore_index=True)
+def run_units(model_names: list[str], **kwargs: Any) -> pd.DataFrame | None:
+    """The per-problem tables of :func:`run` for several models, concatenated (what claim verdicts resample); None
+    for no models (e.g. no controls on a remote run)."""
+    results = many(run, model_names, **kwargs)
+    return pd.concat([r.units for r in results.values()], ignore_index=True) if results else None
 
 
 # ---- summaries used by the chapters' claim checks ---------------------------------------------------------

@@ -1,6 +1,6 @@
 """Command line: run a chapter headlessly, list chapters and models, build the book.
 
-    lmdepth run norms --model smollm2-135m -p n_examples 5 --results-dir results
+    lmdepth run norms --model smollm2-135m -p n_examples 5
     lmdepth run cosine --profile smoke
     lmdepth list
     lmdepth book [--force] [--profile default]
@@ -27,6 +27,12 @@ def _run(args: argparse.Namespace) -> int:
         params[name] = parse_cli_value(raw)
     if args.model:
         params["model_name"] = args.model
+        # your model alone, unless you name comparison models: the packaged ones would otherwise run too
+        if "compare_models" in declared_parameters(args.chapter) and not any(n == "compare_models" for n, _ in
+                                                                              args.param or []):
+            params["compare_models"] = []
+            print("lmdepth: --model given: compare_models set to [] (add -p compare_models \"[a, b]\" for "
+                  "comparisons)", file=sys.stderr)
     results_dir = Path(args.results_dir).resolve()
     if "results_dir" in declared_parameters(args.chapter):  # the explorer and the reproducibility page have none
         params["results_dir"] = str(results_dir)

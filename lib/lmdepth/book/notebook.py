@@ -59,7 +59,15 @@ def md(text: str) -> None:
     display(Markdown(text))
 
 
-def show_table(df: pd.DataFrame):
-    """A table without its integer index, for display; cell text is HTML-escaped (tokens such as ``<s>`` or
-    ``<|endoftext|>`` are shown, not read as markup)."""
+def styled(df: pd.DataFrame):
+    """A table without its integer index; cell text is HTML-escaped (tokens such as ``<s>`` or ``<|endoftext|>``
+    are shown, not read as markup)."""
     return df.style.hide(axis="index").format(escape="html")
+
+
+def show_table(df: pd.DataFrame) -> None:
+    """Display :func:`styled` ``df`` now — wherever the call stands in its cell (a table returned by a cell's
+    non-last line would otherwise never render)."""
+    from IPython.display import display
+
+    display(styled(df))

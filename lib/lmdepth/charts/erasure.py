@@ -10,6 +10,9 @@ import altair as alt
 import lmdepth.charts.theme  # noqa: F401  (registers and enables the book's theme)
 
 
+TEXT_WIDTH = 720  # px: the book's text column
+
+
 def map_chart(table, method: str, model: str, prompts: Sequence[str] | None = None, cell: int = 16):
     """Token × layer heatmaps, one per case-study prompt (layer 0 at the bottom; the last token, which feeds no
     answer prediction, is dropped as in the paper). Erasure: sequential scale from 0; integrated gradients:
@@ -38,7 +41,10 @@ def map_chart(table, method: str, model: str, prompts: Sequence[str] | None = No
             color=alt.Color("value:Q", title=title, scale=scale),
             tooltip=["token:N", "layer:O", alt.Tooltip("value:Q", format=".4f"), "is_answer:N"],
         ).properties(title=name, width=cell * len(order), height=max(120, 7 * n_rows)))
-    return alt.hconcat(*charts).resolve_scale(color="independent")
+    # side by side while they fit the text column (~720 px), else one per row: a page must not scroll sideways
+    widths = [c.width for c in charts]
+    columns = len(charts) if sum(widths) + 60 * len(charts) <= TEXT_WIDTH else 1
+    return alt.concat(*charts, columns=columns).resolve_scale(color="independent")
 
 
 def comparison_maps(table, models: Sequence[str]) -> alt.VConcatChart | None:

@@ -82,7 +82,7 @@ def lens_layers(table: pd.DataFrame, model: str, transition: int | None = None, 
 
 
 def lens_across_models(table: pd.DataFrame, metric: str, y_title: str, log_y: bool = False,
-                       width: int = 260) -> alt.HConcatChart:
+                       width: int = 230) -> alt.HConcatChart:
     """One panel per lens, one line per model, on relative depth l / L (0 = embeddings, 1 = output).
 
     Click a model in the legend to highlight it.

@@ -52,10 +52,12 @@ def layer_bars(
     base = alt.Chart(t).properties(width=width)
     if stat is not None:
         base = base.add_params(stat).transform_filter(alt.datum.stat == stat)
+    # both layers get the clipped scale: a shared scale is the union of the layers' domains, so interval rules
+    # reaching past y_max would otherwise stretch the axis beyond it
+    y_scale = alt.Scale(domain=[0, y_max], clamp=True, nice=False) if y_max and t["value"].max() > y_max else alt.Undefined
     bars = base.mark_bar(opacity=0.9, clip=True).encode(
         x=x,
-        y=alt.Y("value:Q", title=y_title, stack=None,
-                scale=alt.Scale(domain=[0, y_max], clamp=True) if y_max and t["value"].max() > y_max else alt.Undefined),
+        y=alt.Y("value:Q", title=y_title, stack=None, scale=y_scale),
         color=color,
         order=alt.Order("abs_value:Q", sort="descending"),
         opacity=alt.condition(pick, alt.value(0.9), alt.value(0.08)),
@@ -65,7 +67,7 @@ def layer_bars(
                  alt.Tooltip("ci_high:Q", format=".3f", title="95% CI high")],
     ).add_params(pick)
     errs = base.mark_rule(color="black", opacity=0.6, clip=True).encode(
-        x=x, y="ci_low:Q", y2="ci_high:Q", detail="label:N",
+        x=x, y=alt.Y("ci_low:Q", scale=y_scale), y2="ci_high:Q", detail="label:N",
         opacity=alt.condition(pick, alt.value(0.6), alt.value(0.0)),
     ).transform_filter("isValid(datum.ci_low)")
     return alt.layer(bars, errs)

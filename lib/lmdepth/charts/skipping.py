@@ -70,9 +70,12 @@ def later_effect_lines(d: pd.DataFrame, threshold: float, width: int = 560) -> a
     """
     models = list(dict.fromkeys(d["model"]))
     pick = alt.selection_point(fields=["model"], bind="legend")
-    line = alt.Chart(d).mark_line(point=True).encode(
+    line = alt.Chart(d).mark_line(point=True, clip=True).encode(
         x=alt.X("rel_depth:Q", title="Relative depth of the skipped layer (l + 0.5) / L", scale=alt.Scale(domain=[0, 1])),
-        y=alt.Y("value:Q", title="Max relative change of a later layer"),
+        # clipped at 1 as the heatmaps are: one exploding ratio (a near-zero clean contribution) would otherwise
+        # stretch the axis to tens and flatten everything else, the threshold included; hover for the value
+        y=alt.Y("value:Q", title="Max relative change of a later layer (clipped at 1)",
+                scale=alt.Scale(domain=[0, 1], clamp=True)),
         color=alt.Color("model:N", scale=alt.Scale(domain=models, range=MODEL_PALETTE[: len(models)]),
                         legend=alt.Legend(orient="top", title="Model")),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.12)),

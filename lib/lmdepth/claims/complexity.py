@@ -9,9 +9,9 @@ Preconditions (EVIDENCE): at least 10 items on every level, and a model that doe
 easiest level, with its 95 % Wilson interval, above the constant-answer baseline (the share of the most common
 reference answer among the items) — otherwise "difficulty" never engages the model's computation.
 
-Control: the same items with their levels shuffled (seeded). "Does not grow" is a null claim: if the shuffled
-control also shows no rise, the check cannot tell a flat depth from levels that carry no information, and it is
-counted as non-discriminating.
+No separate control: "does not grow" is a null claim, decided as a one-sided equivalence test (agrees only when
+the whole interval of the rise lies below the bound). A shuffled-level control would show "no rise" by construction
+and could only ever cancel an agreement; :func:`shuffled_levels` remains for readers who want to see it.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def effects_by_item(source: str) -> Callable[[pd.DataFrame, str], np.ndarray]:
     def values(units: pd.DataFrame, model: str) -> np.ndarray:
         u = _items(units, model, source)
         u = u[u.metric == "layer_effect"]
-        wide = u.pivot_table(index="item", columns="layer", values="value", sort=False)
+        wide = u.pivot_table(index="item", columns="layer", values="value", sort=False, dropna=False)
         level = u.groupby("item", sort=False)["level"].first().reindex(wide.index)
         return np.column_stack([wide.to_numpy(dtype=float), level.to_numpy(dtype=float)])
 
@@ -89,25 +89,26 @@ def competent(source: str) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
 
     def check(units: pd.DataFrame, model: str) -> tuple[bool, str]:
         items = _items(units, model, source).drop_duplicates("item")
-        per_level = items.groupby("level").size()
+        per_level = items.groupby("level").size().reindex(list(LEVELS[source]), fill_value=0)
         if per_level.min() < MIN_UNITS:
             return False, (f"{int(per_level.min())} items on level {int(per_level.idxmin())}, at least {MIN_UNITS} "
-                           "per level needed")
+                           f"on each of levels {min(LEVELS[source])}–{max(LEVELS[source])} needed")
         if (items.correct < 0).any():
             return False, "correctness was not checked (gen_tokens = 0): competence unknown"
-        easy = items[items.level == items.level.min()]
-        baseline = float(items["answer"].astype(str).value_counts().iloc[0] / len(items))
+        easy = items[items.level == min(LEVELS[source])]
+        baseline = float(easy["answer"].astype(str).value_counts().iloc[0] / len(easy))
         lo, hi = wilson_interval(int(easy.correct.sum()), len(easy))
         if not lo > baseline:
-            return False, (f"accuracy on level {int(easy.level.iloc[0])} {easy.correct.mean():.0%} "
-                           f"[{lo:.0%}, {hi:.0%}] does not exceed the constant-answer baseline {baseline:.0%}")
+            return False, (f"accuracy on level {min(LEVELS[source])} {easy.correct.mean():.0%} [{lo:.0%}, {hi:.0%}] "
+                           f"does not exceed the constant-answer baseline {baseline:.0%}")
         return True, ""
 
     return check
 
 
-CONTROL = ("the same items with their levels shuffled: what 'no rise' looks like when the levels carry no "
-           "information (a flat result the real model shares with it cannot be told from that)")
+CONTROL = ("none needed: a one-sided equivalence test — 'agrees' needs the whole interval of the rise below "
+           f"{MAX_RISE:g}, which a noisy or uninformative sample (e.g. shuffled levels) reaches only with enough items "
+           "to rule out a rise of that size")
 
 CLAIMS: tuple[ClaimSpec, ...] = tuple(
     ClaimSpec(
@@ -117,7 +118,7 @@ CLAIMS: tuple[ClaimSpec, ...] = tuple(
         statistic=f"rise: fitted rise of the depth score D / L over levels {min(LEVELS[source])}–"
                   f"{max(LEVELS[source])} (layer effects, layers 2…L−1)",
         unit="item", rule=Rule(MAX_RISE, "below"), values=effects_by_item(source), reduce=rise(source, EARLY_LAYERS),
-        with_early=rise(source, 0), precondition=competent(source), control=CONTROL, control_of=control_name,
+        with_early=rise(source, 0), precondition=competent(source), control=CONTROL, control_of=None,
         history=("2026-11-23: decided from the interval over items with a competence gate and ≥ 10 items per "
                  "level (was: a point estimate on 1–2 items per level, whatever the model solved).",))
     for source in LEVELS)

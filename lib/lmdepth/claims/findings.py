@@ -48,24 +48,25 @@ def shown(verdicts: pd.DataFrame, models: list[str]) -> pd.DataFrame:
 
 def _cell(r) -> str:
     if r.state == "not testable":
-        return f"not testable: {r.reason} (n = {r.n})"
-    ci = f"[{r.ci_low:.3g}, {r.ci_high:.3g}]" if np.isfinite(r.ci_low) else ""
+        return f"not testable: {r.reason} (n {r.n})"
+    ci = f" [{r.ci_low:.3g}, {r.ci_high:.3g}]" if np.isfinite(r.ci_low) else ""
     tag = " ⊘" if r.counted_as == "non-discriminating" else ""
-    return f"{r.state}{tag} · {r.estimate:.3g} {ci} · n = {r.n} · control: {r.control_state}"
+    return f"{r.state}{tag} · {r.estimate:.3g}{ci} · n {r.n} · control {r.control_state}"
 
 
 def verdict_matrix(verdicts: pd.DataFrame, models: list[str] | None = None) -> pd.DataFrame:
-    """One row per claim (paper figure, chapter, claim, the paper's side), one column per model: the verdict, the
-    statistic with its 95 % interval, n, and the random-init control's verdict; ⊘ marks a check whose control got
-    the same verdict (non-discriminating, not counted)."""
+    """One row per claim (with its paper figure and the paper's side), one column per model or subject: the
+    verdict, the statistic with its 95 % interval, n, and the control's verdict by the same rule; ⊘ marks a check
+    whose control got the same verdict (non-discriminating, not counted). Compact enough for 1400 px."""
     if verdicts.empty:
         return pd.DataFrame()
     subjects = list(dict.fromkeys(verdicts["model"]))
     models = [m for m in (models or []) if m in subjects] + [s for s in subjects if s not in (models or [])]
-    v = verdicts.assign(cell=lambda d: [_cell(r) for r in d.itertuples()])
-    wide = v.pivot_table(index=["figure", "chapter", "claim", "rule"], columns="model", values="cell",
-                         aggfunc="first", sort=False).reindex(columns=models)
-    return wide.reset_index().fillna("—").rename_axis(columns=None).rename(columns={"rule": "paper's side"})
+    v = verdicts.assign(cell=lambda d: [_cell(r) for r in d.itertuples()],
+                        label=lambda d: d["claim"] + " (" + d["figure"] + "; " + d["rule"] + ")")
+    wide = v.pivot_table(index="label", columns="model", values="cell", aggfunc="first", sort=False)
+    return wide.reindex(columns=models).reset_index().fillna("—").rename_axis(columns=None).rename(
+        columns={"label": "claim (paper figure; the paper's side)"})
 
 
 def state_counts(verdicts: pd.DataFrame) -> pd.DataFrame:
@@ -81,7 +82,7 @@ def headline(verdicts: pd.DataFrame) -> str:
     c = state_counts(verdicts).set_index("model").loc["all models"]
     return ("Over the registered claims, (claim × model) verdicts: "
             + ", ".join(f"**{int(c[s])} {s}**" for s in HEADLINE_STATES)
-            + f" — {int(c.sum())} in all. Non-discriminating rows (the random-init control reached the same verdict) "
+            + f" — {int(c.sum())} in all. Non-discriminating rows (the control reached the same verdict) "
             "are shown but not counted as agreement or disagreement.")
 
 

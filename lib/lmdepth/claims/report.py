@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.claims import REGISTRY, for_chapter
-from lmdepth.claims.spec import evaluate
+from lmdepth.claims.spec import BUILT_IN, evaluate
 from lmdepth.metrics.verdicts import MIN_UNITS, Verdict
 from lmdepth.model.random_init import control_name
 from lmdepth.results import atomic_write_text, book_record_dir, slug
@@ -43,7 +43,7 @@ def check(chapter: str, units: pd.DataFrame, models: list[str], control_units: p
         if only is not None and spec.id not in only:
             continue
         for m in models:
-            ctrl = spec.control_of(m)
+            ctrl = spec.control_of(m) if spec.control_of is not None else None
             has_ctrl = control_units is not None and (control_units.model == ctrl).any()
             rows.append(evaluate(spec, units, m, control_units if has_ctrl else None, ctrl if has_ctrl else None,
                                  decided, n_boot=n_boot, seed=seed))
@@ -54,8 +54,10 @@ def check(chapter: str, units: pd.DataFrame, models: list[str], control_units: p
 
 def headline_state(row) -> str:
     """The state a verdict row is counted as: its own, unless a decided verdict's control reached the same one
-    ("non-discriminating") or was not run (then the check is incomplete: "not testable")."""
-    if row.state != "not testable" and row.control_state == "not run":
+    ("non-discriminating"), or was not run or could not be decided for lack of data (then the check is incomplete:
+    "not testable")."""
+    if row.state != "not testable" and (row.control_state == "not run" or (
+            row.control_state == "not testable" and not str(row.control_reason).startswith("needs '"))):
         return "not testable"
     if row.state != "not testable" and not row.discriminates:
         return "non-discriminating"
@@ -77,8 +79,8 @@ def display(verdicts: pd.DataFrame) -> pd.DataFrame:
         "statistic [95 % CI]": [_fmt(r.estimate, r.ci_low, r.ci_high) for r in verdicts.itertuples()],
         "with layers 0–1": [f"{v:.3g}" if np.isfinite(v) else "—" for v in verdicts["with_layers_0_1"]],
         "verdict": [r.state + (f" ({r.reason})" if r.reason else "") for r in verdicts.itertuples()],
-        "random-init control": [f"{r.control_state}: {_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)}"
-                                if r.control_state not in ("not run", "not testable") else r.control_state
+        "control (same rule)": [f"{r.control_state}: {_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)}"
+                                if r.control_state not in ("not run", "not testable", BUILT_IN) else r.control_state
                                 for r in verdicts.itertuples()],
         "counted as": verdicts["counted_as"],
     })
@@ -139,7 +141,7 @@ def describe(chapter: str) -> str:
     history = [f"- *{s.claim}*: {h}" for s in specs for h in s.history]
     return ("\n".join(lines)
             + f"\n\nEach verdict is decided from a 95 % percentile bootstrap interval over {specs[0].unit}s "
-            f"(1000 resamples, seeded): **agrees** when the whole interval lies on the paper's side, **disagrees** "
+            f"(at least 1000 resamples, seeded): **agrees** when the whole interval lies on the paper's side, **disagrees** "
             f"when it lies on the other side, **inconclusive** when it straddles the threshold, **not testable** "
             f"when a precondition fails (fewer than 10 {specs[0].unit}s, or a claim it depends on). "
             f"Layers 0–1 are left out of every verdict statistic in this book (their writes are large relative to "

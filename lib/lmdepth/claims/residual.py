@@ -31,12 +31,12 @@ def token_weighted(metric: str, components: tuple[str, ...]) -> Callable[[pd.Dat
         if missing:
             raise DataError(f"The per-problem table has no {metric} rows of {', '.join(missing)} for {model!r}; "
                             "it was not written by lmdepth.analyses.residual.run.")
-        blocks = []
-        for c in components:
-            wide = u[u.component == c].pivot_table(index="unit", columns="layer", values="value", sort=False)
-            tokens = u[u.component == c].groupby("unit", sort=False)["tokens"].first().reindex(wide.index)
-            blocks.append(wide.to_numpy() * tokens.to_numpy()[:, None])
-        return np.concatenate([*blocks, tokens.to_numpy()[:, None]], axis=1).astype(float)
+        order = pd.unique(u["unit"])  # one unit order for every component
+        tokens = u.groupby("unit", sort=False)["tokens"].first().reindex(order).to_numpy(dtype=float)
+        blocks = [u[u.component == c].pivot_table(index="unit", columns="layer", values="value", sort=False,
+                                                  dropna=False).reindex(order).to_numpy(dtype=float) * tokens[:, None]
+                  for c in components]
+        return np.concatenate([*blocks, tokens[:, None]], axis=1)
 
     return values
 

@@ -33,20 +33,23 @@ def per_layer(analysis: str, metric: str) -> Callable[[pd.DataFrame, str], np.nd
         if u.empty:
             raise DataError(f"No per-problem {analysis}-token skip results for {model!r}: run "
                             f"lmdepth.analyses.skipping.run(model_name={model!r}, analysis={analysis!r}) first.")
-        wide = u.pivot_table(index="unit", columns="layer", values="value", sort=False)
+        wide = u.pivot_table(index="unit", columns="layer", values="value", sort=False, dropna=False)
         return np.minimum(wide.to_numpy(dtype=float), CLIP)
 
     return values
 
 
 def halves_by_problem(analysis: str, metric: str) -> Callable[[pd.DataFrame, str], np.ndarray]:
-    """Per problem: [first-half mean without layers 0–1, second-half mean, first-half mean with layers 0–1]."""
+    """Per problem: [first-half mean without layers 0–1, second-half mean, first-half mean with layers 0–1]. For
+    the later effect the last layer is left out of the second half: it has no later layer, so its effect is 0 by
+    construction and would pull the second half down in the paper's direction."""
     layers = per_layer(analysis, metric)
 
     def values(units: pd.DataFrame, model: str) -> np.ndarray:
         v = layers(units, model)
         L = v.shape[1]
-        return np.column_stack([v[:, EARLY_LAYERS : L // 2].mean(1), v[:, (L + 1) // 2 :].mean(1),
+        end = L - 1 if metric == "later_effect" else L
+        return np.column_stack([v[:, EARLY_LAYERS : L // 2].mean(1), v[:, (L + 1) // 2 : end].mean(1),
                                 v[:, : L // 2].mean(1)])
 
     return values
@@ -73,7 +76,8 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         claim="all tokens: 2nd half barely affects later layers",
         statement="Skipping a second-half layer barely changes the computation of the later layers.",
         statistic="ratio: mean over problems of the clipped later effect (largest relative change of any later "
-                  "layer), second-half layers / first-half layers (without layers 0–1)",
+                  "layer), second-half layers (without the last, which has no later layer) / first-half layers "
+                  "(without layers 0–1)",
         unit="problem", rule=Rule(0.5, "below"), values=halves_by_problem("current", "later_effect"),
         reduce=ratio_of_means, with_early=_with_early, control=CONTROL, history=_HISTORY),
     ClaimSpec(

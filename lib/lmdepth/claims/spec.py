@@ -43,7 +43,8 @@ class ClaimSpec:
         reduce: the statistic of a (resampled) [units, k] array.
         control: which control and what it rules out.
         control_of: the name the control's rows carry in per-unit tables, from the model's name (default: its
-            random-init twin, :func:`lmdepth.model.random_init.control_name`).
+            random-init twin, :func:`lmdepth.model.random_init.control_name`); None where the statistic already
+            compares against the alternative (``control`` says how) and no separate control is run.
         with_early: the same statistic with layers 0–1 kept, shown beside the verdict (None where it does not apply).
         requires: the id of a claim that must agree for this one to mean anything (e.g. a transition's depth needs
             a transition); otherwise "not testable".
@@ -64,12 +65,16 @@ class ClaimSpec:
     values: Values
     reduce: Reduce
     control: str
-    control_of: Callable[[str], str] = control_name
+    control_of: Callable[[str], str] | None = control_name
     with_early: Reduce | None = None
     requires: str | None = None
     precondition: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
     headline: bool = True
     history: tuple[str, ...] = field(default=())
+
+
+NAN = float("nan")
+BUILT_IN = "built into the statistic"  # the control state of a claim without a separate control
 
 
 def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict | None,
@@ -78,6 +83,9 @@ def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict
         values = spec.values(units, model)
     except DataError as e:  # e.g. a comparison model without an all-token run
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), 0, str(e)), np.empty((0, 0))
+    if spec.requires and required is None:
+        reason = f"needs '{spec.requires}' to agree (it was not checked)"
+        return Verdict("not testable", NAN, NAN, NAN, len(values), reason), values
     if required is not None and required.state != "agrees":
         reason = f"needs '{spec.requires}' to agree (it is {required.state})"
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), len(values), reason), values
@@ -90,7 +98,8 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
              control_model: str | None, decided: dict[tuple[str, str], Verdict] | None = None,
              n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
     """One verdict row: the model's verdict, the statistic with layers 0–1, the control's verdict by the same rule,
-    and whether the check discriminates.
+    and whether the check discriminates (a control that is itself not testable for lack of data leaves that open:
+    ``discriminates`` False; one that lacks the pattern a ``requires`` claim needs does discriminate).
 
     Args:
         units, control_units: per-unit tables holding ``model`` / ``control_model`` (None: no control run).
@@ -106,11 +115,17 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
            "n": real.n, "estimate": real.estimate, "ci_low": real.ci_low, "ci_high": real.ci_high,
            "state": real.state, "reason": real.reason, "with_layers_0_1": early, "control": spec.control,
            "control_model": control_model, "headline": spec.headline}
+    if spec.control_of is None:
+        return {**row, "control_state": BUILT_IN, "control_reason": "", "control_estimate": NAN,
+                "control_ci_low": NAN, "control_ci_high": NAN, "discriminates": True}
     if control_units is None or control_model is None:
-        return {**row, "control_state": "not run", "control_estimate": float("nan"), "control_ci_low": float("nan"),
-                "control_ci_high": float("nan"), "discriminates": False}
+        return {**row, "control_state": "not run", "control_reason": "", "control_estimate": NAN,
+                "control_ci_low": NAN, "control_ci_high": NAN, "discriminates": False}
     ctrl, _ = _verdict(spec, control_units, control_model,
                        decided.get((spec.requires, control_model)) if spec.requires else None, n_boot, seed)
     decided[(spec.id, control_model)] = ctrl
-    return {**row, "control_state": ctrl.state, "control_estimate": ctrl.estimate, "control_ci_low": ctrl.ci_low,
-            "control_ci_high": ctrl.ci_high, "discriminates": discriminates(real, ctrl)}
+    lacks_pattern = ctrl.state == "not testable" and ctrl.reason.startswith("needs '")
+    undecided = ctrl.state == "not testable" and not lacks_pattern
+    return {**row, "control_state": ctrl.state, "control_reason": ctrl.reason, "control_estimate": ctrl.estimate,
+            "control_ci_low": ctrl.ci_low, "control_ci_high": ctrl.ci_high,
+            "discriminates": bool(discriminates(real, ctrl) and not undecided)}

@@ -29,13 +29,26 @@ def half_difference(curve: np.ndarray, skip: int = 0) -> float:
     return second - first
 
 
+def min_segment(n_layers: int, skip: int = 0) -> int:
+    """The shortest segment :func:`change_point` allows on either side: max(2, an eighth of the layers searched),
+    so that one extreme layer at either end cannot be a 'segment' of its own."""
+    return max(2, (n_layers - skip) // 8)
+
+
 def change_point(curve: np.ndarray, skip: int = 0) -> int:
-    """The layer t (skip < t < L) that best splits ``curve[skip:]`` into a low segment before t and a high one from
-    t on (the largest mean(after) − mean(before)). A sign change located this way is the sustained one, not the
-    last of several crossings of zero by noise."""
+    """The layer t at which ``curve[skip:]`` best changes from negative to non-negative: the split with the most
+    layers of the claimed sign (negative before t, non-negative from t on), ties broken by the larger difference of
+    the two segments' means; each segment at least :func:`min_segment` layers long. Counting signs rather than
+    comparing magnitudes makes the split sustained: neither the last of several crossings of zero by noise nor one
+    extreme layer at either end can move it."""
     curve = np.asarray(curve, dtype=float)
-    scores = [curve[t:].mean() - curve[skip:t].mean() for t in range(skip + 1, len(curve))]
-    return skip + 1 + int(np.argmax(scores))
+    m = min_segment(len(curve), skip)
+    ts = list(range(skip + m, len(curve) - m + 1))
+    if not ts:
+        return skip + (len(curve) - skip) // 2  # too few layers for two segments: the middle
+    scores = [(int((curve[skip:t] < 0).sum() + (curve[t:] >= 0).sum()), curve[t:].mean() - curve[skip:t].mean())
+              for t in ts]
+    return ts[max(range(len(ts)), key=lambda i: scores[i])]
 
 
 def sign_change_margin(curve: np.ndarray, skip: int = 0) -> float:

@@ -26,6 +26,7 @@ import numpy as np
 State = Literal["agrees", "disagrees", "inconclusive", "not testable"]
 STATES: tuple[State, ...] = ("agrees", "disagrees", "inconclusive", "not testable")
 MIN_UNITS = 10
+MIN_BOOT = 1000  # EVIDENCE: at least 1000 resamples
 
 
 @dataclass(frozen=True)
@@ -121,10 +122,18 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
     ok, why = precondition
     if not ok:
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), n, why)
+    missing = int((~np.isfinite(values)).reshape(n, -1).any(1).sum())
+    if missing:
+        return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
+                       f"{missing} of {n} units have missing values")
+    if n_boot < MIN_BOOT:
+        return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
+                       f"{n_boot} bootstrap resamples, at least {MIN_BOOT} needed")
     est, lo, hi, bad = bootstrap(values, statistic, n_boot, seed)
     if bad or not np.isfinite(est):
         return Verdict("not testable", est, lo, hi, n, f"the statistic is undefined on {bad} of {n_boot} resamples "
-                                                        "(a denominator that can vanish)")
+                                                        "(a denominator that can vanish, or an empty range of "
+                                                        "layers or levels)")
     low_side, high_side = rule.position(lo), rule.position(hi)
     if low_side == high_side == 0:
         state: State = "agrees"
