@@ -118,7 +118,7 @@ show_table(wide.reindex(columns=shown).fillna("—").reset_index().rename(column
 
 # %% tags=["hide-input"]
 depths = table.dropna(subset=["rel_depth"])
-spread = depths.groupby("model")["rel_depth"].agg(["min", "median", "max"]).reindex(shown)
+spread = depths.groupby("model")["rel_depth"].agg(["min", "median", "max"]).reindex(shown).dropna()  # models with depths
 per_measure = depths.groupby("measure", sort=False)["rel_depth"].median()
 md("Median over measures of the relative depth where the computation ends, per model: "
    + "; ".join(f"**{m}** {r['median']:.2f} (range {r['min']:.2f}–{r['max']:.2f})" for m, r in spread.iterrows())

@@ -3,6 +3,7 @@
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -237,6 +238,13 @@ def test_run_writes_both_lenses_and_caches_translators(tiny_dirs, texts, tmp_pat
     # a new evaluation reuses the cached translators
     other = lens.run(str(tiny_dirs["gemma3"]), dataset=str(texts), results_dir=tmp_path, **{**RUN_KW, "n_examples": 3})
     assert other.meta["tuned_lens"]["from_cache"] and other.meta["tuned_lens"]["cache_key"] == tl["cache_key"]
+    # stored results omit the translators (large, regenerable): a run whose problems are all checkpointed finishes
+    # without them, and does not retrain
+    (lens.Path(tl["path"]) / "translators.npz").unlink()
+    shutil.rmtree(other.path)
+    refinished = lens.run(str(tiny_dirs["gemma3"]), dataset=str(texts), results_dir=tmp_path, **{**RUN_KW, "n_examples": 3})
+    assert not (lens.Path(tl["path"]) / "translators.npz").exists()
+    assert refinished.table.equals(other.table) and refinished.meta["tuned_lens"]["cache_key"] == tl["cache_key"]
 
 
 @pytest.mark.integration

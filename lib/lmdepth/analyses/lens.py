@@ -215,18 +215,29 @@ def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: lis
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
     if not p.include_bos:
         require_tokens(encoded, 2, "include_bos=False leaves no position to average")
-    translators, tuned = (fit_tuned_lens(lm, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir, p.use_cache)
-                          if p.tuned_lens else (None, None))
+    fitted: dict[str, tuple[Translators, RunResult]] = {}
+
+    def translators() -> Translators | None:
+        """Trained (or loaded) on first use only: a run whose every problem is checkpointed needs no translators
+        (stored results omit them: they are large and regenerable)."""
+        if p.tuned_lens and not fitted:
+            fitted["t"] = fit_tuned_lens(lm, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir, p.use_cache)
+        return fitted["t"][0] if fitted else None
+
     t_eval = time.time()
     unembed = Unembedding.of(lm, p.lens_dtype, traced=True)
 
     def one(uid: str, ids: Any) -> dict[str, np.ndarray]:
         pos = sample_positions(ids.shape[1], p.positions_per_example, f"{p.seed}:{uid}", p.include_bos)
-        vals, check = prompt_lens(lm, ids, pos.to(ids.device), unembed, translators)
+        vals, check = prompt_lens(lm, ids, pos.to(ids.device), unembed, translators())
         return {"mean": vals.mean(-1).numpy(), "count": np.array(ids.shape[1] - (0 if p.include_bos else 1)),
                 "positions": pos.numpy(), "check": np.array(check)}
 
     items = per_unit(store, encoded, one, desc=f"{p.model_name}: lenses")
+    tuned = None
+    if p.tuned_lens:  # the translators' cache entry (its sidecar and training curve), trained now if it is missing
+        entry = tuned_store(p.model_name, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir)
+        tuned = fitted["t"][1] if fitted else (entry.load() if entry.complete else (translators(), fitted["t"][1])[1])
     counts = np.array([int(it["count"]) for it in items])
     table = tidy_table(np.stack([it["mean"] for it in items]), counts, p.model_name, n_boot=p.n_boot, seed=p.seed)
     meta = {
