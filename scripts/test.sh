@@ -5,4 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+# Headless Chromium, needed only by the browser tests (tier `browser`): the Debian package, installed where this
+# shell may (root or sudo); otherwise those tests fail with what to install.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else SUDO="none"; fi
+  if [ "$SUDO" != none ]; then
+    echo "[test] installing chromium for the browser tests"
+    $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null \
+      || echo "[test] could not install chromium: the browser tests will fail; install it, or run with -m 'not browser'"
+  else
+    echo "[test] no chromium and no root/sudo: the browser tests will fail; install chromium, or run with -m 'not browser'"
+  fi
+fi
 exec "${LMDEPTH_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider "$@"

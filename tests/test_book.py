@@ -52,7 +52,8 @@ def chromium_dom(html: Path) -> str:
 def chromium(html: Path) -> tuple[str, str]:
     """Load a page in headless Chromium with every host name unresolvable: (DOM after scripts ran, console log)."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert exe, "headless Chromium is needed for this test: scripts/setup_env.sh installs Debian's chromium"
+    assert exe, ("headless Chromium is needed for this test: scripts/test.sh installs Debian's chromium where it may "
+                 "(root or sudo); else `apt install chromium`, or deselect with -m 'not browser'")
     with tempfile.TemporaryDirectory() as profile:
         out = subprocess.run(
             [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
