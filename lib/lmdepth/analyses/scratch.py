@@ -18,6 +18,8 @@ The chapter's parameters (:class:`ScratchParams`), display tables, prose, claims
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +87,10 @@ def trained_runs(profile: str, checkpoint_dir: str | Path, data_dir: str | Path,
                     raise DataError(f"No trained {cfg.name} run for profile {profile!r} under {checkpoint_dir} "
                                     f"(expected {path}). Set train=True (CLI: -p train true) to train it, or point "
                                     "checkpoint_dir at a directory that holds it.")
+                # say so loudly: a reader who expected the committed runs (e.g. in Colab, without the repository's
+                # checkpoints/) must not wait for a silent training
+                print(f"lmdepth: no trained {cfg.name} run of profile {profile!r} in {checkpoint_dir} "
+                      f"(expected {path}): training it now ({cfg.steps} steps; resumable)", file=sys.stderr, flush=True)
                 train_run(cfg, checkpoint_dir, data_dir=data_dir, progress=progress, device=device)
             model, tok, meta = load_trained(path, device=device)
             runs[cfg.name] = TrainedRun(cfg.name, arch, objective, model, tok, meta, path, trained_now)
