@@ -92,7 +92,8 @@ show_table(pd.DataFrame(rows))
 # %% tags=["hide-input"]
 record = atlas.build_record(book_dir)
 record = record[record.chapter != "92_reproducibility"]
-show_table(record)
+show_table(record) if len(record) else md(f"*No executed chapter notebooks under `{book_dir}`: `lmdepth book` writes "
+                                          "them (this page reads their build record).*")
 known = pd.to_numeric(record["wall time (s)"], errors="coerce")
 md(f"{len(record)} pages; the times of their last executions add up to {known.sum() / 60:.1f} min "
    f"({int(known.isna().sum())} without a record). These are the times of *this* build's executions — a page whose "

@@ -288,7 +288,8 @@ def build_record(book_dir: str | Path) -> pd.DataFrame:
         meta = nbformat.read(path, as_version=4).metadata.get("lmdepth", {})
         rows.append({"chapter": path.stem, "profile": meta.get("profile"), "wall time (s)": meta.get("wall_s"),
                      "executed (UTC)": meta.get("executed_at"), "build hash": meta.get("build_hash")})
-    return pd.DataFrame(rows)
+    # the columns even without a notebook (e.g. run outside the repository): the page then says so, not crashes
+    return pd.DataFrame(rows, columns=["chapter", "profile", "wall time (s)", "executed (UTC)", "build hash"])
 
 
 __all__ = ["ATLAS_COLUMNS", "FINDINGS", "Finding", "finished_runs", "best_runs", "residual_rows", "skipping_rows",
