@@ -400,3 +400,20 @@ def test_the_atlas_reads_only_the_recorded_runs(tmp_path, monkeypatch):
     runs = atlas.best_runs(atlas.finished_runs(tmp_path, "residual_stream", only))
     assert [r.path.name for r in runs] == ["book"]
     assert {r.path.name for r in atlas.best_runs(atlas.finished_runs(tmp_path, "residual_stream"))} == {"adhoc"}
+
+
+@pytest.mark.unit
+def test_the_book_record_survives_moving_the_results(tmp_path, monkeypatch):
+    """Stored results are cloned elsewhere: the record names runs relative to the results directory."""
+    import shutil
+
+    from lmdepth.results import BOOK_RECORD_ENV, RunResult, record_run, recorded_runs
+
+    run = tmp_path / "a" / "residual_stream" / "m" / "key"
+    run.mkdir(parents=True)
+    monkeypatch.setenv(BOOK_RECORD_ENV, str(tmp_path / "a" / "book" / "default" / "norms"))
+    record_run(RunResult(pd.DataFrame(), {"analysis": "residual_stream", "cache_key": "key"}, run))
+    monkeypatch.delenv(BOOK_RECORD_ENV)
+    assert "residual_stream/m/key" in (tmp_path / "a" / "book" / "default" / "norms" / "runs.jsonl").read_text()
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    assert recorded_runs(tmp_path / "b" / "book" / "default") == {(tmp_path / "b" / "residual_stream" / "m" / "key").resolve()}

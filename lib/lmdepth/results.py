@@ -201,8 +201,12 @@ def record_run(result: RunResult) -> None:
     if d is None:
         return
     d.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"path": str(Path(result.path).resolve()), "analysis": result.meta.get("analysis"),
-                       "cache_key": result.meta.get("cache_key")})
+    # relative to the results root (<results>/book/<profile>/<chapter> → <results>), so a results directory that is
+    # moved or cloned elsewhere (stored with the book) keeps its record
+    path = Path(result.path).resolve()
+    root = d.resolve().parents[2]
+    line = json.dumps({"path": os.path.relpath(path, root) if path.is_relative_to(root) else str(path),
+                       "analysis": result.meta.get("analysis"), "cache_key": result.meta.get("cache_key")})
     with open(d / "runs.jsonl", "a", encoding="utf-8") as f:
         f.write(line + "\n")
 
@@ -210,8 +214,10 @@ def record_run(result: RunResult) -> None:
 def recorded_runs(record_root: str | Path) -> set[Path]:
     """Every run recorded under a profile's book record (``<results>/book/<profile>``)."""
     out = set()
+    root = Path(record_root).resolve().parents[1]  # <results>/book/<profile> → <results>
     for f in Path(record_root).glob("*/runs.jsonl"):
-        out |= {Path(json.loads(line)["path"]) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()}
+        out |= {(root / json.loads(line)["path"]).resolve()  # relative paths; older records hold absolute ones
+                for line in f.read_text(encoding="utf-8").splitlines() if line.strip()}
     return out
 
 
