@@ -342,7 +342,7 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path):
     assert not list((tmp_path / "res").rglob("meta.json"))  # nothing looks complete
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert len(list((tmp_path / "res" / "residual_stream").rglob("table.csv"))) == 1
+    assert len(list((tmp_path / "res" / "residual_stream" / "smollm2-135m").rglob("table.csv"))) == 1  # (and its control)
 
 
 @pytest.mark.unit

@@ -103,6 +103,7 @@ class RunStore:
         self.dir = Path(results_dir) / analysis / slug(model) / self.key
         item_key = self.key if item_params is None else cache_key({"analysis": analysis, "model": model, **item_params})
         self.partial = self.dir.with_name(item_key + ".partial")
+        self.unit_seconds: list[float | None] = []  # per unit of this execution: its compute seconds (None: unknown)
 
     @property
     def complete(self) -> bool:

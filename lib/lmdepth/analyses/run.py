@@ -82,6 +82,10 @@ class Job:
         table, meta, *units = compute(store)
         meta = {"analysis": self.analysis, **meta, "weights": weights, "environment": environment(),
                 "wall_time_s": round(time.time() - t0, 2)}
+        if store.unit_seconds:  # the units' own cost, whether computed now or read from checkpoints
+            known = [x for x in store.unit_seconds if x is not None]
+            meta["unit_compute_s"] = {"total": round(sum(known), 2), "units": len(store.unit_seconds),
+                                      "timed": len(known)}
         result = store.finalize(table, meta, units[0] if units else None)
         record_run(result)
         return result
@@ -91,14 +95,19 @@ def per_unit(store: RunStore, units: Sequence[tuple[str, X]], compute: Callable[
              desc: str) -> list[Arrays]:
     """For each ``(unit id, payload)``: the checkpointed arrays, or ``compute(id, payload)`` saved as a checkpoint.
 
-    Returns the arrays of every unit in order.
+    Returns the arrays of every unit in order. Each checkpoint keeps the seconds its unit took (``_seconds``), so a
+    run finished from checkpoints still reports what its units cost (sidecar ``unit_compute_s``).
     """
     out = []
     for uid, payload in progress(units, desc=desc):
         item = store.load_item(uid)
         if item is None:
+            t0 = time.time()
             item = compute(uid, payload)
+            item["_seconds"] = np.array(time.time() - t0)  # what the unit cost, kept with it (see Job.execute)
             store.save_item(uid, item)
+        seconds = item.get("_seconds")
+        store.unit_seconds.append(None if seconds is None else float(seconds))
         out.append(item)
     return out
 
