@@ -51,7 +51,7 @@ from lmdepth.metrics.ridge import DEFAULT_ALPHAS, PRODUCT_DTYPES, MapFit, bounda
 from lmdepth.model.registry import load_model, resolve_model_path
 from lmdepth.params import ModelParams, param
 from lmdepth.results import RunResult, RunStore
-from lmdepth.runtime import progress
+from lmdepth.runtime import progress, resolve_device
 
 ANALYSIS = "linear_maps"
 
@@ -358,7 +358,7 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
         tl = boundary_layers(n_layers[spec.target], spec.stride)
         fwd, bwd = fit_maps(a, b, plan.split_rows, sl, tl, p.ridge_alphas, both_directions=spec.kind == "main",
                             shuffle_seed=p.seed if spec.kind == "shuffled" else None, product_dtype=p.product_dtype,
-                            device=p.device, max_stats_gb=p.max_stats_gb)
+                            device=resolve_device(p.device), max_stats_gb=p.max_stats_gb)
         for label, fit in zip(spec.labels, (fwd, bwd)):
             fits[label] = fit
             store.save_item(label, fit.arrays())
