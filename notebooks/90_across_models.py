@@ -56,11 +56,18 @@ from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.claims import findings, report
 
 setup(0)
-# only the runs the book build recorded for this profile (an ad-hoc run never reaches this page); stops with what to
-# run when a chapter's record is missing, rather than publishing fewer rows
-table = atlas.atlas_table(results_dir, profile=profile)
+# In a book build: only the runs the build recorded for this profile (an ad-hoc run never reaches the published
+# page), stopping with what to run when a chapter's record is missing. Elsewhere (Colab, a chapter run by hand)
+# without such a record: every finished run under results_dir, said so below.
+source = atlas.summary_source(results_dir, profile)
+table = atlas.atlas_table(results_dir, only=source.only)
 shown = atlas.shown_models(table, models)
 table = table[table.model.isin(shown)]
+verdicts = findings.shown(findings.saved_verdicts(results_dir, profile=source.profile), shown)
+anything = bool(len(table) or len(verdicts))
+md(source.note if anything else
+   f"*Nothing has been run under `{results_dir}` yet, so there is nothing to summarise: run a chapter first (e.g. "
+   "01 residual norms, a few minutes on a CPU), or `lmdepth book` for all of them, then this page.*")
 
 # %% [markdown]
 # ## Findings: the paper's claims as verdicts
@@ -77,14 +84,16 @@ table = table[table.model.isin(shown)]
 # model at this scale, not an error: the chapter behind the row discusses it.
 
 # %% tags=["hide-input"]
-verdicts = findings.shown(findings.saved_verdicts(results_dir, profile=profile), shown)
-md(f"The registry's criteria were last changed in commit {report.registry_commit()}; every verdict below was "
-   "executed by this build. Criteria changed after their numbers were seen carry a dated note in their chapter.")
-show_table(findings.verdict_matrix(verdicts, shown))
+if len(verdicts):
+    md(f"The registry's criteria were last changed in commit {report.registry_commit()}; every verdict below was "
+       + ("executed by this build." if source.profile else "saved by the chapters' runs under this results directory.")
+       + " Criteria changed after their numbers were seen carry a dated note in their chapter.")
+    show_table(findings.verdict_matrix(verdicts, shown))
 
 # %% tags=["hide-input"]
-md(findings.headline(verdicts))
-show_table(findings.state_counts(verdicts))
+if len(verdicts):
+    md(findings.headline(verdicts))
+    show_table(findings.state_counts(verdicts))
 
 # %% tags=["hide-input"]
 links = {f.chapter: f"[{f.chapter.split('_', 1)[1].replace('_', ' ')}]({f.chapter}.html)" for f in atlas.FINDINGS}
@@ -107,28 +116,30 @@ md("Chapters and the paper figures they reproduce: "
 # If the paper's reading holds, these marks cluster around the middle (the dashed line) for every model.
 
 # %% mystnb={"figure": {"caption": "Where each chapter places the end of a model's computation, on relative depth. Pick a model in the drop-down, click a legend entry to isolate a measure, hover a mark for its layer, the model's depth and the sample it comes from. Dashed: mid-depth.", "name": "fig-atlas"}}
-atlas_chart(table)
+atlas_chart(table) if len(table) else None
 
 # %% tags=["hide-input"]
-wide = table.assign(text=[
-    f"{int(r.layer)} ({r.rel_depth:.2f})" if pd.notna(r.rel_depth) else (f"{r.value:.2f}" if pd.notna(r.value) else "none")
-    for r in table.itertuples()])
-wide = wide.pivot_table(index="measure", columns="model", values="text", aggfunc="first", sort=False)
-show_table(wide.reindex(columns=shown).fillna("—").reset_index().rename(columns={"measure": "measure: layer (l/L)"}))
+if len(table):
+    wide = table.assign(text=[
+        f"{int(r.layer)} ({r.rel_depth:.2f})" if pd.notna(r.rel_depth) else (f"{r.value:.2f}" if pd.notna(r.value) else "none")
+        for r in table.itertuples()])
+    wide = wide.pivot_table(index="measure", columns="model", values="text", aggfunc="first", sort=False)
+    show_table(wide.reindex(columns=shown).fillna("—").reset_index().rename(columns={"measure": "measure: layer (l/L)"}))
 
 # %% tags=["hide-input"]
 depths = table.dropna(subset=["rel_depth"])
 spread = depths.groupby("model")["rel_depth"].agg(["min", "median", "max"]).reindex(shown).dropna()  # models with depths
 per_measure = depths.groupby("measure", sort=False)["rel_depth"].median()
-md("Median over measures of the relative depth where the computation ends, per model: "
-   + "; ".join(f"**{m}** {r['median']:.2f} (range {r['min']:.2f}–{r['max']:.2f})" for m, r in spread.iterrows())
-   + ". Median over models, per measure: " + "; ".join(f"{k} {v:.2f}" for k, v in per_measure.items())
-   + ". Where the measures disagree within a model, which of them one calls its \"effective depth\" is a choice; "
-   "the range shows how much that choice matters.")
+if len(depths):
+    md("Median over measures of the relative depth where the computation ends, per model: "
+       + "; ".join(f"**{m}** {r['median']:.2f} (range {r['min']:.2f}–{r['max']:.2f})" for m, r in spread.iterrows())
+       + ". Median over models, per measure: " + "; ".join(f"{k} {v:.2f}" for k, v in per_measure.items())
+       + ". Where the measures disagree within a model, which of them one calls its \"effective depth\" is a choice; "
+       "the range shows how much that choice matters.")
 
 # %% [markdown]
 # The samples differ between measures (the layer-skipping analysis is the most expensive and runs on fewer
 # problems; see its chapter); the tooltip and the table below name the sample of every number.
 
 # %% tags=["hide-input"]
-show_table(atlas.display_table(table))
+show_table(atlas.display_table(table)) if len(table) else None

@@ -61,6 +61,20 @@ def test_cli_reports_errors_without_traceback(capsys, tmp_path):
     assert not list(tmp_path.rglob("*.ipynb"))
 
 
+@pytest.mark.integration
+def test_cli_trains_the_runs_it_names_and_resumes_none_twice(capsys, tmp_path):
+    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
+    assert main(["train", "--runs", "moeut-lm", "transformer-mlp"]) == 2  # checked before anything trains
+    assert "Unknown run(s) ['transformer-mlp']" in capsys.readouterr().err
+    args = ["train", "--profile", "smoke", "--runs", "transformer-lm", "--checkpoint-dir", str(tmp_path / "runs"),
+            "--data-dir", str(tmp_path / "data"), "--device", "cpu", "--threads", "1"]
+    assert main(args) == 0
+    finished = list((tmp_path / "runs").glob("transformer-lm-*/model.pt"))
+    assert len(finished) == 1 and "finished" in capsys.readouterr().out
+    stamp = finished[0].stat().st_mtime_ns
+    assert main(args) == 0 and finished[0].stat().st_mtime_ns == stamp  # a finished run is not retrained
+
+
 @pytest.mark.unit
 def test_cli_list(capsys):
     assert main(["list"]) == 0

@@ -228,6 +228,27 @@ def test_a_summary_page_without_its_inputs_stops_with_what_to_run(tmp_path):
 
 
 @pytest.mark.unit
+def test_summary_pages_outside_a_build_read_the_runs_there_and_inside_one_stop(tmp_path, monkeypatch):
+    from lmdepth.analyses import atlas
+    from lmdepth.errors import DataError
+    from lmdepth.results import BOOK_RECORD_ENV
+
+    (tmp_path / "book" / "default" / "cosine").mkdir(parents=True)  # one chapter's record only
+    monkeypatch.delenv(BOOK_RECORD_ENV, raising=False)
+    src = atlas.summary_source(tmp_path, "default")  # Colab, or a chapter run by hand: no complete record
+    assert src.only is None and src.profile is None and "No complete book build" in src.note
+    assert atlas.atlas_table(tmp_path, only=src.only).empty and atlas.shown_models(atlas.atlas_table(tmp_path), []) == []
+    monkeypatch.setenv(BOOK_RECORD_ENV, str(tmp_path / "book" / "default" / "findings"))  # inside `lmdepth book`
+    with pytest.raises(DataError, match="lmdepth book"):
+        atlas.summary_source(tmp_path, "default")
+    monkeypatch.delenv(BOOK_RECORD_ENV)
+    for c in atlas.RECORDED_CHAPTERS:  # a complete record is the book's, wherever the page runs
+        (tmp_path / "book" / "default" / c).mkdir(parents=True, exist_ok=True)
+    src = atlas.summary_source(tmp_path, "default")
+    assert src.only == set() and src.profile == "default" and src.note == ""
+
+
+@pytest.mark.unit
 def test_one_unit_gives_no_interval_and_a_warning():
     from lmdepth.metrics.effects import cutoff_with_ci
     from lmdepth.metrics.residual import DatasetStats, PromptStats

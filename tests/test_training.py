@@ -64,6 +64,26 @@ def test_training_levels_are_selectable(tmp_path):
 
 
 @pytest.mark.unit
+def test_the_small_number_module_answers_its_own_expressions():
+    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
+    import re
+
+    interp = dm.generate_split("interpolate", ("add_sub_multiple_small",), 90, seed=0)
+    extra = dm.generate_split("extrapolate", ("add_sub_multiple_small",), 60, seed=0)
+    for e in interp + extra:
+        expr = re.sub(r"^(What is the value of|What is|Evaluate|Calculate) ", "", e.question).rstrip("?.")
+        assert re.fullmatch(r"[-+() 0-9]+", expr), e.question
+        assert eval(expr) == int(e.answer), e  # the generator's expression has the stated value
+        assert -49 <= int(e.answer) <= 49
+    assert {e.n_operations for e in interp} == {2, 3, 4} and {e.n_operations for e in extra} == {5, 6}
+    assert {e.module for e in extra} == {"add_sub_multiple_small_longer"}
+    assert len({e.answer for e in interp}) > 40  # spread answers: a constant answer is rarely right
+    assert dm.generate_split("interpolate", ("add_sub_multiple_small",), 90, seed=0) == interp  # seeded
+    with pytest.raises(DataError, match="cannot be mixed"):
+        dm.generate_split("interpolate", ("add_sub_multiple_small", "mul"), 3, seed=0)
+
+
+@pytest.mark.unit
 def test_n_operations_on_the_paper_probes():
     assert [dm.n_operations(q) for q, _ in dm.PROBES] == [3, 5, 4, 5]
     assert dm.n_operations("Add 3 and 5.") == 1
@@ -128,6 +148,21 @@ def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     assert a["history"] == b["history"] and len(a["history"]) == 6
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key
+
+
+@pytest.mark.integration
+def test_the_learning_curve_leaves_the_training_untouched(data_dir, tmp_path):
+    plain = torch.load(tr.train_run(cfg("moeut", "lm", steps=6), tmp_path / "a", data_dir=data_dir, progress=False),
+                       weights_only=False)
+    c = cfg("moeut", "lm", steps=6, eval_every=4, n_curve=5)
+    assert c.key() == cfg("moeut", "lm", steps=6).key()  # the same run: the curve is a view of it
+    assert tr.train_run(c, tmp_path / "b", data_dir=data_dir, stop_after=3, progress=False) is None  # resumed too
+    curved = torch.load(tr.train_run(c, tmp_path / "b", data_dir=data_dir, progress=False), weights_only=False)
+    assert [p[0] for p in curved["curve"]] == [4, 6] and plain["curve"] == []
+    assert all(0 <= em <= 1 for p in curved["curve"] for em in p[1:])
+    assert curved["history"] == plain["history"]
+    for key, value in plain["state_dict"].items():
+        assert torch.equal(value, curved["state_dict"][key]), key
 
 
 @pytest.mark.integration

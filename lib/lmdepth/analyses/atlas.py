@@ -21,7 +21,7 @@ import pandas as pd
 
 from lmdepth.errors import DataError
 from lmdepth.params import check_type
-from lmdepth.results import RunResult, recorded_runs
+from lmdepth.results import RunResult, book_record_dir, recorded_runs
 from lmdepth.analyses import residual
 from lmdepth.analyses import skipping as skip_analysis
 from lmdepth.analyses import lens
@@ -54,6 +54,31 @@ def book_runs(results_dir: str | Path, profile: str) -> set[Path]:
                         f"`lmdepth book` executes each chapter; nothing is recorded under {root} for: "
                         f"{', '.join(missing)}. Run `lmdepth book --profile {profile} --force` to execute them.")
     return recorded_runs(root)
+
+
+@dataclass(frozen=True)
+class SummarySource:
+    """Which runs a summary page reads: ``only`` (None = every finished run under the results directory), the
+    profile whose verdicts it shows (None = runs outside the book), and a note for the page ("" for the book's
+    own record)."""
+
+    only: set[Path] | None
+    profile: str | None
+    note: str
+
+
+def summary_source(results_dir: str | Path, profile: str) -> SummarySource:
+    """The book build's record of ``profile`` when there is one (strictly inside a build: an incomplete record
+    raises, see :func:`book_runs`); elsewhere (Colab, a chapter run by hand) the finished runs under
+    ``results_dir``, said so on the page."""
+    root = Path(results_dir) / "book" / Path(profile).stem
+    complete = all((root / c).is_dir() for c in RECORDED_CHAPTERS)
+    if book_record_dir() is not None or complete:
+        return SummarySource(book_runs(results_dir, profile), profile, "")
+    return SummarySource(None, None, (
+        f"*No complete book build of the {profile!r} profile is recorded under `{results_dir}`, so this page "
+        "summarises every finished run there, including runs made outside the book. `lmdepth book` records the "
+        "book's own runs.*"))
 
 
 def finished_runs(results_dir: str | Path, analysis: str, only: set[Path] | None = None) -> list[RunResult]:
@@ -213,10 +238,10 @@ SUMMARIES: dict[str, Callable[[str | Path], list[dict[str, Any]]]] = {
 }
 
 
-def atlas_table(results_dir: str | Path, profile: str | None = None) -> pd.DataFrame:
+def atlas_table(results_dir: str | Path, profile: str | None = None, only: set[Path] | None = None) -> pd.DataFrame:
     """All summaries of all models, one row per (model, measure); columns :data:`ATLAS_COLUMNS`. With ``profile``,
-    only the runs the book build recorded for it (:func:`book_runs`)."""
-    only = None if profile is None else book_runs(results_dir, profile)
+    only the runs the book build recorded for it (:func:`book_runs`); with ``only``, those runs."""
+    only = only if profile is None else book_runs(results_dir, profile)
     rows = [row for summarise in SUMMARIES.values() for row in summarise(results_dir, only)]
     t = pd.DataFrame(rows, columns=ATLAS_COLUMNS)
     return t.sort_values(["n_layers", "model", "chapter", "measure"], kind="stable", ignore_index=True)
@@ -241,9 +266,9 @@ def shown_models(table: pd.DataFrame, models: list[str]) -> list[str]:
     check_type("models", models, list)
     shown = list(dict.fromkeys(table.sort_values("n_layers", kind="stable")["model"]))
     shown = [m for m in shown if not models or m in models]
-    if not shown:
-        raise DataError(f"None of {models or 'the models'} has results to summarise: run the chapters first "
-                        "(`lmdepth book`), then this page.")
+    if not shown and models:
+        raise DataError(f"None of {models} has results to summarise; models with results: "
+                        f"{sorted(set(table['model']))}.")
     return shown
 
 

@@ -15,10 +15,12 @@ from pathlib import Path
 
 from lmdepth.book.build import build_book
 from lmdepth.book.chapters import CHAPTERS, declared_parameters, execute_chapter, parse_cli_value, profile_params
-from lmdepth.errors import LmDepthError
+from lmdepth.errors import LmDepthError, ParameterError
 from lmdepth.model.families import supported_model_types
 from lmdepth.model.registry import PACKAGED, cache_dir
 from lmdepth.results import clean, slug
+from lmdepth.runtime import resolve_device
+from lmdepth.scratch.training import ARCHS, OBJECTIVES, run_config, train_run
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -74,6 +76,20 @@ def _clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    names = [f"{a}-{o}" for a in ARCHS for o in OBJECTIVES]
+    unknown = [r for r in args.runs or [] if r not in names]
+    if unknown:
+        raise ParameterError(f"Unknown run(s) {unknown}; the runs are {names}.")
+    for name in args.runs or names:
+        arch, objective = name.split("-", 1)
+        cfg = run_config(args.profile, arch, objective, **({"threads": args.threads} if args.threads else {}))
+        t0 = time.time()
+        path = train_run(cfg, args.checkpoint_dir, data_dir=args.data_dir, device=resolve_device(args.device))
+        print(f"lmdepth: {name} ({args.profile}) finished: {path} ({time.time() - t0:.0f} s in this call)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmdepth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -99,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="re-execute every chapter")
     b.add_argument("--no-html", action="store_true", help="execute only")
     b.set_defaults(fn=_book)
+    t = sub.add_parser("train", help="train chapter 07's from-scratch runs (resumes an interrupted run; skips finished ones)")
+    t.add_argument("--profile", default="default", help="training preset: smoke, default (CPU) or paper (GPU)")
+    t.add_argument("--runs", nargs="+", metavar="RUN",
+                   help="moeut-lm, moeut-answer_only, transformer-lm, transformer-answer_only (default: all four)")
+    t.add_argument("--checkpoint-dir", default="checkpoints/dm_math", help="finished runs (chapter 07's checkpoint_dir)")
+    t.add_argument("--data-dir", default="results/dm_math_data", help="generated problems (chapter 07's cache)")
+    t.add_argument("--device", default="auto", help="auto, cpu, cuda")
+    t.add_argument("--threads", type=int, help="torch CPU threads (e.g. 1 per run when running two side by side)")
+    t.set_defaults(fn=_train)
     c = sub.add_parser("clean", help="remove what interrupted runs left behind (temporaries, old checkpoints)")
     c.add_argument("--results-dir", default="lmdepth-results", help="results root (default: ./lmdepth-results)")
     c.add_argument("--days", type=float, default=7.0, help="remove per-unit checkpoints untouched this long")

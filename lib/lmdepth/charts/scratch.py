@@ -37,6 +37,31 @@ def loss_chart(runs: dict[str, TrainedRun], window: int = 25, width: int = 420, 
     ).add_params(pick).properties(width=width, height=height)
 
 
+def learning_curve_chart(runs: dict[str, TrainedRun], baseline: float | None = None, width: int = 300,
+                         height: int = 200):
+    """Exact match during training on the fixed learning-curve problems (``TrainConfig.n_curve`` per split), one
+    panel per split, one line per run; ``baseline`` (the constant-answer rate) as a dashed rule. Runs trained
+    without a curve (``eval_every`` 0) are left out; None when no run has one."""
+    rows = [{"run": name, "step": p[0], "split": split, "exact match": em}
+            for name, r in runs.items() for p in r.meta.get("curve", [])
+            for split, em in zip(("interpolate", "extrapolate"), p[1:])]
+    if not rows:
+        return None
+    d = pd.DataFrame(rows).assign(baseline=baseline).round(4)
+    pick = alt.selection_point(fields=["run"], bind="legend")
+    lines = alt.Chart().mark_line(point=True).encode(
+        x=alt.X("step:Q", title="Training step"),
+        y=alt.Y("exact match:Q", title="Exact match", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("run:N", scale=_run_scale(list(runs)), legend=alt.Legend(title="Run")),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+        tooltip=["run:N", "split:N", "step:Q", alt.Tooltip("exact match:Q", format=".1%")]).add_params(pick)
+    layers = [lines]
+    if baseline is not None:
+        layers.append(alt.Chart().mark_rule(strokeDash=[4, 3], color="gray").encode(y="min(baseline):Q"))
+    return alt.layer(*layers, data=d).properties(width=width, height=height).facet(
+        column=alt.Column("split:N", title=None, sort=["interpolate", "extrapolate"]))
+
+
 def accuracy_chart(summary: pd.DataFrame, width: int = 190, height: int = 200):
     """Exact match with Wilson 95 % intervals per run, one panel per split; a radio button switches to answer loss."""
     d = summary.round(4).copy()

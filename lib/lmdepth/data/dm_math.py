@@ -53,7 +53,21 @@ EXTRAPOLATE = {
     "add_sub_multiple": "add_sub_multiple_longer",
     "mul_div_multiple": "mul_div_multiple_longer",
     "mixed": "mixed_longer",
+    "add_sub_multiple_small": "add_sub_multiple_small_longer",  # this book's variant (SMALL_MODULES)
 }
+#: Modules of this book built from the generator's own expression sampler (``sample.arithmetic.arithmetic``) with
+#: smaller numbers, for models small enough to train on a CPU (chapter 07). ``add_sub_multiple_small``: an
+#: ``add_sub_multiple`` question whose answer is uniform in [−49, 49] (99 values, so a constant answer is right ~1 %
+#: of the time), operands from entropy 2 and 2, 3 or 4 operations, in the generator's five question templates; its
+#: extrapolation split ``add_sub_multiple_small_longer`` has 5 or 6 operations, as ``*_longer`` adds operations.
+#: Every split draws from the same distribution (no easy/medium/hard levels).
+SMALL_MODULES = {
+    "add_sub_multiple_small": dict(value_range=49, entropy=2.0, lengths=(2, 3, 4)),
+    "add_sub_multiple_small_longer": dict(value_range=49, entropy=2.0, lengths=(5, 6)),
+}
+#: ``add_sub_multiple``'s question templates in the generator (``modules/arithmetic._calculate``).
+_TEMPLATES = ("{op}", "What is {op}?", "Evaluate {op}.", "Calculate {op}.", "What is the value of {op}?")
+
 #: The book's default: the multi-step modules of the paper's four probes, plus ``mixed``. Their answers are small
 #: numbers, so a ~1M-parameter model can learn them on a CPU; ``add_or_sub``/``mul`` interpolate on 10-digit operands.
 DEFAULT_MODULES = ("add_sub_multiple", "mul_div_multiple", "mixed")
@@ -166,6 +180,23 @@ def _arithmetic() -> Any:
     return importlib.import_module("mathematics_dataset.modules.arithmetic")
 
 
+@dataclass(frozen=True)
+class _Problem:
+    question: str
+    answer: int
+
+
+def _small_add_sub(value_range: int, entropy: float, lengths: tuple[int, ...]) -> Any:
+    """A sampler of :data:`SMALL_MODULES` questions (uses the global ``random``, seeded by the caller)."""
+    sample = importlib.import_module("mathematics_dataset.sample.arithmetic")
+
+    def problem() -> _Problem:
+        value, length = random.randint(-value_range, value_range), random.choice(lengths)
+        op = sample.arithmetic(value=value, entropy=entropy, length=length, add_sub=True, mul_div=False)
+        return _Problem(random.choice(_TEMPLATES).format(op=op), value)
+    return problem
+
+
 def module_generators(split: str, modules: Sequence[str]) -> dict[str, Any]:
     """Problem samplers of the arithmetic ``modules`` for one split.
 
@@ -179,6 +210,15 @@ def module_generators(split: str, modules: Sequence[str]) -> dict[str, Any]:
     """
     arith = _arithmetic()
     gen = importlib.import_module("mathematics_dataset.generate")
+    small = [m for m in modules if m in SMALL_MODULES]
+    if small:
+        if len(small) != len(modules):
+            raise DataError(f"Modules {small} (this book's small-number variants) cannot be mixed with the generator's "
+                            f"own modules {[m for m in modules if m not in SMALL_MODULES]} in one run.")
+        if split not in (*TRAIN_LEVELS, "interpolate", "extrapolate"):
+            raise DataError(f"Unknown split {split!r}: use one of {[*TRAIN_LEVELS, 'interpolate', 'extrapolate']}.")
+        names = [EXTRAPOLATE[m] if split == "extrapolate" else m for m in modules]
+        return {n: _small_add_sub(**SMALL_MODULES[n]) for n in names}
     if split in TRAIN_LEVELS:
         table = arith.train(gen._make_entropy_fn(TRAIN_LEVELS.index(split), 3))
         names = list(modules)
@@ -363,6 +403,6 @@ def n_operations(question: str) -> int | None:
 
 
 
-__all__ = ["DEFAULT_MODULES", "ARITHMETIC_MODULES", "EXTRAPOLATE", "PROBES", "ERASURE_REFERENCE", "MathExample", "MathData",
+__all__ = ["DEFAULT_MODULES", "ARITHMETIC_MODULES", "SMALL_MODULES", "EXTRAPOLATE", "PROBES", "ERASURE_REFERENCE", "MathExample", "MathData",
            "load_or_generate", "generate_split", "n_operations", "patch_mathematics_dataset",
            "prompt_text", "answer_text"]

@@ -43,6 +43,7 @@ from lmdepth.data.dm_math import ARITHMETIC_MODULES, DEFAULT_MODULES, TRAIN_LEVE
 from lmdepth.data.dm_tokens import CharTokenizer, collate
 from lmdepth.errors import DataError, ParameterError
 from lmdepth.results import atomic_write, atomic_write_text
+from lmdepth.scratch.evaluate import exact_match
 from lmdepth.scratch.models import (
     DenseConfig,
     MoEUTConfig,
@@ -76,6 +77,9 @@ class TrainConfig:
         modules, n_train_per_module, n_eval_per_module, data_seed, train_levels: the generated data (see
             :func:`lmdepth.data.dm_math.load_or_generate`).
         ckpt_every: steps between resume checkpoints.
+        eval_every: steps between learning-curve points (exact match on the first ``n_curve`` interpolate and
+            extrapolate problems; 0: none). Evaluation leaves the weights and every RNG untouched.
+        n_curve: problems per split in each learning-curve point.
         threads: torch CPU threads during training (None: leave as is).
     """
 
@@ -97,6 +101,8 @@ class TrainConfig:
     data_seed: int = 0
     train_levels: tuple[str, ...] = TRAIN_LEVELS
     ckpt_every: int = 200
+    eval_every: int = 0
+    n_curve: int = 200
     threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -110,10 +116,10 @@ class TrainConfig:
         return f"{self.arch}-{self.objective}"
 
     def key_params(self) -> dict[str, Any]:
-        """The parameters that change the trained weights (not ``ckpt_every`` or ``threads``)."""
+        """The parameters that change the trained weights (not ``ckpt_every``, the learning curve or ``threads``)."""
         d = asdict(self)
-        d.pop("ckpt_every")
-        d.pop("threads")
+        for k in ("ckpt_every", "eval_every", "n_curve", "threads"):
+            d.pop(k)
         d["modules"] = list(self.modules)
         if tuple(self.train_levels) == TRAIN_LEVELS:
             d.pop("train_levels")  # the default leaves the run keys unchanged
@@ -307,22 +313,32 @@ def train_run(
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
-    step, history, wall = 0, [], 0.0
+    step, history, curve, wall, cpu = 0, [], [], 0.0, 0.0
     if ckpt.exists():
         state = safe_load(ckpt, device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, history, wall = state["step"], state["history"], state["wall_time_s"]
+        cpu = state.get("cpu_time_s", 0.0)
+        curve = state.get("curve", [])
         _set_rng_state(state["rng"])
+    probes = {s: data.split(s)[: cfg.n_curve] for s in ("interpolate", "extrapolate")}
+
+    def curve_point() -> None:
+        """(step, interpolate exact match, extrapolate exact match) on the fixed learning-curve problems."""
+        model.eval()
+        ems = [float(exact_match(model, tok, ex, device=device).mean()) for ex in probes.values()]
+        model.train()
+        curve.append((step, *ems))
 
     def save_ckpt() -> None:
         state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
-                 "wall_time_s": wall, "rng": _rng_state(), "train_config": cfg.key_params()}
+                 "curve": curve, "wall_time_s": wall, "cpu_time_s": cpu, "rng": _rng_state(), "train_config": cfg.key_params()}
         atomic_write(ckpt, lambda tmp: torch.save(state, tmp))
 
     end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
     bar = _progress_bar(cfg.steps, step, cfg.name) if progress else None
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()  # wall and this process's CPU time (all threads)
     running = None
     try:
         while step < end:
@@ -344,24 +360,28 @@ def train_run(
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{running:.3f}", refresh=False)
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                wall, cpu = wall + time.time() - t0, cpu + time.process_time() - c0  # the curve is not training
+                curve_point()
+                t0, c0 = time.time(), time.process_time()
             if step % cfg.ckpt_every == 0 and step < cfg.steps:
-                wall += time.time() - t0
-                t0 = time.time()
+                wall, cpu = wall + time.time() - t0, cpu + time.process_time() - c0
+                t0, c0 = time.time(), time.process_time()
                 save_ckpt()
     finally:
         if bar is not None:
             bar.close()
-    wall += time.time() - t0
+    wall, cpu = wall + time.time() - t0, cpu + time.process_time() - c0
     if step < cfg.steps:
         save_ckpt()
         return None
 
     meta = {"run": cfg.name, "key": cfg.key(), "train_config": cfg.key_params(), "n_parameters": count_parameters(model),
-            "active_parameters": active_parameters(model.config), "wall_time_s": round(wall, 1),
+            "active_parameters": active_parameters(model.config), "wall_time_s": round(wall, 1), "cpu_time_s": round(cpu, 1),
             "steps_per_s": round(cfg.steps / wall, 3) if wall else None, "data": data.meta,
             "objective_label": OBJECTIVE_LABELS[cfg.objective], "environment": environment()}
     trained = {"config": model.config.to_dict(), "state_dict": model.state_dict(), "tokenizer": tok.to_dict(),
-               "history": history, "meta": meta}
+               "history": history, "curve": curve, "meta": meta}
     atomic_write(final, lambda tmp: torch.save(trained, tmp))
     atomic_write_text(rd / "meta.json", json.dumps(meta, indent=2, default=str))
     ckpt.unlink(missing_ok=True)
@@ -373,7 +393,8 @@ def load_trained(path: str | Path, device: str = "cpu") -> tuple[ScratchLM, Char
     state = safe_load(Path(path), device)
     model = ScratchLM(config_from_dict(state["config"])).to(device)
     model.load_state_dict(state["state_dict"])
-    return model.eval(), CharTokenizer.from_dict(state["tokenizer"]), {**state["meta"], "history": state["history"]}
+    return model.eval(), CharTokenizer.from_dict(state["tokenizer"]), {**state["meta"], "history": state["history"],
+                                                                       "curve": state.get("curve", [])}
 
 
 # ---- evaluation --------------------------------------------------------------------------------------------------
