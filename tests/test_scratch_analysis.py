@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from lmdepth.data import dm_math as dm
 from lmdepth.analyses import scratch as sa
-from lmdepth.metrics.intervals import wilson_interval
+from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
 from lmdepth.book.pages import scratch as scratch_page
 from lmdepth.scratch import evaluate as ev
 from lmdepth.scratch import training as tr
@@ -54,6 +54,13 @@ def test_wilson_interval_known_values():
     lo, hi = wilson_interval(5, 10)
     assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)
     assert wilson_interval(10, 10)[1] == 1.0
+
+
+@pytest.mark.unit
+def test_constant_answer_rate_is_the_most_common_answers_share():
+    assert constant_answer_rate(["-1", "2", -1, "-1", "7"]) == 0.6  # 3 of 5, numbers compared as text
+    assert constant_answer_rate([str(i) for i in range(99)]) == pytest.approx(1 / 99)
+    assert np.isnan(constant_answer_rate([]))
 
 
 @pytest.mark.integration

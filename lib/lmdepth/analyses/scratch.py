@@ -35,7 +35,7 @@ from lmdepth.errors import DataError
 from lmdepth.hooks.skipping import prompt_effects
 from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
 from lmdepth.metrics.depth import group_statistics, level_statistics
-from lmdepth.metrics.intervals import wilson_interval
+from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
 from lmdepth.params import Params, param
 from lmdepth.scratch.models import ScratchLM, adapter_for
 from lmdepth.scratch.evaluate import evaluate, greedy_answer
@@ -121,7 +121,7 @@ def accuracy_summary(per_example: pd.DataFrame) -> pd.DataFrame:
         lo, hi = wilson_interval(k, n)
         rows.append({"run": run, "arch": arch, "objective": objective, "split": split, "n": n, "correct": k,
                      "accuracy": k / n, "ci_low": lo, "ci_high": hi, "answer_nll": float(g.answer_nll.mean()),
-                     "baseline": float(g.answer.astype(str).value_counts().iloc[0] / n)})
+                     "baseline": constant_answer_rate(g.answer)})
     return pd.DataFrame(rows)
 
 

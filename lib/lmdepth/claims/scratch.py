@@ -19,7 +19,7 @@ import pandas as pd
 
 from lmdepth.claims.spec import ClaimSpec
 from lmdepth.errors import DataError
-from lmdepth.metrics.intervals import wilson_interval
+from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
 from lmdepth.metrics.verdicts import Rule
 
 SUBJECT = "MoEUT vs Transformer"
@@ -72,7 +72,7 @@ def competent(runs: tuple[str, ...]) -> Callable[[pd.DataFrame, str], tuple[bool
         weak = []
         for run in runs:
             r = u[u.run == run]
-            baseline = float(r["answer"].astype(str).value_counts().iloc[0] / len(r))
+            baseline = constant_answer_rate(r["answer"])
             lo, _ = wilson_interval(int(r.correct.sum()), len(r))
             if not lo > baseline:
                 weak.append(f"{run} {r.correct.mean():.1%} (95 % low {lo:.1%}) vs baseline {baseline:.1%}")

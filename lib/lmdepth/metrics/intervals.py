@@ -1,8 +1,11 @@
-"""Interval estimates that are not bootstraps (the bootstraps live with the statistics they resample)."""
+"""Proportions: interval estimates that are not bootstraps (the bootstraps live with the statistics they
+resample), and the constant-answer baseline that an accuracy must beat."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable
 
 
 def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -13,3 +16,10 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def constant_answer_rate(answers: Iterable[object]) -> float:
+    """Exact match of always giving the most common answer (answers compared as strings); NaN for none."""
+    counts = Counter(str(a) for a in answers)
+    n = sum(counts.values())
+    return max(counts.values()) / n if n else float("nan")

@@ -58,14 +58,35 @@ def architecture_table(profile: str) -> pd.DataFrame:
 
 
 def runs_table(runs: dict[str, TrainedRun]) -> pd.DataFrame:
-    """One row per run: architecture, objective, parameters, training budget and time, final loss (rounded)."""
+    """One row per run: architecture, objective, parameters, training budget, wall and CPU time (runs trained
+    before CPU time was recorded show "—"), final loss (rounded)."""
     return pd.DataFrame([{"run": name, "model": ARCH_LABELS[r.arch], "objective": OBJECTIVE_LABELS[r.objective],
                           "parameters": r.meta["n_parameters"], "active parameters / token": r.meta["active_parameters"],
                           "steps": r.meta["train_config"]["steps"],
                           "problems / step": r.meta["train_config"]["batch_size"],
-                          "training wall time (s)": r.meta["wall_time_s"],
+                          "training wall time (min)": round(r.meta["wall_time_s"] / 60, 1),
+                          "training CPU time (min)": (round(r.meta["cpu_time_s"] / 60, 1) if "cpu_time_s" in r.meta
+                                                      else "—"),
                           "final loss (last 50 steps)": float(np.mean([l for _, l in r.meta["history"][-50:]]))}
                          for name, r in runs.items()]).round(3)
+
+
+def scale_md(runs: dict[str, TrainedRun], profile: str) -> str:
+    """The size of this page's runs, read from their metadata: parameters, steps, module and the measured cost
+    of a retrain, with the command for it."""
+    first = next(iter(runs.values())).meta
+    tc = first["train_config"]
+    params = {ARCH_LABELS[r.arch]: r.meta["n_parameters"] for r in runs.values()}
+    wall = sum(r.meta["wall_time_s"] for r in runs.values()) / 60
+    cpu = [r.meta.get("cpu_time_s") for r in runs.values()]
+    cost = (f"{sum(cpu) / 60:.0f} CPU-minutes for all four (wall {wall:.0f} min summed over runs)" if None not in cpu
+            else f"{wall:.0f} min of wall time summed over the four runs")
+    return (f"The runs of the `{profile}` profile: "
+            + ", ".join(f"{k} {v / 1e6:.2f}M parameters" for k, v in params.items())
+            + f"; {tc['steps']:,} steps of {tc['batch_size']} problems of {', '.join(tc['modules'])}. Training them "
+            f"took {cost} ({first['environment'].get('cpu_threads')} torch thread(s) per run; machine in each run's meta.json). "
+            f"To retrain: `lmdepth train --profile {profile}` (resumable; `--runs` picks runs, so two can train side "
+            "by side with `--threads 1` each).")
 
 
 def accuracy_table(summary: pd.DataFrame) -> pd.DataFrame:
