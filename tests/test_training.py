@@ -84,6 +84,19 @@ def test_the_small_number_module_answers_its_own_expressions():
 
 
 @pytest.mark.unit
+def test_changed_small_module_settings_change_the_data_and_run_keys(monkeypatch):
+    mods = ("add_sub_multiple_small",)
+    data_key, run_key = dm.data_key(mods, 10, 5, 0), cfg("transformer", "lm", modules=mods).key()
+    plain = (dm.data_key(("add_sub_multiple",), 10, 5, 0), cfg("transformer", "lm", modules=("add_sub_multiple",)).key())
+    monkeypatch.setitem(dm.SMALL_MODULES, "add_sub_multiple_small_longer",
+                        {**dm.SMALL_MODULES["add_sub_multiple_small_longer"], "entropy": 3.0})
+    assert dm.data_key(mods, 10, 5, 0) != data_key  # never served the data of other settings
+    assert cfg("transformer", "lm", modules=mods).key() != run_key
+    assert (dm.data_key(("add_sub_multiple",), 10, 5, 0),
+            cfg("transformer", "lm", modules=("add_sub_multiple",)).key()) == plain  # the release's modules: as before
+
+
+@pytest.mark.unit
 def test_n_operations_on_the_paper_probes():
     assert [dm.n_operations(q) for q, _ in dm.PROBES] == [3, 5, 4, 5]
     assert dm.n_operations("Add 3 and 5.") == 1

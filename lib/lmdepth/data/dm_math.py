@@ -58,12 +58,13 @@ EXTRAPOLATE = {
 #: Modules of this book built from the generator's own expression sampler (``sample.arithmetic.arithmetic``) with
 #: smaller numbers, for models small enough to train on a CPU (chapter 07). ``add_sub_multiple_small``: an
 #: ``add_sub_multiple`` question whose answer is uniform in [−49, 49] (99 values, so a constant answer is right ~1 %
-#: of the time), operands from entropy 2 and 2, 3 or 4 operations, in the generator's five question templates; its
-#: extrapolation split ``add_sub_multiple_small_longer`` has 5 or 6 operations, as ``*_longer`` adds operations.
-#: Every split draws from the same distribution (no easy/medium/hard levels).
+#: of the time), operands from entropy 1 (mostly one digit, one operand near the answer) and 2, 3 or 4 operations,
+#: in the generator's five question templates; its extrapolation split ``add_sub_multiple_small_longer`` has 5 or 6
+#: operations, as ``*_longer`` adds operations. Every split draws from the same distribution (no easy/medium/hard
+#: levels). The settings are part of the data's cache key and of every run key.
 SMALL_MODULES = {
-    "add_sub_multiple_small": dict(value_range=49, entropy=2.0, lengths=(2, 3, 4)),
-    "add_sub_multiple_small_longer": dict(value_range=49, entropy=2.0, lengths=(5, 6)),
+    "add_sub_multiple_small": dict(value_range=49, entropy=1.0, lengths=(2, 3, 4)),
+    "add_sub_multiple_small_longer": dict(value_range=49, entropy=1.0, lengths=(5, 6)),
 }
 #: ``add_sub_multiple``'s question templates in the generator (``modules/arithmetic._calculate``).
 _TEMPLATES = ("{op}", "What is {op}?", "Evaluate {op}.", "Calculate {op}.", "What is the value of {op}?")
@@ -178,6 +179,13 @@ def patch_mathematics_dataset() -> None:
 def _arithmetic() -> Any:
     patch_mathematics_dataset()
     return importlib.import_module("mathematics_dataset.modules.arithmetic")
+
+
+def small_module_settings(modules: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The :data:`SMALL_MODULES` settings of ``modules`` and of their extrapolation splits ({} for the generator's
+    own modules): what a cache key must hold so that changed settings are never served stale data."""
+    names = [n for m in modules for n in (m, EXTRAPOLATE.get(m)) if n in SMALL_MODULES]
+    return {n: {k: list(v) if isinstance(v, tuple) else v for k, v in SMALL_MODULES[n].items()} for n in names}
 
 
 @dataclass(frozen=True)
@@ -325,6 +333,8 @@ def data_key(modules: Sequence[str], n_train_per_module: int, n_eval_per_module:
              train_levels: Sequence[str] = TRAIN_LEVELS) -> str:
     params = dict(modules=list(modules), n_train=n_train_per_module, n_eval=n_eval_per_module, seed=seed,
                   version=DATA_VERSION)
+    if small_module_settings(modules):
+        params["settings"] = small_module_settings(modules)
     if tuple(train_levels) != TRAIN_LEVELS:
         params["train_levels"] = list(train_levels)
     blob = json.dumps(params, sort_keys=True)

@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from lmdepth import COMPUTE_VERSION
-from lmdepth.data.dm_math import ARITHMETIC_MODULES, DEFAULT_MODULES, TRAIN_LEVELS, MathData, load_or_generate
+from lmdepth.data.dm_math import (ARITHMETIC_MODULES, DEFAULT_MODULES, TRAIN_LEVELS, MathData, load_or_generate,
+                                  small_module_settings)
 from lmdepth.data.dm_tokens import CharTokenizer, collate
 from lmdepth.errors import DataError, ParameterError
 from lmdepth.results import atomic_write, atomic_write_text
@@ -129,8 +130,9 @@ class TrainConfig:
         return d
 
     def key(self) -> str:
-        blob = json.dumps({**self.key_params(), "train_version": TRAIN_VERSION, "compute_version": COMPUTE_VERSION},
-                          sort_keys=True)
+        extra = {"module_settings": small_module_settings(self.modules)} if small_module_settings(self.modules) else {}
+        blob = json.dumps({**self.key_params(), **extra, "train_version": TRAIN_VERSION,
+                           "compute_version": COMPUTE_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def model_config(self, vocab_size: int) -> MoEUTConfig | DenseConfig:
