@@ -104,14 +104,19 @@ md("Chapters and the paper figures they reproduce: "
 # ## Atlas: where does each model's computation end?
 #
 # Each chapter yields a depth at which, by its own criterion, the model's computation is finished or changes
-# character. On relative depth (layer / number of layers) they can be compared across models:
+# character. On one relative-depth axis they can be compared across models: layer $k$ of an $L$-layer model spans
+# $[k/L, (k+1)/L]$, a measure that names a layer sits at its centre $(k + 0.5)/L$, and one that names the residual
+# stream entering layer $l$ sits at $l/L$:
 #
-# - **cosine phase transition** (chapter 02): the last layer where the mean cosine of the layers' writes with the
-#   residual turns from negative to non-negative, at $(t + 0.5)/L$;
+# - **cosine phase transition** (chapter 02): the change point $t$ of a sustained sign change of the mean cosine
+#   of the layers' writes with the residual (negative before, positive after), at $(t + 0.5)/L$;
 # - **future-effect cutoff** (chapter 03): the first layer after which skipping any later layer changes no later
-#   layer's computation of future tokens by more than the threshold (bar: bootstrap 95 % interval over problems);
-# - **logit lens / tuned lens settling** (chapter 04): the first layer where the lens' top-5 overlap with the output
-#   exceeds 0.2, or its KL falls below 10 % of its maximum (1.0 = never before the output).
+#   layer's computation of future tokens by more than the threshold, at $(c + 0.5)/L$ (bar: bootstrap 95 % interval
+#   over problems);
+# - **logit lens / tuned lens settling** (chapter 04): the first residual $h_l$ whose lens top-5 overlap with the
+#   output exceeds 0.2, or whose KL falls below 10 % of its maximum, at $l/L$ (1.0 = never before the output);
+# - **depth score** (chapter 05): the effect-weighted mean layer $D$ over difficulty levels, at $(D + 0.5)/L$ — a
+#   centre of mass of the computation, not its end point.
 #
 # If the paper's reading holds, these marks cluster around the middle (the dashed line) for every model.
 

@@ -438,3 +438,36 @@ def test_the_book_record_survives_moving_the_results(tmp_path, monkeypatch):
     assert "residual_stream/m/key" in (tmp_path / "a" / "book" / "default" / "norms" / "runs.jsonl").read_text()
     shutil.move(tmp_path / "a", tmp_path / "b")
     assert recorded_runs(tmp_path / "b" / "book" / "default") == {(tmp_path / "b" / "residual_stream" / "m" / "key").resolve()}
+
+
+@pytest.mark.unit
+def test_the_commit_label_is_dirty_for_code_changes_not_for_the_builds_own_outputs(tmp_path, monkeypatch):
+    import subprocess
+
+    from lmdepth import runtime
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    for d in ("book", "results", "lib"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "f.txt").write_text("a")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    monkeypatch.setattr(runtime, "REPO_ROOT", tmp_path)
+    head = runtime.git_commit()
+    assert len(head) == 40
+    (tmp_path / "book" / "f.txt").write_text("executed")  # what a build writes while it runs
+    (tmp_path / "results" / "f.txt").write_text("computed")
+    assert runtime.git_commit() == head
+    (tmp_path / "lib" / "f.txt").write_text("edited")  # code that differs from HEAD
+    assert runtime.git_commit() == head + "-dirty"
+
+
+@pytest.mark.unit
+def test_the_atlas_places_layers_at_their_centre():
+    from lmdepth.analyses.atlas import layer_depth
+
+    assert layer_depth(0, 8) == 1 / 16 and layer_depth(7, 8) == 15 / 16 and layer_depth(3.5, 8) == 0.5
+    assert layer_depth(None, 8) is None and layer_depth(float("nan"), 8) is None

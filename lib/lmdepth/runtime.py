@@ -48,11 +48,18 @@ def progress(items: Iterable[T], desc: str, total: int | None = None) -> Iterato
     yield from tqdm(items, desc=desc, total=total, file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
 
 
+#: What the book build itself writes: changes there do not make the code that computed a page differ from HEAD.
+BUILD_OUTPUTS = ("book/", "results/")
+
+
 def git_commit() -> str | None:
+    """HEAD's commit, with ``-dirty`` when a tracked file outside the build's own outputs (:data:`BUILD_OUTPUTS`)
+    differs from it; None outside a git checkout."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=5).stdout.splitlines()
+        dirty = [line[3:] for line in status if not line[3:].startswith(BUILD_OUTPUTS)]
         return (out.stdout.strip() + ("-dirty" if dirty else "")) or None
     except (OSError, subprocess.SubprocessError):
         return None

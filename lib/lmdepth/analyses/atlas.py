@@ -6,6 +6,10 @@ atlas means running the chapters for it (``lmdepth run …``) and rebuilding the
 
 When a model has several finished runs of one analysis (e.g. a smoke run and the book's run), the atlas uses the
 one with the most problems (held-out tokens for the linear maps), and among equals the most recent one; the sample used is shown next to every number.
+
+One relative-depth axis for every measure: block k of an L-layer model spans [k/L, (k+1)/L]; a measure that names a
+layer (the cosine transition, the skipping cutoff, the depth score's mean layer) sits at the layer's centre
+(k + 0.5)/L, and one that names a residual boundary h_l (where a lens settles) at l/L.
 """
 
 from __future__ import annotations
@@ -127,6 +131,11 @@ def _row(model: str, n_layers: int, chapter: str, measure: str, sample: str, lay
                 rel_low=rel_low, rel_high=rel_high, value=value, sample=sample)
 
 
+def layer_depth(k: float | None, n_layers: int) -> float | None:
+    """Relative depth of layer (block) k: its centre, (k + 0.5) / L (None stays None)."""
+    return None if k is None or pd.isna(k) else (k + 0.5) / n_layers
+
+
 def residual_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[dict[str, Any]]:
     """Chapters 01–02 (one shared run): the cosine phase transition t (the mean cosine is positive from layer t on;
     :func:`lmdepth.analyses.residual.cosine_transition_layer`) at t / L, and the second-half / first-half ratio of
@@ -138,7 +147,7 @@ def residual_rows(results_dir: str | Path, only: set[Path] | None = None) -> lis
         model, L = p["model_name"], int(t["n_layers"].iloc[0])
         tr = residual.cosine_transition_layer(t)
         rows.append(_row(model, L, "02_cosine_similarity", "cosine phase transition", _sample(p), layer=tr,
-                         rel_depth=None if tr is None else tr / L))
+                         rel_depth=layer_depth(tr, L)))
         ratio = residual.half_ratio(residual.select(t, "relative_contribution", "layer"), skip_first=EARLY_LAYERS)
         rows.append(_row(model, L, "01_residual_norms", "contribution ratio 2nd/1st half (without layers 0–1)",
                          _sample(p), value=ratio))
@@ -159,7 +168,8 @@ def skipping_rows(results_dir: str | Path, only: set[Path] | None = None) -> lis
         L = int(s["n_layers"])
         rows.append(_row(p["model_name"], L, "03_layer_skipping",
                          f"future-effect cutoff (< {s['threshold']:g})", _sample(p) + f", {p.get('n_cuts')} cuts each",
-                         layer=s["cutoff"], rel_depth=s["cutoff"] / L, rel_low=s["ci_low"] / L, rel_high=s["ci_high"] / L))
+                         layer=s["cutoff"], rel_depth=layer_depth(s["cutoff"], L), rel_low=layer_depth(s["ci_low"], L),
+                         rel_high=layer_depth(s["ci_high"], L)))
     return rows
 
 
@@ -199,7 +209,7 @@ def complexity_rows(results_dir: str | Path, only: set[Path] | None = None) -> l
         if pd.notna(d):
             rows.append(_row(p["model_name"], L, "05_depth_vs_complexity",
                              f"depth score ({src}; effect-weighted mean layer)", sample,
-                             layer=d, rel_depth=(d + 0.5) / L))
+                             layer=d, rel_depth=layer_depth(d, L)))
         for x in s["slopes"]:
             if x["aggregation"] == "mean" and x["metric"] == "layer_effect":
                 rows.append(_row(p["model_name"], L, "05_depth_vs_complexity",
