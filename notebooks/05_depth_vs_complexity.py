@@ -192,7 +192,7 @@ solved_chart(solved)
 md(report.describe("complexity"))
 
 # %% tags=["hide-input"]
-verdicts = report.check("complexity", table, models, cc.shuffled_levels(table), n_boot, seed, only=cc.claim_ids(sources))
+verdicts = report.check("complexity", table, models, None, n_boot, seed, only=cc.claim_ids(sources))
 report.save(verdicts, "complexity", results_dir)
 show_table(report.display(verdicts))
 

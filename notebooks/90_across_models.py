@@ -77,8 +77,10 @@ md(source.note if anything else
 # **agrees** (the whole interval on the paper's side), **disagrees** (on the other side), **inconclusive**
 # (straddling), **not testable** (a precondition failed: fewer than 10 units, a model that does not do the task, or a
 # claim it depends on). Beside each verdict stands its **control**, judged by the same rule: a random-init model of
-# the same architecture (chapters 01–03), the count-bigram baseline (04), shuffled difficulty levels (05), alignment
-# by layer index (06), shuffled training objectives (07). Where the control reaches the same verdict (⊘), the check
+# the same architecture (chapters 01–03), the count-bigram baseline (04), alignment by layer index (06), shuffled
+# training objectives (07); where the statistic is itself the comparison with the alternative (chapter 05's one-sided
+# equivalence test, chapter 06's error difference) the control is "built into the statistic". Where the control
+# reaches the same verdict (⊘), the check
 # cannot tell the trained model from the trivial mechanism and is not counted. Layers 0–1 are left out of every
 # verdict statistic; each chapter shows the statistic with them too. A "disagrees" is a finding about that
 # model at this scale, not an error: the chapter behind the row discusses it.

@@ -119,7 +119,7 @@ def _plural(n: Any, word: str) -> str:
 
 
 def _sample(p: dict[str, Any]) -> str:
-    return f"{p.get('n_examples', '?')} {p.get('dataset', '')} {'problem' if p.get('n_examples') == 1 else 'problems'}"
+    return _plural(p.get("n_examples", "?"), f"{p.get('dataset', '')} problem")
 
 
 # ---- per-analysis summaries --------------------------------------------------------------------------------------

@@ -235,9 +235,13 @@ def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: lis
 
     items = per_unit(store, encoded, one, desc=f"{p.model_name}: lenses")
     tuned = None
-    if p.tuned_lens:  # the translators' cache entry (its sidecar and training curve), trained now if it is missing
+    if p.tuned_lens:  # the translators' cache entry (its sidecar and training curve); trained now if it is missing
         entry = tuned_store(p.model_name, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir)
-        tuned = fitted["t"][1] if fitted else (entry.load() if entry.complete else (translators(), fitted["t"][1])[1])
+        if not fitted and entry.complete:
+            tuned = entry.load()
+        else:
+            translators()
+            tuned = fitted["t"][1]
     counts = np.array([int(it["count"]) for it in items])
     table = tidy_table(np.stack([it["mean"] for it in items]), counts, p.model_name, n_boot=p.n_boot, seed=p.seed)
     meta = {

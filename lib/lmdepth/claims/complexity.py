@@ -11,7 +11,7 @@ reference answer among the items) — otherwise "difficulty" never engages the m
 
 No separate control: "does not grow" is a null claim, decided as a one-sided equivalence test (agrees only when
 the whole interval of the rise lies below the bound). A shuffled-level control would show "no rise" by construction
-and could only ever cancel an agreement; :func:`shuffled_levels` remains for readers who want to see it.
+and could only ever cancel an agreement.
 """
 
 from __future__ import annotations
@@ -29,23 +29,6 @@ from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
 from lmdepth.metrics.verdicts import MIN_UNITS, Rule
 
 MAX_RISE = 0.05  # the claim: the depth score rises by less than this fraction of the depth over all levels
-PREFIX = "shuffled-levels:"
-SEED = 0
-
-
-def control_name(model: str) -> str:
-    return f"{PREFIX}{model}"
-
-
-def shuffled_levels(units: pd.DataFrame) -> pd.DataFrame:
-    """The control: each (model, source)'s items with their levels permuted (seeded), under ``shuffled-levels:<m>``."""
-    out = []
-    rng = np.random.default_rng(SEED)
-    for (model, source), u in units.groupby(["model", "source"], sort=False):
-        items = u.drop_duplicates("item")[["item", "level"]]
-        perm = dict(zip(items["item"], rng.permutation(items["level"].to_numpy())))
-        out.append(u.assign(model=control_name(model), level=u["item"].map(perm)))
-    return pd.concat(out, ignore_index=True)
 
 
 def _items(units: pd.DataFrame, model: str, source: str) -> pd.DataFrame:

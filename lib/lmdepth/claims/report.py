@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.claims import REGISTRY, for_chapter
-from lmdepth.claims.spec import BUILT_IN, evaluate
+from lmdepth.claims.spec import BUILT_IN, control_undecided, evaluate
 from lmdepth.metrics.verdicts import MIN_UNITS, Verdict
 from lmdepth.model.random_init import control_name
 from lmdepth.results import atomic_write_text, book_record_dir, slug
@@ -56,8 +56,8 @@ def headline_state(row) -> str:
     """The state a verdict row is counted as: its own, unless a decided verdict's control reached the same one
     ("non-discriminating"), or was not run or could not be decided for lack of data (then the check is incomplete:
     "not testable")."""
-    if row.state != "not testable" and (row.control_state == "not run" or (
-            row.control_state == "not testable" and not str(row.control_reason).startswith("needs '"))):
+    if row.state != "not testable" and (row.control_state == "not run"
+                                        or control_undecided(row.control_state, row.control_reason)):
         return "not testable"
     if row.state != "not testable" and not row.discriminates:
         return "non-discriminating"

@@ -75,6 +75,13 @@ class ClaimSpec:
 
 NAN = float("nan")
 BUILT_IN = "built into the statistic"  # the control state of a claim without a separate control
+_NEEDS = "needs '{}' to agree"  # how a verdict names the claim it depends on (see control_undecided)
+
+
+def control_undecided(state: str, reason: str) -> bool:
+    """A control that could not be decided for lack of data (too few units, missing values …), as opposed to one
+    that is not testable because it lacks the pattern a ``requires`` claim needs — that control does discriminate."""
+    return state == "not testable" and not str(reason).startswith(_NEEDS.split("{")[0])
 
 
 def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict | None,
@@ -82,13 +89,10 @@ def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict
     try:
         values = spec.values(units, model)
     except DataError as e:  # e.g. a comparison model without an all-token run
-        return Verdict("not testable", float("nan"), float("nan"), float("nan"), 0, str(e)), np.empty((0, 0))
-    if spec.requires and required is None:
-        reason = f"needs '{spec.requires}' to agree (it was not checked)"
-        return Verdict("not testable", NAN, NAN, NAN, len(values), reason), values
-    if required is not None and required.state != "agrees":
-        reason = f"needs '{spec.requires}' to agree (it is {required.state})"
-        return Verdict("not testable", float("nan"), float("nan"), float("nan"), len(values), reason), values
+        return Verdict("not testable", NAN, NAN, NAN, 0, str(e)), np.empty((0, 0))
+    if spec.requires and (required is None or required.state != "agrees"):
+        why = "it was not checked" if required is None else f"it is {required.state}"
+        return Verdict("not testable", NAN, NAN, NAN, len(values), f"{_NEEDS.format(spec.requires)} ({why})"), values
     pre = spec.precondition(units, model) if spec.precondition is not None else (True, "")
     return decide(values, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
                   precondition=pre), values
@@ -124,8 +128,6 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
     ctrl, _ = _verdict(spec, control_units, control_model,
                        decided.get((spec.requires, control_model)) if spec.requires else None, n_boot, seed)
     decided[(spec.id, control_model)] = ctrl
-    lacks_pattern = ctrl.state == "not testable" and ctrl.reason.startswith("needs '")
-    undecided = ctrl.state == "not testable" and not lacks_pattern
     return {**row, "control_state": ctrl.state, "control_reason": ctrl.reason, "control_estimate": ctrl.estimate,
             "control_ci_low": ctrl.ci_low, "control_ci_high": ctrl.ci_high,
-            "discriminates": bool(discriminates(real, ctrl) and not undecided)}
+            "discriminates": bool(discriminates(real, ctrl) and not control_undecided(ctrl.state, ctrl.reason))}

@@ -216,6 +216,8 @@ def module_generators(split: str, modules: Sequence[str]) -> dict[str, Any]:
     Returns:
         ``{module name as stored: callable returning a Problem}``.
     """
+    if split not in (*TRAIN_LEVELS, "interpolate", "extrapolate"):
+        raise DataError(f"Unknown split {split!r}: use one of {[*TRAIN_LEVELS, 'interpolate', 'extrapolate']}.")
     arith = _arithmetic()
     gen = importlib.import_module("mathematics_dataset.generate")
     small = [m for m in modules if m in SMALL_MODULES]
@@ -223,8 +225,6 @@ def module_generators(split: str, modules: Sequence[str]) -> dict[str, Any]:
         if len(small) != len(modules):
             raise DataError(f"Modules {small} (this book's small-number variants) cannot be mixed with the generator's "
                             f"own modules {[m for m in modules if m not in SMALL_MODULES]} in one run.")
-        if split not in (*TRAIN_LEVELS, "interpolate", "extrapolate"):
-            raise DataError(f"Unknown split {split!r}: use one of {[*TRAIN_LEVELS, 'interpolate', 'extrapolate']}.")
         names = [EXTRAPOLATE[m] if split == "extrapolate" else m for m in modules]
         return {n: _small_add_sub(**SMALL_MODULES[n]) for n in names}
     if split in TRAIN_LEVELS:
@@ -232,13 +232,11 @@ def module_generators(split: str, modules: Sequence[str]) -> dict[str, Any]:
         names = list(modules)
     elif split == "interpolate":
         table, names = arith.test(), list(modules)
-    elif split == "extrapolate":
+    else:  # extrapolate
         table = arith.test_extra()
         names = [EXTRAPOLATE[m] for m in modules if m in EXTRAPOLATE]
         if not names:
             raise DataError(f"None of {list(modules)} has an extrapolation split; modules with one: {sorted(EXTRAPOLATE)}.")
-    else:
-        raise DataError(f"Unknown split {split!r}: use one of {[*TRAIN_LEVELS, 'interpolate', 'extrapolate']}.")
     unknown = [n for n in names if n not in table]
     if unknown:
         raise DataError(f"Unknown arithmetic module(s) {unknown}; available: {sorted(table)}.")
@@ -333,8 +331,9 @@ def data_key(modules: Sequence[str], n_train_per_module: int, n_eval_per_module:
              train_levels: Sequence[str] = TRAIN_LEVELS) -> str:
     params = dict(modules=list(modules), n_train=n_train_per_module, n_eval=n_eval_per_module, seed=seed,
                   version=DATA_VERSION)
-    if small_module_settings(modules):
-        params["settings"] = small_module_settings(modules)
+    settings = small_module_settings(modules)
+    if settings:  # the release's modules: keys as before
+        params["settings"] = settings
     if tuple(train_levels) != TRAIN_LEVELS:
         params["train_levels"] = list(train_levels)
     blob = json.dumps(params, sort_keys=True)

@@ -130,7 +130,8 @@ class TrainConfig:
         return d
 
     def key(self) -> str:
-        extra = {"module_settings": small_module_settings(self.modules)} if small_module_settings(self.modules) else {}
+        settings = small_module_settings(self.modules)
+        extra = {"module_settings": settings} if settings else {}  # the release's modules: keys as before
         blob = json.dumps({**self.key_params(), **extra, "train_version": TRAIN_VERSION,
                            "compute_version": COMPUTE_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -341,6 +342,13 @@ def train_run(
     end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
     bar = _progress_bar(cfg.steps, step, cfg.name) if progress else None
     t0, c0 = time.time(), time.process_time()  # wall and this process's CPU time (all threads)
+
+    def lap() -> None:
+        """Add the time since the last lap to the run's wall and CPU time."""
+        nonlocal wall, cpu, t0, c0
+        wall, cpu = wall + time.time() - t0, cpu + time.process_time() - c0
+        t0, c0 = time.time(), time.process_time()
+
     running = None
     try:
         while step < end:
@@ -363,17 +371,16 @@ def train_run(
                 bar.update(1)
                 bar.set_postfix(loss=f"{running:.3f}", refresh=False)
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                wall, cpu = wall + time.time() - t0, cpu + time.process_time() - c0  # the curve is not training
+                lap()
                 curve_point()
-                t0, c0 = time.time(), time.process_time()
+                t0, c0 = time.time(), time.process_time()  # the curve is not training time
             if step % cfg.ckpt_every == 0 and step < cfg.steps:
-                wall, cpu = wall + time.time() - t0, cpu + time.process_time() - c0
-                t0, c0 = time.time(), time.process_time()
+                lap()
                 save_ckpt()
     finally:
         if bar is not None:
             bar.close()
-    wall, cpu = wall + time.time() - t0, cpu + time.process_time() - c0
+    lap()
     if step < cfg.steps:
         save_ckpt()
         return None
