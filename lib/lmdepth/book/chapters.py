@@ -6,6 +6,7 @@ against the notebook's own ``parameters`` cell (names and types), and only then 
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -167,6 +168,28 @@ class QuietKernelManager(AsyncKernelManager):
     _launch_kernel = _async_launch_kernel
 
 
+class OrphanedKernelDeath(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" report of nbclient's ``DeadKernelError``.
+
+    After Ctrl-C, nbclient shuts the kernel down while a cell task is still polling it; that task then fails with
+    ``DeadKernelError`` and, never awaited, is logged with a traceback when it is garbage-collected (when depends on
+    load). The interruption is reported once by the CLI; a kernel that really dies mid-run still reaches the caller
+    through papermill, which awaits its task.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from nbclient.exceptions import DeadKernelError
+
+        return not (record.exc_info and isinstance(record.exc_info[1], DeadKernelError))
+
+
+def quiet_orphaned_kernel_deaths() -> None:
+    """Install :class:`OrphanedKernelDeath` on the ``asyncio`` logger once per process."""
+    log = logging.getLogger("asyncio")
+    if not any(isinstance(f, OrphanedKernelDeath) for f in log.filters):
+        log.addFilter(OrphanedKernelDeath())
+
+
 def kernel_log() -> Path:
     """Where the chapter kernels' own stderr goes."""
     return Path(tempfile.gettempdir()) / f"lmdepth-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}.log"
@@ -191,6 +214,7 @@ def execute_chapter(
     import papermill
 
     params = check_parameters(chapter, params)
+    quiet_orphaned_kernel_deaths()
     nb = jupytext.read(chapter_source(chapter))
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
