@@ -178,6 +178,43 @@ def test_the_learning_curve_leaves_the_training_untouched(data_dir, tmp_path):
         assert torch.equal(value, curved["state_dict"][key]), key
 
 
+def poison_steps(monkeypatch, bad: set[int]) -> None:
+    """Make the task loss NaN on the given (0-based) steps, as a numerical accident would."""
+    calls = []
+    real = tr.lm_loss
+
+    def lm_loss(*a, **kw):
+        task, aux = real(*a, **kw)
+        calls.append(None)
+        return (task * float("nan"), aux) if len(calls) - 1 in bad else (task, aux)
+
+    monkeypatch.setattr(tr, "lm_loss", lm_loss)
+
+
+@pytest.mark.integration
+def test_a_non_finite_update_is_skipped_and_recorded_not_applied(data_dir, tmp_path, monkeypatch):
+    poison_steps(monkeypatch, {2})
+    trained = torch.load(tr.train_run(cfg("moeut", "answer_only", steps=6), tmp_path, data_dir=data_dir,
+                                      progress=False), weights_only=False)
+    assert trained["meta"]["skipped_updates"] == [2]
+    assert [v != v for _, v in trained["history"]] == [False, False, True, False, False, False]  # NaN at step 3
+    assert all(torch.isfinite(v).all() for v in trained["state_dict"].values())  # without the guard: all NaN
+
+
+@pytest.mark.integration
+def test_a_run_that_keeps_diverging_stops_with_its_last_checkpoint_intact(data_dir, tmp_path, monkeypatch):
+    from lmdepth.errors import TrainingDiverged
+
+    monkeypatch.setattr(tr, "MAX_CONSECUTIVE_SKIPS", 3)
+    poison_steps(monkeypatch, set(range(2, 100)))
+    c = cfg("transformer", "lm", steps=8, ckpt_every=2)
+    with pytest.raises(TrainingDiverged, match="3 non-finite gradients in a row up to step 4.*Lower the learning"):
+        tr.train_run(c, tmp_path, data_dir=data_dir, progress=False)
+    state = torch.load(tr.run_dir(c, tmp_path) / "ckpt.pt", weights_only=False)
+    assert state["step"] == 4 and state["skipped_updates"] == [2, 3]  # saved at step 4, before the third skip
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
 @pytest.mark.integration
 def test_finished_run_is_a_cached_noop(data_dir, tmp_path):
     c = cfg("transformer", "lm", steps=2)

@@ -27,3 +27,7 @@ class ParameterError(LmDepthError, ValueError):
 
 class DataError(LmDepthError, ValueError):
     """A data file is empty, malformed, or a prompt does not fit the model."""
+
+
+class TrainingDiverged(LmDepthError):
+    """A from-scratch run kept producing non-finite gradients; its last checkpoint is kept."""

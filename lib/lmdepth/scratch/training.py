@@ -13,6 +13,8 @@ Introduced in chapter 07. One call trains one run (architecture × objective) or
   ``ckpt_every`` steps and when a call stops early (``stop_after``); the next call continues from it. The batch of
   step i and the learning rate are pure functions of (seed, i), so an interrupted run ends bit-identical to an
   uninterrupted one.
+* An update whose gradient is not finite is skipped (as AMP's ``GradScaler`` does) and its step recorded
+  (``skipped_updates``); :data:`MAX_CONSECUTIVE_SKIPS` in a row stop the run with an error, its last checkpoint intact.
 * The finished run is ``<out_dir>/<run name>-<key>/model.pt`` (weights, config, tokenizer, loss history,
   provenance); the key hashes every parameter that changes the weights.
 
@@ -42,7 +44,7 @@ from lmdepth import COMPUTE_VERSION
 from lmdepth.data.dm_math import (ARITHMETIC_MODULES, DEFAULT_MODULES, TRAIN_LEVELS, MathData, load_or_generate,
                                   small_module_settings)
 from lmdepth.data.dm_tokens import CharTokenizer, collate
-from lmdepth.errors import DataError, ParameterError
+from lmdepth.errors import DataError, ParameterError, TrainingDiverged
 from lmdepth.results import atomic_write, atomic_write_text
 from lmdepth.scratch.evaluate import exact_match
 from lmdepth.scratch.models import (
@@ -59,6 +61,7 @@ from lmdepth.runtime import environment
 ARCHS = ("moeut", "transformer")
 OBJECTIVES = ("lm", "answer_only")
 OBJECTIVE_LABELS = {"lm": "question modelled", "answer_only": "question not modelled"}
+MAX_CONSECUTIVE_SKIPS = 20  # non-finite updates in a row that end a run (one now and then is skipped)
 #: Bump when a change to the training code changes the trained weights; part of every run key.
 TRAIN_VERSION = 1
 
@@ -316,14 +319,14 @@ def train_run(
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
-    step, history, curve, wall, cpu = 0, [], [], 0.0, 0.0
+    step, history, curve, wall, cpu, skipped = 0, [], [], 0.0, 0.0, []
     if ckpt.exists():
         state = safe_load(ckpt, device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, history, wall = state["step"], state["history"], state["wall_time_s"]
         cpu = state.get("cpu_time_s", 0.0)
-        curve = state.get("curve", [])
+        curve, skipped = state.get("curve", []), state.get("skipped_updates", [])
         _set_rng_state(state["rng"])
     probes = {s: data.split(s)[: cfg.n_curve] for s in ("interpolate", "extrapolate")}
 
@@ -336,7 +339,8 @@ def train_run(
 
     def save_ckpt() -> None:
         state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
-                 "curve": curve, "wall_time_s": wall, "cpu_time_s": cpu, "rng": _rng_state(), "train_config": cfg.key_params()}
+                 "curve": curve, "wall_time_s": wall, "cpu_time_s": cpu, "rng": _rng_state(), "train_config": cfg.key_params(),
+                 "skipped_updates": skipped}
         atomic_write(ckpt, lambda tmp: torch.save(state, tmp))
 
     end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
@@ -360,12 +364,20 @@ def train_run(
             task, aux = lm_loss(model, batch, cfg.objective)
             opt.zero_grad(set_to_none=True)
             (task + aux).backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
+            # max_norm inf leaves the gradient as it is; a NaN or inf norm means a NaN/inf loss or gradient
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
+            if torch.isfinite(norm):
+                opt.step()
+            else:  # one poisoned update would make every later weight NaN
+                skipped.append(step)
+                if skipped[-MAX_CONSECUTIVE_SKIPS:] == list(range(step - MAX_CONSECUTIVE_SKIPS + 1, step + 1)):
+                    raise TrainingDiverged(f"{cfg.name}: {MAX_CONSECUTIVE_SKIPS} non-finite gradients in a row up to "
+                                           f"step {step}; the last checkpoint ({ckpt}) is kept. Lower the learning "
+                                           "rate (`lr`) or raise `warmup`.")
             step += 1
             value = task.item()
-            running = value if running is None else 0.98 * running + 0.02 * value
+            if math.isfinite(value):
+                running = value if running is None else 0.98 * running + 0.02 * value
             history.append((step, value))
             if bar is not None:
                 bar.update(1)
@@ -387,7 +399,7 @@ def train_run(
 
     meta = {"run": cfg.name, "key": cfg.key(), "train_config": cfg.key_params(), "n_parameters": count_parameters(model),
             "active_parameters": active_parameters(model.config), "wall_time_s": round(wall, 1), "cpu_time_s": round(cpu, 1),
-            "steps_per_s": round(cfg.steps / wall, 3) if wall else None, "data": data.meta,
+            "steps_per_s": round(cfg.steps / wall, 3) if wall else None, "skipped_updates": skipped, "data": data.meta,
             "objective_label": OBJECTIVE_LABELS[cfg.objective], "environment": environment()}
     trained = {"config": model.config.to_dict(), "state_dict": model.state_dict(), "tokenizer": tok.to_dict(),
                "history": history, "curve": curve, "meta": meta}
