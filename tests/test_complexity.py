@@ -383,6 +383,23 @@ def test_grid_summaries_and_notes():
 
 
 @pytest.mark.unit
+def test_accuracy_per_level_with_its_interval_and_the_constant_answer_baseline():
+    from lmdepth.metrics.intervals import wilson_interval
+
+    items = pd.DataFrame({"model": "m", "source": "arith", "level": [1] * 10 + [2] * 10 + [3] * 2,
+                          "correct": [1] * 9 + [0] + [1] * 2 + [0] * 8 + [-1, -1],
+                          "answer": list("0123456789") + list("7777777123") + ["1", "2"]})
+    acc = cx_page.accuracy_table(items)
+    assert list(acc.level) == [1, 2]  # level 3 was not checked (correct −1): no row, not 0 %
+    one, two = acc.iloc[0], acc.iloc[1]
+    assert (one.n, one.accuracy, one.baseline) == (10, 0.9, 0.1) and (one.ci_low, one.ci_high) == wilson_interval(9, 10)
+    assert one.above and one.ci_low > 0.5
+    assert (two.accuracy, two.baseline) == (0.2, 0.7) and not two.above  # "7" seven times: a constant answer wins
+    cell = cx_page.accuracy_display(acc).set_index("level").loc[1, "m"]
+    assert cell.startswith("90% [") and cell.endswith("(n 10; const. 10%) ✓")
+
+
+@pytest.mark.unit
 def test_slope_table():
     slopes = pd.DataFrame({"model": ["m"] * 4, "source": ["math", "math", "vars", "vars"],
                            "aggregation": ["mean", "max", "mean", "mean"],

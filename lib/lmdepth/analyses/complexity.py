@@ -7,7 +7,7 @@ Per item the layer-skip effects come from the fast path of :mod:`lmdepth.hooks.s
 with part "layer", future version): layer s is skipped at positions 1..t−1 and the effect measured at positions ≥ t,
 max over the item's cut points. For MATH and GSM8K the cut points are ``a_start + o`` with o drawn from
 ``range(0, n_answer − 4, 4)`` (the first 4 after a seeded shuffle), as in the authors' script. For the one-token
-multi-hop answers the default cut is the **answer-predicting** position ``t = a_start − 1`` on the prompt alone
+synthetic answers the default cut is the **answer-predicting** position ``t = a_start − 1`` on the prompt alone
 (``hop_cut="predict"``), so the measured position is the one that predicts the answer; ``hop_cut="answer"``
 reproduces the authors' choice ``t = a_start`` on prompt + answer, which measures the position *after* the answer.
 """
@@ -26,7 +26,7 @@ import torch
 from lmdepth.analyses.run import Job
 from lmdepth.data import multihop
 from lmdepth.data.datasets import Example, selection_record
-from lmdepth.data.difficulty import (LEVELS, SOURCE_TITLES, SOURCES, analysis_input, answer_start,
+from lmdepth.data.difficulty import (LEVELS, SOURCE_TITLES, SOURCES, SYNTHETIC, analysis_input, answer_start,
                                      difficulty_examples, gsm8k_correct, last_boxed, math_correct)
 from lmdepth.errors import DataError, ParameterError
 from lmdepth.hooks.skipping import prompt_effects
@@ -44,7 +44,7 @@ ANALYSIS = "depth_complexity"
 class ComplexityParams(ModelParams):
     """Parameters of one (model, source) run of chapter 05."""
 
-    source: str = param("math", choices=SOURCES, help="'math', 'gsm8k', 'vars' or 'facts'")
+    source: str = param("math", choices=SOURCES, help="'math', 'gsm8k', 'arith', 'vars' or 'facts'")
     n_per_level: int = param(20, lo=1, hi=10_000, help="items per difficulty level (the paper: 20)")
     levels: list[int] | None = param(None, nullable=True, help="a subset of the source's levels (None: all)")
     n_cuts: int = param(4, lo=1, hi=64, help="MATH / GSM8K cut points per item (the paper: 4)")
@@ -65,7 +65,7 @@ class ComplexityParams(ModelParams):
 def _correctness(lm: LoadedModel, source: str, todo: list[tuple[Example, torch.Tensor, int]], gen_tokens: int,
                  ) -> dict[str, tuple[int, str]]:
     """Item id → (1 solved / 0 not / −1 not checked, generated text)."""
-    if source in multihop.KINDS:
+    if source in SYNTHETIC:
         return {e.id: (int(teacher_forced_correct(lm, ids, a)), "") for e, ids, a in todo}
     if gen_tokens == 0:
         return {e.id: (-1, "") for e, _, _ in todo}
@@ -92,12 +92,12 @@ def run(params: ComplexityParams | str | None = None,
     p = ComplexityParams.of(params, **kwargs)
     levels = tuple(LEVELS[p.source] if p.levels is None else p.levels)
     examples = difficulty_examples(p.source, levels, p.n_per_level, p.seed)
-    synthetic = p.source in multihop.KINDS
+    synthetic = p.source in SYNTHETIC
     key = dict(source=p.source, levels=list(levels), n_per_level=p.n_per_level, seed=p.seed, dtype=p.dtype,
                n_boot=p.n_boot, **({"hop_cut": p.hop_cut} if synthetic else
                                    {"n_cuts": p.n_cuts, "cut_stride": p.cut_stride,
                                     "max_answer_tokens": p.max_answer_tokens, "gen_tokens": p.gen_tokens}))
-    key["outputs"] = 2  # 2: the reference answer in the per-item table (older runs refinish from their checkpoints)
+    key["outputs"] = 3  # 3: the reference answer in the summary's items too (older runs refinish from their checkpoints)
     per_item = {k: v for k, v in key.items() if k not in ("n_per_level", "levels", "n_boot", "outputs")}
     return Job(ANALYSIS, p, key, per_item).execute(lambda store: _compute(p, lm, key, examples, store))
 
@@ -106,7 +106,7 @@ def _compute(p: ComplexityParams, lm: LoadedModel | Callable[[], LoadedModel] | 
              examples: list[Example], store: RunStore) -> tuple[pd.DataFrame, dict[str, Any]]:
     lm = lm() if callable(lm) else (lm or load_model(p.model_name, device=p.device, dtype=p.dtype))
     tok, source = lm.tokenizer, p.source
-    if source in multihop.KINDS:
+    if source in SYNTHETIC:
         bad = multihop.one_token_answers(tok, examples)
         if bad:
             raise DataError(f"{len(bad)} synthetic answers are not one token for {p.model_name} (e.g. {bad[0]}); "
@@ -144,6 +144,7 @@ def _compute(p: ComplexityParams, lm: LoadedModel | Callable[[], LoadedModel] | 
     by_level, slopes = level_statistics(E, O, lv, p.n_boot, p.seed)
     groups = group_statistics(E, O, {"solved": ok == 1, "unsolved": ok == 0}, "mean", p.n_boot, p.seed)
     per = pd.DataFrame({"item": [e.id for e in examples], "level": lv, "correct": ok,
+                        "answer": [reference_answer(source, e) for e in examples],
                         "n_tokens": [int(items[e.id]["n_tokens"]) for e in examples],
                         "layer_effect": depth_score(layer_effect(E)), "logit_effect": depth_score(O)})
     meta = {
@@ -272,7 +273,7 @@ def run_grid(models: list[str], sources: list[str], n_per_level: int, n_syntheti
     for m in models:
         main = m == models[0]
         for src in sources:
-            synthetic = src in multihop.KINDS
+            synthetic = src in SYNTHETIC
             n = (n_synthetic if synthetic else n_per_level) if main else \
                 (n_synthetic_compare if synthetic else n_per_level_compare)
             results[m, src] = run(m, source=src, n_per_level=n, lm=loaders[m],

@@ -45,6 +45,30 @@ def depth_vs_level_chart(levels: pd.DataFrame, width: int = 170, height: int = 2
             .resolve_scale(x="independent"))
 
 
+def accuracy_chart(acc: pd.DataFrame, width: int = 170, height: int = 180):
+    """Accuracy per difficulty level with its 95 % Wilson interval, one panel per source, one line per model; the
+    grey dashes are each level's constant-answer baseline. A ladder the models can climb starts well above the
+    dashes and falls toward them."""
+    d = acc.round(4).copy()
+    d["source"] = d.source.map(SOURCE_TITLES)
+    models = list(dict.fromkeys(d.model))
+    x = alt.X("level:O", title="difficulty level", axis=alt.Axis(labelAngle=0))
+    color = alt.Color("model:N", scale=_model_scale(models), legend=alt.Legend(orient="top", title="Model"))
+    y = alt.Y("accuracy:Q", title="Accuracy", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%"))
+    tip = ["model:N", "source:N", "level:O", "n:Q", alt.Tooltip("accuracy:Q", format=".0%"),
+           alt.Tooltip("ci_low:Q", format=".0%", title="95% CI low"), alt.Tooltip("ci_high:Q", format=".0%",
+                                                                                  title="95% CI high"),
+           alt.Tooltip("baseline:Q", format=".0%", title="constant answer")]
+    base = alt.Chart(d)
+    line = base.mark_line(point=True).encode(x=x, y=y, color=color, tooltip=tip)
+    band = base.mark_rule(strokeWidth=2, opacity=0.45).encode(x=x, y="ci_low:Q", y2="ci_high:Q", color=color)
+    chance = base.mark_tick(color="gray", strokeDash=[3, 2], thickness=2).encode(
+        x=x, y=alt.Y("max(baseline):Q"), tooltip=[alt.Tooltip("max(baseline):Q", format=".0%", title="constant answer")])
+    return (alt.layer(band, line, chance).properties(width=width, height=height)
+            .facet(column=alt.Column("source:N", title=None, sort=[SOURCE_TITLES[s] for s in SOURCES]))
+            .resolve_scale(x="independent"))
+
+
 def effect_profile_chart(table: pd.DataFrame, model: str, width: int = 250, height: int = 150):
     """Mean layer effect e[s] of each skipped layer, one line per difficulty level (darker = harder), one panel per
     source: where in depth the skip effects sit, and whether harder items move them deeper."""
@@ -82,4 +106,4 @@ def solved_chart(solved: pd.DataFrame, width: int = 130, height: int = 200):
         column=alt.Column("source:N", title=None, sort=[SOURCE_TITLES[s] for s in SOURCES]))
 
 
-__all__ = ["depth_vs_level_chart", "effect_profile_chart", "solved_chart"]
+__all__ = ["accuracy_chart", "depth_vs_level_chart", "effect_profile_chart", "solved_chart"]

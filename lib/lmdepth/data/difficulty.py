@@ -6,6 +6,8 @@ Three sources with a difficulty level per item (``example.meta["level"]``):
   ``"Problem: {problem}\\nAnswer:"``, answer ``" {full solution}"`` (METHOD §2);
 * ``"gsm8k"`` — GSM8K test problems binned by reasoning steps (the number of ``<<…>>`` calculator notes): 2, 3, 4
   and 5+ (level 5); the paper's GSM8K prompt format;
+* ``"arith"`` — the library's **synthetic** arithmetic chains (:mod:`lmdepth.data.arith`), k = 1–5 operations: the
+  ladder the small packaged models can climb (easy rung well above chance, hard rungs at chance);
 * ``"vars"`` / ``"facts"`` — the library's **synthetic** multi-hop questions (:mod:`lmdepth.data.multihop`), k = 1–4
   hops (the paper used MQuAKE, which cannot be had offline).
 """
@@ -20,16 +22,19 @@ from typing import Any
 
 import torch
 
-from lmdepth.data import multihop
+from lmdepth.data import arith, multihop
 from lmdepth.data.datasets import Example, all_examples
 from lmdepth.errors import DataError
 from lmdepth.params import check_choice
 
-SOURCES = ("math", "gsm8k", "vars", "facts")
-LEVELS: dict[str, tuple[int, ...]] = {"math": (1, 2, 3, 4, 5), "gsm8k": (2, 3, 4, 5), "vars": (1, 2, 3, 4),
+SOURCES = ("math", "gsm8k", "arith", "vars", "facts")
+SYNTHETIC = (arith.KIND, *multihop.KINDS)  # one-token answers, generated; the others are the paper's data
+LEVELS: dict[str, tuple[int, ...]] = {"math": (1, 2, 3, 4, 5), "gsm8k": (2, 3, 4, 5),
+                                      "arith": tuple(range(1, arith.MAX_OPS + 1)), "vars": (1, 2, 3, 4),
                                       "facts": (1, 2, 3, 4)}
 SOURCE_TITLES = {"math": "MATH intermediate algebra", "gsm8k": "GSM8K by steps",
-                 "vars": "synthetic variable chains", "facts": "synthetic fact chains"}
+                 "arith": "synthetic arithmetic chains", "vars": "synthetic variable chains",
+                 "facts": "synthetic fact chains"}
 MATH_SUBJECT = "intermediate_algebra"
 
 
@@ -44,7 +49,7 @@ def difficulty_examples(source: str, levels: Sequence[int] | None = None, n_per_
     """``n_per_level`` items of each difficulty level; every example has ``meta["level"]``.
 
     Args:
-        source: ``"math"``, ``"gsm8k"``, ``"vars"`` or ``"facts"``.
+        source: one of :data:`SOURCES`.
         levels: a subset of :data:`LEVELS` [source] (default: all).
         n_per_level: items per level (fewer if a level has fewer).
         seed: selection seed (the authors used ``random.Random(42)``; any fixed seed is a random sample).
@@ -53,6 +58,8 @@ def difficulty_examples(source: str, levels: Sequence[int] | None = None, n_per_
     levels = tuple(LEVELS[source] if levels is None else levels)
     for lv in levels:
         check_choice(f"levels of {source}", lv, LEVELS[source])
+    if source == arith.KIND:
+        return arith.generate_examples(levels, n_per_level, seed)
     if source in multihop.KINDS:
         return multihop.generate_examples(source, levels, n_per_level, seed)
     out: list[Example] = []
@@ -94,7 +101,7 @@ def analysis_input(tokenizer: Any, example: Example, ids: torch.Tensor, source: 
     a_start = answer_start(tokenizer, example, ids)
     if a_start < 2:
         raise DataError(f"{example.id}: the prompt has fewer than 2 tokens; nothing can be skipped before the answer.")
-    if source in multihop.KINDS:
+    if source in SYNTHETIC:
         if hop_cut == "predict":  # prompt only; measure at the positions that predict the answer tokens
             return ids[:, :-1], [a_start - 1], a_start
         return ids, [a_start], a_start

@@ -10,6 +10,7 @@ import pandas as pd
 from lmdepth.analyses.complexity import model_names, summary_frame
 from lmdepth.claims import report
 from lmdepth.data.difficulty import LEVELS
+from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
 from lmdepth.results import RunResult
 
 
@@ -34,6 +35,34 @@ def sizes_table(items: pd.DataFrame) -> pd.DataFrame:
         n=("item", "size"), tokens=("n_tokens", "mean"), solved=("correct", solved_cell)).reset_index()
     sizes["cell"] = [f"{r.n} items · {r.tokens:.0f} tokens · {r.solved} solved" for r in sizes.itertuples()]
     return sizes.pivot(index=["source", "level"], columns="model", values="cell").reset_index()
+
+
+def accuracy_table(items: pd.DataFrame) -> pd.DataFrame:
+    """Per model, source and level: items, accuracy with its 95 % Wilson interval, and the constant-answer baseline
+    (always giving that level's most common reference answer). Rows whose correctness was not checked are left out.
+
+    Columns: ``model, source, level, n, accuracy, ci_low, ci_high, baseline, above`` (``above``: the interval's lower
+    end exceeds the baseline — the level is solved clearly better than by a constant answer).
+    """
+    rows = []
+    for (model, source, level), g in items.groupby(["model", "source", "level"], sort=False):
+        if (g.correct < 0).any():
+            continue
+        k, n = int((g.correct == 1).sum()), len(g)
+        lo, hi = wilson_interval(k, n)
+        base = constant_answer_rate(g.answer) if "answer" in g else float("nan")
+        rows.append(dict(model=model, source=source, level=int(level), n=n, accuracy=k / n, ci_low=lo, ci_high=hi,
+                         baseline=base, above=bool(lo > base)))
+    return pd.DataFrame(rows, columns=["model", "source", "level", "n", "accuracy", "ci_low", "ci_high", "baseline",
+                                       "above"])
+
+
+def accuracy_display(acc: pd.DataFrame) -> pd.DataFrame:
+    """:func:`accuracy_table` as "accuracy [low, high] (baseline)" cells: rows source × level, one column a model."""
+    cells = acc.assign(cell=[f"{a:.0%} [{lo:.0%}, {hi:.0%}] (n {n}; const. {b:.0%}){' ✓' if ab else ''}"
+                             for a, lo, hi, n, b, ab in zip(acc.accuracy, acc.ci_low, acc.ci_high, acc.n, acc.baseline,
+                                                            acc.above)])
+    return cells.pivot(index=["source", "level"], columns="model", values="cell").reset_index()
 
 
 def slope_table(slopes: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
