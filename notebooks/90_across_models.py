@@ -90,7 +90,9 @@ if len(verdicts):
     md(f"The registry's criteria were last changed in commit {report.registry_commit()}; every verdict below was "
        + ("executed by this build." if source.profile else "saved by the chapters' runs under this results directory.")
        + " Criteria changed after their numbers were seen carry a dated note in their chapter.")
-    show_table(findings.verdict_matrix(verdicts, shown))
+    for title, matrix in findings.verdict_matrices(verdicts, shown).items():
+        md(f"**{title}**")
+        show_table(matrix)
 
 # %% tags=["hide-input"]
 if len(verdicts):

@@ -105,7 +105,7 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
 
 # %% tags=["hide-input"]
 env = environment()
-show_table(pd.DataFrame({"package / fact": list(env), "value": [str(v) for v in env.values()]}))
+show_table(pd.DataFrame({"package / fact": list(env), "value": ["—" if v is None else str(v) for v in env.values()]}))
 
 # %% [markdown]
 # ## What differs from the paper, and why

@@ -111,6 +111,17 @@ def test_charts_draw_offline_in_chromium(smoke_book, stem):
         assert "<mjx-container" in dom  # MathJax (shipped with the book) typeset the formulas
 
 
+@pytest.mark.browser  # builds the book too (smoke_book): deselect with -m "not slow and not browser"
+@pytest.mark.parametrize("stem", list(CHAPTERS.values()))
+def test_pages_have_no_reader_visible_defects(smoke_book, stem):
+    """Figures and wide tables within the text column, no raw LaTeX, no nan/None cells, every show_table table
+    rendered (lmdepth.book.defects; `python scripts/check_pages.py` runs the same check on the default book)."""
+    from lmdepth.book.defects import expected_tables, page_defects, rendered
+
+    dom = rendered(smoke_book / "_build" / "html" / "book" / f"{stem}.html")
+    assert page_defects(dom, expected_tables((REPO_ROOT / "notebooks" / f"{stem}.py").read_text())) == []
+
+
 @pytest.mark.slow
 def test_book_pages_link_each_other(smoke_book):
     html = smoke_book / "_build" / "html"

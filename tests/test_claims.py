@@ -12,7 +12,7 @@ from lmdepth.analyses import residual
 from lmdepth.claims import REGISTRY, for_chapter, report
 from lmdepth.claims.maps import units_of as maps_units
 from lmdepth.claims.scratch import RUNS, SUBJECT, shuffled_objectives, units_of
-from lmdepth.claims.findings import headline, saved_verdicts, state_counts, verdict_matrix
+from lmdepth.claims.findings import headline, saved_verdicts, state_counts, verdict_matrices, verdict_matrix
 from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.layer_curves import change_point, sign_change_margin
 from lmdepth.data.difficulty import LEVELS
@@ -390,6 +390,13 @@ def test_findings_count_states_and_read_only_registered_claims(tmp_path):
     assert "non-discriminating" in text and " of " not in text
     matrix = verdict_matrix(saved, ["m"])
     assert matrix.shape[0] == 3 and all("n 20" in c for c in matrix["m"])
+    both = pd.concat([saved, saved.assign(model="a → b"), saved.assign(model="c → d"), saved.assign(model="moeut")])
+    split = verdict_matrices(both, ["m"])
+    assert list(split) == ["Per model", "Per model pair (source → target)", "From-scratch models"]
+    assert list(split["Per model"].columns[1:]) == ["m"] and split["From-scratch models"].shape == (3, 2)
+    pairs = split["Per model pair (source → target)"]  # transposed: one row per pair, one column per claim
+    assert list(pairs["model pair"]) == ["a → b", "c → d"] and pairs.shape[1] == 1 + 3
+    assert pairs.iloc[0, 1] == matrix.iloc[0, 1]
 
 
 def test_the_cutoff_can_land_anywhere_or_nowhere():

@@ -78,7 +78,7 @@ def test_explore_and_charts(lm):
     x = explorer.explore(lm, TEXT, layer=0, position=2)
     assert x.position == 2 and len(x.tokens) == lm.encode(TEXT).shape[1]
     spec = exploration_charts(x).to_dict()
-    assert len(spec["hconcat"]) == 3
+    assert len(spec["concat"]) == 3 and spec["columns"] == 2  # fits the text column
     table = explorer.lens_token_table(x)
     assert list(table.columns[:2]) == ["layer", "top 1"] and len(table) == lm.adapter.n_layers + 1
 
@@ -90,7 +90,7 @@ def test_widget_runs_and_reports_bad_input(tiny_dirs, capsys):
     model, layer, position, run = row.children
     assert layer.max == load_model(str(tiny_dirs["llama"])).adapter.n_layers - 1
     run.click()  # outside a kernel, displayed objects are printed
-    assert "HConcatChart" in capsys.readouterr().out
+    assert "ConcatChart" in capsys.readouterr().out
     text.value = "   "  # bad input: the error is shown in the output area, the widget survives
     run.click()
     assert "ValueError: The prompt is empty" in capsys.readouterr().out

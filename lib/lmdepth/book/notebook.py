@@ -61,8 +61,8 @@ def md(text: str) -> None:
 
 def styled(df: pd.DataFrame):
     """A table without its integer index; cell text is HTML-escaped (tokens such as ``<s>`` or ``<|endoftext|>``
-    are shown, not read as markup)."""
-    return df.style.hide(axis="index").format(escape="html")
+    are shown, not read as markup); a missing value reads "—", never "nan" or "None"."""
+    return df.style.hide(axis="index").format(escape="html", na_rep="—")
 
 
 def show_table(df: pd.DataFrame) -> None:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # the explorer widget imports this module
     from lmdepth.book.explorer import Exploration
 
 
-def exploration_charts(x: Exploration, width: int = 260) -> alt.HConcatChart:
+def exploration_charts(x: Exploration, width: int = 300) -> alt.ConcatChart:
     """Three panels: relative contributions, logit-lens top-1 probability per layer, skip effect of the layer."""
     comps = list(dict.fromkeys(x.contributions.component))
     contrib = alt.Chart(x.contributions.round(4)).mark_line(point=True).encode(
@@ -32,7 +32,7 @@ def exploration_charts(x: Exploration, width: int = 260) -> alt.HConcatChart:
         y=alt.Y("relative_change:Q", title="Max relative change", scale=alt.Scale(domain=[0, 1], clamp=True)),
         tooltip=["layer:O", alt.Tooltip("relative_change:Q", format=".3f")],
     ).properties(title=f"Skipping layer {x.skipped} (output change {x.output_change:.3f})", width=width, height=200)
-    return alt.hconcat(contrib, lens, skip).resolve_scale(color="independent")
+    return alt.concat(contrib, lens, skip, columns=2).resolve_scale(color="independent")  # 3 in a row overflow
 
 
 __all__ = ["exploration_charts"]

@@ -120,9 +120,10 @@ def depth_groups(curve: pd.DataFrame, n_groups: int = 4) -> pd.DataFrame:
     return c.groupby(["model", "split", "tokens", "group"], as_index=False)["value"].mean().round(4)
 
 
-def training_curves(curve: pd.DataFrame, width: int = 220) -> alt.HConcatChart:
+def training_curves(curve: pd.DataFrame, width: int = 280) -> alt.ConcatChart:
     """Tuned-lens training curves per model: the sampled KL(P_final ‖ P_tuned) against training tokens seen,
-    averaged over layers in depth bands; solid = training batches, dashed = held-out problems."""
+    averaged over layers in depth bands; solid = training batches, dashed = held-out problems. Two panels a row
+    (three side by side would overflow the book's text column)."""
     g = depth_groups(curve)
     groups = sorted(g["group"].unique(), key=lambda s: int(s.split()[2].split("–")[0]))
     panels = []
@@ -136,7 +137,7 @@ def training_curves(curve: pd.DataFrame, width: int = 220) -> alt.HConcatChart:
             detail="split:N",
             tooltip=["model:N", "split:N", "group:N", "tokens:Q", alt.Tooltip("value:Q", format=".3f")],
         ).properties(title=model, width=width, height=200))
-    return alt.hconcat(*panels).resolve_scale(y="shared")
+    return alt.concat(*panels, columns=2).resolve_scale(y="shared")
 
 
 def settling_chart(summary: pd.DataFrame, width: int = 520) -> alt.LayerChart:

@@ -57,7 +57,8 @@ def _cell(r) -> str:
 def verdict_matrix(verdicts: pd.DataFrame, models: list[str] | None = None) -> pd.DataFrame:
     """One row per claim (with its paper figure and the paper's side), one column per model or subject: the
     verdict, the statistic with its 95 % interval, n, and the control's verdict by the same rule; ⊘ marks a check
-    whose control got the same verdict (non-discriminating, not counted). Compact enough for 1400 px."""
+    whose control got the same verdict (non-discriminating, not counted). :func:`verdict_matrices` splits it into
+    tables that fit the book's text column."""
     if verdicts.empty:
         return pd.DataFrame()
     subjects = list(dict.fromkeys(verdicts["model"]))
@@ -67,6 +68,26 @@ def verdict_matrix(verdicts: pd.DataFrame, models: list[str] | None = None) -> p
     wide = v.pivot_table(index="label", columns="model", values="cell", aggfunc="first", sort=False)
     return wide.reindex(columns=models).reset_index().fillna("—").rename_axis(columns=None).rename(
         columns={"label": "claim (paper figure; the paper's side)"})
+
+
+def verdict_matrices(verdicts: pd.DataFrame, models: list[str] | None = None) -> dict[str, pd.DataFrame]:
+    """:func:`verdict_matrix` split by subject so each table fits the text column: the models (claims × models),
+    the model pairs of chapter 06 (pairs × claims: six pairs would be six more columns) and any other subject
+    (e.g. chapter 07's MoEUT vs Transformer). Empty groups are left out; keys are the tables' titles."""
+    subjects = list(dict.fromkeys(verdicts["model"])) if len(verdicts) else []
+    pairs = [s for s in subjects if " → " in s]
+    single = [s for s in (models or subjects) if s in subjects and s not in pairs]  # in the page's model order
+    other = [s for s in subjects if s not in pairs and s not in single]
+    out = {}
+    for title, group in (("Per model", single), ("Per model pair (source → target)", pairs),
+                         ("From-scratch models", other)):
+        if not group:
+            continue
+        m = verdict_matrix(verdicts[verdicts["model"].isin(group)], group)
+        if group is pairs:
+            m = m.set_index(m.columns[0]).T.rename_axis("model pair").reset_index().rename_axis(columns=None)
+        out[title] = m
+    return out
 
 
 def state_counts(verdicts: pd.DataFrame) -> pd.DataFrame:

@@ -58,17 +58,21 @@ def architecture_table(profile: str) -> pd.DataFrame:
 
 
 def runs_table(runs: dict[str, TrainedRun]) -> pd.DataFrame:
-    """One row per run: architecture, objective, parameters, training budget, wall and CPU time (runs trained
-    before CPU time was recorded show "—"), final loss (rounded)."""
-    return pd.DataFrame([{"run": name, "model": ARCH_LABELS[r.arch], "objective": OBJECTIVE_LABELS[r.objective],
-                          "parameters": r.meta["n_parameters"], "active parameters / token": r.meta["active_parameters"],
-                          "steps": r.meta["train_config"]["steps"],
-                          "problems / step": r.meta["train_config"]["batch_size"],
-                          "training wall time (min)": round(r.meta["wall_time_s"] / 60, 1),
-                          "training CPU time (min)": (round(r.meta["cpu_time_s"] / 60, 1) if "cpu_time_s" in r.meta
-                                                      else "—"),
-                          "final loss (last 50 steps)": float(np.mean([l for _, l in r.meta["history"][-50:]]))}
-                         for name, r in runs.items()]).round(3)
+    """One row per run, six columns (so it fits the text column): architecture, objective, parameters (total /
+    active per token), steps × problems, wall and CPU time (runs trained before CPU time was recorded show "—"),
+    final loss (mean of the last 50 steps)."""
+    def minutes(r: TrainedRun) -> str:
+        cpu = f"{r.meta['cpu_time_s'] / 60:.1f}" if "cpu_time_s" in r.meta else "—"
+        return f"{r.meta['wall_time_s'] / 60:.1f} / {cpu}"
+
+    return pd.DataFrame([{"model": ARCH_LABELS[r.arch], "objective": OBJECTIVE_LABELS[r.objective],
+                          "parameters: total / active": f"{r.meta['n_parameters'] / 1e6:.2f}M / "
+                                                        f"{r.meta['active_parameters'] / 1e6:.2f}M",
+                          "steps × problems": f"{r.meta['train_config']['steps']:,} × "
+                                              f"{r.meta['train_config']['batch_size']}",
+                          "training min: wall / CPU": minutes(r),
+                          "final loss": round(float(np.mean([l for _, l in r.meta["history"][-50:]])), 3)}
+                         for r in runs.values()])
 
 
 def scale_md(runs: dict[str, TrainedRun], profile: str) -> str:
@@ -86,7 +90,19 @@ def scale_md(runs: dict[str, TrainedRun], profile: str) -> str:
             + f"; {tc['steps']:,} steps of {tc['batch_size']} problems of {', '.join(tc['modules'])}. Training them "
             f"took {cost} ({first['environment'].get('cpu_threads')} torch thread(s) per run; machine in each run's meta.json). "
             f"To retrain: `lmdepth train --profile {profile}` (resumable; `--runs` picks runs, so two can train side "
-            "by side with `--threads 1` each).")
+            "by side with `--threads 1` each)." + skipped_md(runs))
+
+
+def skipped_md(runs: dict[str, TrainedRun]) -> str:
+    """A sentence on updates skipped for a non-finite gradient (``skipped_updates`` in a run's meta; for runs
+    trained before the guard, the steps whose loss was not finite)."""
+    skipped = {name: r.meta.get("skipped_updates", [s - 1 for s, v in r.meta["history"] if not np.isfinite(v)])
+               for name, r in runs.items()}
+    hit = {name: s for name, s in skipped.items() if s}
+    if not hit:
+        return " No update was skipped for a non-finite gradient."
+    return (" Updates skipped for a non-finite gradient (the step is recorded, the weights left as they were): "
+            + "; ".join(f"{name} {len(s)} (first at step {s[0] + 1:,})" for name, s in hit.items()) + ".")
 
 
 def accuracy_table(summary: pd.DataFrame) -> pd.DataFrame:

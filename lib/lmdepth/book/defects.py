@@ -1,0 +1,112 @@
+"""What a reader would see as a broken page, found in the rendered HTML by headless Chromium.
+
+:func:`page_defects` loads a page with every host name unresolvable, lets its scripts run (vega-embed, MathJax),
+and reports:
+
+* a figure (vega chart) wider than the text column;
+* a table wider than the text column with more than :data:`MAX_COLUMNS_UNSCROLLED` columns (wide tables must
+  fit, or be designed to scroll);
+* text that looks like LaTeX (``$…$`` containing ``\\``, ``^``, ``_`` or ``{``) outside MathJax's output;
+* a table cell that reads ``nan``, ``NaN``, ``<NA>`` or ``None``;
+* fewer rendered tables than the page's unconditional ``show_table(...)`` calls.
+
+Layout is measured by a script added to a temporary copy of the page (next to it, so relative links resolve); it
+writes its measurements into the DOM, which ``--dump-dom`` returns.
+"""
+
+from __future__ import annotations
+
+import html as html_lib
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+MAX_COLUMNS_UNSCROLLED = 6
+WINDOW = "1400,1000"  # a desktop window: the book's text column is then at its full width
+
+MEASURE_JS = """
+<script>
+window.addEventListener('load', () => setTimeout(() => {
+  const col = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+  const width = col.getBoundingClientRect().width;
+  const figures = [...document.querySelectorAll('.lmdepth-vega')].map((el, i) => {
+    const drawn = el.querySelector('svg, canvas');
+    return {i, width: drawn ? drawn.getBoundingClientRect().width : 0};
+  });
+  const tables = [...col.querySelectorAll('table')].map((t, i) => ({
+    i, width: t.getBoundingClientRect().width, columns: t.rows.length ? t.rows[0].cells.length : 0,
+    id: t.id || ''}));
+  const pre = document.createElement('pre');
+  pre.id = 'lmdepth-measure';
+  pre.textContent = JSON.stringify({width, figures, tables});
+  document.body.appendChild(pre);
+}, 3000));
+</script>
+"""
+
+_LATEXISH = re.compile(r"\$[^$<>\n]*[\\^_{][^$<>\n]*\$")
+_BAD_CELL = re.compile(r"<td[^>]*>\s*(nan|NaN|&lt;NA&gt;|None)\s*</td>")
+_STRIP = re.compile(r"<(mjx-container|script|style|pre|code|svg)\b.*?</\1>", re.S)
+
+
+def chromium_exe() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def rendered(page: Path, timeout: int = 120) -> str:
+    """The DOM of ``page`` after its scripts ran, with the layout measurements in ``<pre id="lmdepth-measure">``."""
+    exe = chromium_exe()
+    if exe is None:
+        raise RuntimeError("headless Chromium is needed: `apt install chromium` (scripts/test.sh does it where it may)")
+    probe = page.with_name(f".{page.stem}.measure.html")
+    probe.write_text(page.read_text().replace("</body>", MEASURE_JS + "</body>", 1))
+    try:
+        with tempfile.TemporaryDirectory() as profile:
+            out = subprocess.run(
+                [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}",
+                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1", f"--window-size={WINDOW}",
+                 "--virtual-time-budget=12000", "--dump-dom", probe.as_uri()],
+                capture_output=True, text=True, timeout=timeout)
+    finally:
+        probe.unlink(missing_ok=True)
+    return out.stdout
+
+
+def expected_tables(source: str) -> int:
+    """Unconditional ``show_table(...)`` calls in a chapter's jupytext source (a call with ``if`` may show nothing)."""
+    return sum(1 for line in source.splitlines() if line.startswith("show_table(") and " if " not in line)
+
+
+def page_defects(dom: str, n_tables: int = 0) -> list[str]:
+    """The defects of one rendered page (see the module docstring); empty when the page is clean.
+
+    Args:
+        dom: the page after its scripts ran (:func:`rendered`).
+        n_tables: tables the page must show at least (:func:`expected_tables` of its chapter).
+    """
+    out = []
+    m = re.search(r'<pre id="lmdepth-measure">(.*?)</pre>', dom, re.S)
+    if not m:
+        return ["no layout measurements: the page's scripts did not finish"]
+    meas = json.loads(html_lib.unescape(m[1]))
+    col = meas["width"]
+    out += [f"figure {f['i'] + 1} is {f['width']:.0f} px wide, the text column {col:.0f} px"
+            for f in meas["figures"] if f["width"] > col + 1]
+    out += [f"table {t['i'] + 1} ({t['columns']} columns) is {t['width']:.0f} px wide, the text column {col:.0f} px"
+            for t in meas["tables"] if t["width"] > col + 1 and t["columns"] > MAX_COLUMNS_UNSCROLLED]
+    body = _STRIP.sub("", dom.split('<pre id="lmdepth-measure">')[0])
+    text = html_lib.unescape(re.sub(r"<[^>]+>", " ", body))
+    out += [f"raw LaTeX: {s!r}" for s in dict.fromkeys(_LATEXISH.findall(text))]
+    bad = _BAD_CELL.findall(body)
+    if bad:
+        out.append(f"{len(bad)} table cells read {sorted(set(bad))}")
+    shown = sum(1 for t in meas["tables"] if t["id"].startswith("T_"))  # pandas Styler tables (show_table)
+    if shown < n_tables:
+        out.append(f"{shown} of {n_tables} show_table tables rendered")
+    return out
+
+
+__all__ = ["MAX_COLUMNS_UNSCROLLED", "rendered", "expected_tables", "page_defects"]

@@ -1,0 +1,37 @@
+"""Check every rendered page of a built book for what a reader would see as broken (lmdepth.book.defects):
+figures or many-column tables wider than the text column, raw LaTeX, nan/None cells, missing show_table tables.
+
+    .venv/bin/python scripts/check_pages.py            # the book built by scripts/build_book.sh (_build/html)
+    .venv/bin/python scripts/check_pages.py /tmp/b/_build/html
+
+Exit status 1 when any page has a defect (each is listed); needs headless Chromium.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lmdepth.book.chapters import CHAPTERS
+from lmdepth.book.defects import expected_tables, page_defects, rendered
+from lmdepth.runtime import REPO_ROOT
+
+
+def main(html_root: Path) -> int:
+    bad = 0
+    for stem in CHAPTERS.values():
+        page = html_root / "book" / f"{stem}.html"
+        if not page.exists():
+            print(f"{stem}: not built ({page})")
+            bad += 1
+            continue
+        defects = page_defects(rendered(page), expected_tables((REPO_ROOT / "notebooks" / f"{stem}.py").read_text()))
+        print(f"{stem}: {'ok' if not defects else f'{len(defects)} defect(s)'}")
+        for d in defects:
+            print(f"    {d}")
+        bad += bool(defects)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO_ROOT / "_build" / "html"))

@@ -1,0 +1,60 @@
+"""The rendered-page defect checker (lmdepth.book.defects) on hand-made pages: each defect is found, a clean page
+passes. The checker itself runs on every page of the smoke book in tests/test_book.py."""
+
+import json
+
+import pytest
+
+from lmdepth.book.defects import MAX_COLUMNS_UNSCROLLED, expected_tables, page_defects
+
+pytestmark = pytest.mark.unit
+
+
+def page(body: str, width=800, figures=(), tables=()) -> str:
+    meas = {"width": width, "figures": [{"i": i, "width": w} for i, w in enumerate(figures)],
+            "tables": [{"i": i, "width": w, "columns": c, "id": tid} for i, (w, c, tid) in enumerate(tables)]}
+    return f'<html><body>{body}<pre id="lmdepth-measure">{json.dumps(meas).replace("&", "&amp;")}</pre></body></html>'
+
+
+def test_a_clean_page_passes():
+    body = ('<p>costs $5 and $7</p><mjx-container>$d \\times d$</mjx-container><code>$x_1$</code>'
+            '<table id="T_a"><tr><td>0.5</td><td>—</td></tr></table>')
+    assert page_defects(page(body, figures=[790], tables=[(1200, MAX_COLUMNS_UNSCROLLED, "T_a")]), n_tables=1) == []
+
+
+def test_each_defect_is_found():
+    wide = page("", figures=[799, 991])
+    assert page_defects(wide) == ["figure 2 is 991 px wide, the text column 800 px"]
+    table = page("", tables=[(1246, 11, "T_b")])
+    assert page_defects(table) == ["table 1 (11 columns) is 1246 px wide, the text column 800 px"]
+    latex = page("<p>a map of size $d \\times d$ and $x_1$, twice: $d \\times d$</p>")
+    assert page_defects(latex) == ["raw LaTeX: '$d \\\\times d$'", "raw LaTeX: '$x_1$'"]
+    cells = page("<table><tr><td>nan</td><td> None </td><td>&lt;NA&gt;</td><td>nano</td></tr></table>")
+    assert page_defects(cells) == ["3 table cells read ['&lt;NA&gt;', 'None', 'nan']"]
+    assert page_defects(page("", tables=[(300, 2, "T_c")]), n_tables=2) == ["1 of 2 show_table tables rendered"]
+    assert page_defects("<html>no scripts ran</html>") == ["no layout measurements: the page's scripts did not finish"]
+
+
+def test_expected_tables_counts_unconditional_calls_only():
+    src = "show_table(a)\nshow_table(b) if len(b) else None\n    show_table(c)\nx = show_table\nshow_table(d)\n"
+    assert expected_tables(src) == 2
+
+
+def test_the_runs_table_fits_and_skipped_updates_are_reported():
+    from types import SimpleNamespace
+
+    from lmdepth.book.pages.scratch import runs_table, skipped_md
+
+    meta = {"n_parameters": 1_080_000, "active_parameters": 600_000, "wall_time_s": 600.0, "cpu_time_s": 540.0,
+            "train_config": {"steps": 16_000, "batch_size": 32}, "history": [(1, 2.0), (2, 1.0)]}
+    runs = {"moeut-lm": SimpleNamespace(arch="moeut", objective="lm", meta={**meta, "skipped_updates": [3238]}),
+            "transformer-lm": SimpleNamespace(arch="transformer", objective="lm",
+                                              meta={**meta, "history": [(1, 2.0), (2, float("nan"))]})}
+    t = runs_table(runs)
+    assert t.shape == (2, MAX_COLUMNS_UNSCROLLED)
+    assert t.iloc[0].tolist()[2:] == ["1.08M / 0.60M", "16,000 × 32", "10.0 / 9.0", 1.5]
+    assert skipped_md(runs) == (" Updates skipped for a non-finite gradient (the step is recorded, the weights left "
+                                "as they were): moeut-lm 1 (first at step 3,239); transformer-lm 1 (first at step 2).")
+    runs["moeut-lm"].meta["skipped_updates"] = []
+    del runs["transformer-lm"]
+    assert skipped_md(runs) == " No update was skipped for a non-finite gradient."
