@@ -53,6 +53,7 @@ if "google.colab" in sys.modules:  # pragma: no cover
 # %% tags=["parameters"]
 book_dir: str = "book"  # where the executed chapter notebooks are (their build record)
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
+results_dir: str = "results"  # the results whose book record gives the cost per chapter and model
 
 # %% tags=["remove-cell"]
 import pandas as pd
@@ -60,6 +61,7 @@ import yaml
 
 from lmdepth.analyses import atlas
 from lmdepth.book.chapters import CHAPTERS, profiles_dir
+from lmdepth.book.cost import cost_table
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.runtime import environment
 
@@ -99,6 +101,18 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
    f"({int(known.isna().sum())} without a record). These are the times of *this* build's executions — a page whose "
    "results were cached re-executes in seconds — not the cost of computing everything on a fresh machine (the "
    f"README gives that, per page). Chapters: {', '.join(CHAPTERS)}.")
+
+# %% [markdown]
+# ## What each chapter costs to compute
+#
+# Per chapter and model, from the runs this profile's build recorded: the units (problems or items — each
+# analysis's own), how many of them carry their compute time (units computed before the timing existed do not),
+# the seconds per timed unit on the machine in the versions table below, and the profile's total where every unit
+# was timed. Choose sizes for your hardware from the seconds per unit; a fresh machine also converts the packaged
+# models once (~3 min). Norms and cosine share their runs.
+
+# %% tags=["hide-input"]
+show_table(cost_table(results_dir, profile))
 
 # %% [markdown]
 # ## Versions of this build

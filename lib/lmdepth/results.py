@@ -212,11 +212,11 @@ def record_run(result: RunResult) -> None:
         f.write(line + "\n")
 
 
-def recorded_runs(record_root: str | Path) -> set[Path]:
-    """Every run recorded under a profile's book record (``<results>/book/<profile>``)."""
+def recorded_runs(record_root: str | Path, chapter: str = "*") -> set[Path]:
+    """Every run recorded under a profile's book record (``<results>/book/<profile>``), or one chapter's."""
     out = set()
     root = Path(record_root).resolve().parents[1]  # <results>/book/<profile> → <results>
-    for f in Path(record_root).glob("*/runs.jsonl"):
+    for f in Path(record_root).glob(f"{chapter}/runs.jsonl"):
         out |= {(root / json.loads(line)["path"]).resolve()  # relative paths; older records hold absolute ones
                 for line in f.read_text(encoding="utf-8").splitlines() if line.strip()}
     return out

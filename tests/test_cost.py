@@ -1,0 +1,37 @@
+"""The cost table (lmdepth.book.cost) from a hand-made book record and sidecars."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lmdepth.book.cost import COLUMNS, cost_table
+
+pytestmark = pytest.mark.unit
+
+
+def run(root, analysis, model, key, cost):
+    d = root / analysis / model / key
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"analysis": analysis, **({"unit_compute_s": cost} if cost else {})}))
+    return f"{analysis}/{model}/{key}"
+
+
+def test_cost_per_chapter_and_model_from_the_recorded_runs(tmp_path):
+    record = tmp_path / "book" / "default"
+    runs = {"lens": [run(tmp_path, "logit_lens", "m", "a", {"total": 30.0, "units": 20, "timed": 20}),
+                     run(tmp_path, "tuned_lens", "m", "b", {"total": 10.0, "units": 20, "timed": 5})],
+            "norms": [run(tmp_path, "residual_stream", "m", "c", {"total": 60.0, "units": 20, "timed": 20}),
+                      run(tmp_path, "residual_stream", "n", "d", None)]}
+    run(tmp_path, "residual_stream", "m", "unrecorded", {"total": 999.0, "units": 1, "timed": 1})  # ad hoc: not read
+    for chapter, paths in runs.items():
+        (record / chapter).mkdir(parents=True)
+        (record / chapter / "runs.jsonl").write_text("".join(json.dumps({"path": p}) + "\n" for p in paths))
+    t = cost_table(tmp_path, "default").set_index(["chapter", "model"])
+    assert list(t.reset_index().columns) == COLUMNS
+    lens = t.loc[("lens", "m")]
+    assert (lens.runs, lens.units, lens["timed units"], lens["s / unit"]) == (2, 40, 25, 1.6)
+    assert np.isnan(lens["profile total (min)"])  # 15 units untimed: no extrapolation across analyses
+    assert t.loc[("norms", "m"), "profile total (min)"] == 1.0 and t.loc[("norms", "m"), "s / unit"] == 3.0
+    assert np.isnan(t.loc[("norms", "n"), "s / unit"])
+    assert cost_table(tmp_path, "paper").empty
