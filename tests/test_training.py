@@ -248,6 +248,16 @@ def test_a_few_steps_reduce_the_loss(arch):
 
 
 @pytest.mark.unit
+def test_a_preset_can_set_training_fields_per_architecture(monkeypatch):
+    preset = {**tr.PRESETS["smoke"], "train_moeut": {"lr": 1e-4}}
+    monkeypatch.setitem(tr.PRESETS, "smoke", preset)
+    assert tr.run_config("smoke", "moeut", "lm").lr == 1e-4
+    assert tr.run_config("smoke", "transformer", "lm").lr == preset["train"]["lr"]
+    assert tr.run_config("smoke", "moeut", "lm", lr=5e-4).lr == 5e-4  # an explicit override still wins
+    assert tr.run_config("smoke", "moeut", "lm").key() != tr.run_config("smoke", "moeut", "lm", lr=3e-3).key()
+
+
+@pytest.mark.unit
 def test_batches_and_schedule_are_pure_functions_of_the_step():
     assert torch.equal(tr.batch_indices(7, 50, 8, 0), tr.batch_indices(7, 50, 8, 0))
     seen = torch.cat([tr.batch_indices(s, 48, 8, 0) for s in range(6)])

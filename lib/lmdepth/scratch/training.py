@@ -187,13 +187,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 def run_config(profile: str, arch: str, objective: str, **overrides: Any) -> TrainConfig:
     """The :class:`TrainConfig` of one run of a profile (``smoke``, ``default``, ``paper``), with overrides.
 
-    ``overrides`` may set any :class:`TrainConfig` field; ``model={...}`` updates the model keywords.
+    ``overrides`` may set any :class:`TrainConfig` field; ``model={...}`` updates the model keywords. A preset's
+    ``train_<arch>`` block overrides its ``train`` block for that architecture.
     """
     if profile not in PRESETS:
         raise ParameterError(f"profile must be one of {list(PRESETS)}, got {profile!r}.")
     p = PRESETS[profile]
     model = {**p[arch], **overrides.pop("model", {})} if arch in p else overrides.pop("model", {})
-    return TrainConfig(arch=arch, objective=objective, model=model, **{**p["train"], **overrides})
+    return TrainConfig(arch=arch, objective=objective, model=model,
+                       **{**p["train"], **p.get(f"train_{arch}", {}), **overrides})
 
 
 # ---- data ------------------------------------------------------------------------------------------------------
