@@ -46,13 +46,13 @@ def test_the_runs_table_fits_and_skipped_updates_are_reported():
     from lmdepth.book.pages.scratch import runs_table, skipped_md
 
     meta = {"n_parameters": 1_080_000, "active_parameters": 600_000, "wall_time_s": 600.0, "cpu_time_s": 540.0,
-            "train_config": {"steps": 16_000, "batch_size": 32}, "history": [(1, 2.0), (2, 1.0)]}
+            "train_config": {"steps": 16_000, "batch_size": 32, "lr": 0.001}, "history": [(1, 2.0), (2, 1.0)]}
     runs = {"moeut-lm": SimpleNamespace(arch="moeut", objective="lm", meta={**meta, "skipped_updates": [3238]}),
             "transformer-lm": SimpleNamespace(arch="transformer", objective="lm",
                                               meta={**meta, "history": [(1, 2.0), (2, float("nan"))]})}
     t = runs_table(runs)
     assert t.shape == (2, MAX_COLUMNS_UNSCROLLED)
-    assert t.iloc[0].tolist()[2:] == ["1.08M / 0.60M", "16,000 × 32", "10.0 / 9.0", 1.5]
+    assert t.iloc[0].tolist()[2:] == ["1.08M / 0.60M", "16,000 × 32, 0.001", "10.0 / 9.0", 1.5]
     assert skipped_md(runs) == (" Updates skipped for a non-finite gradient (the step is recorded, the weights left "
                                 "as they were): moeut-lm 1 (first at step 3,239); transformer-lm 1 (first at step 2).")
     runs["moeut-lm"].meta["skipped_updates"] = []

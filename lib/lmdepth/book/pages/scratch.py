@@ -59,7 +59,7 @@ def architecture_table(profile: str) -> pd.DataFrame:
 
 def runs_table(runs: dict[str, TrainedRun]) -> pd.DataFrame:
     """One row per run, six columns (so it fits the text column): architecture, objective, parameters (total /
-    active per token), steps × problems, wall and CPU time (runs trained before CPU time was recorded show "—"),
+    active per token), steps × problems and learning rate, wall and CPU time (runs trained before CPU time was recorded show "—"),
     final loss (mean of the last 50 steps)."""
     def minutes(r: TrainedRun) -> str:
         cpu = f"{r.meta['cpu_time_s'] / 60:.1f}" if "cpu_time_s" in r.meta else "—"
@@ -68,8 +68,9 @@ def runs_table(runs: dict[str, TrainedRun]) -> pd.DataFrame:
     return pd.DataFrame([{"model": ARCH_LABELS[r.arch], "objective": OBJECTIVE_LABELS[r.objective],
                           "parameters: total / active": f"{r.meta['n_parameters'] / 1e6:.2f}M / "
                                                         f"{r.meta['active_parameters'] / 1e6:.2f}M",
-                          "steps × problems": f"{r.meta['train_config']['steps']:,} × "
-                                              f"{r.meta['train_config']['batch_size']}",
+                          "steps × problems, lr": f"{r.meta['train_config']['steps']:,} × "
+                                                  f"{r.meta['train_config']['batch_size']}, "
+                                                  f"{r.meta['train_config']['lr']:g}",
                           "training min: wall / CPU": minutes(r),
                           "final loss": round(float(np.mean([l for _, l in r.meta["history"][-50:]])), 3)}
                          for r in runs.values()])
