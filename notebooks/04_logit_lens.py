@@ -158,8 +158,15 @@ training_curves(curves) if tuned_lens and not curves.empty else md("*Tuned lens 
 # %% tags=["hide-input"]
 if tuned_lens and not curves.empty:
     md(page.curve_ends_md(curves, models))
+    show_table(lens.tuned_convergence(curves))  # converged: beats the logit lens at every layer, none still improving
 
 # %% [markdown]
+# Is the tuned lens trained enough? The table reads each layer's held-out curve: **beat logit lens** counts the
+# layers whose selected translator has a lower held-out KL than the identity (the logit lens), **still improving**
+# the layers whose held-out KL was still falling by more than 2 % at the last point. A converged tuned lens beats
+# the logit lens at every layer with none still improving; until then its settling depths are upper bounds (a
+# better-trained lens can only decode the prediction earlier or equally early).
+#
 # ## Per layer, for the main model (Fig. 4)
 #
 # The dashed line marks the cosine phase-transition layer of {doc}`02_cosine_similarity` (read from that chapter's

@@ -308,3 +308,18 @@ def test_packaged_smollm2_lens_matches_its_logits():
     kl, overlap = vals[0, 0].mean(-1), vals[0, 2].mean(-1)
     assert kl[-1] < kl[: lm.n_layers // 2].min()  # the prediction is closer to the output entering the last layer
     assert overlap[-1] > 0.4 and overlap[0] < 0.3
+
+
+@pytest.mark.unit
+def test_tuned_convergence_counts_layers_that_beat_the_logit_lens_and_layers_still_improving():
+    import pandas as pd
+
+    from lmdepth.analyses.lens import tuned_convergence
+
+    # layer 0: better, flat at the end; layer 1: never beats the identity; layer 2: still falling fast at the end
+    held = {0: [1.0, 0.5, 0.5], 1: [1.0, 1.2, 1.1], 2: [1.0, 0.8, 0.6]}
+    rows = [{"model": "m", "split": "held-out", "step": step, "layer": layer, "value": v}
+            for layer, vals in held.items() for step, v in zip((0, 10, 20), vals)]
+    rows.append({"model": "m", "split": "train", "step": 20, "layer": 0, "value": 0.01})  # training points: ignored
+    t = tuned_convergence(pd.DataFrame(rows))
+    assert t.to_dict("records") == [{"model": "m", "layers": 3, "beat logit lens": 2, "still improving": 1}]

@@ -397,6 +397,24 @@ def curve_ends(curve: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame.from_dict(out, orient="index")
 
 
+def tuned_convergence(curve: pd.DataFrame, rel_tol: float = 0.02) -> pd.DataFrame:
+    """Per model, from the held-out curve: how many layers' selected translators beat the logit lens (the identity
+    at step 0), and how many were still improving at the last held-out point (their lowest point is the last one
+    and it fell by more than ``rel_tol`` of the previous point's value): a budget that stops there is too small.
+
+    Columns: ``model, layers, beat logit lens, still improving``.
+    """
+    rows = []
+    for model, c in curve[curve.split == "held-out"].groupby("model", sort=False):
+        wide = c.pivot_table(index="step", columns="layer", values="value").sort_index()
+        start, best, last = wide.iloc[0], wide.min(), wide.iloc[-1]
+        prev = wide.iloc[-2] if len(wide) > 1 else start
+        improving = (last <= best) & (prev - last > rel_tol * prev)
+        rows.append({"model": model, "layers": wide.shape[1], "beat logit lens": int((best < start).sum()),
+                     "still improving": int(improving.sum())})
+    return pd.DataFrame(rows, columns=["model", "layers", "beat logit lens", "still improving"])
+
+
 def settled_depth(summary: pd.DataFrame, model: str, lens: str, criterion: str) -> float | None:
     """Relative depth of one row of :func:`settling_summary` (None when absent)."""
     r = summary[(summary.model == model) & (summary.lens == lens) & (summary.criterion == criterion)]
@@ -404,7 +422,7 @@ def settled_depth(summary: pd.DataFrame, model: str, lens: str, criterion: str) 
 
 
 __all__ = [
-    "ANALYSIS", "LENSES", "METRICS", "LensParams", "fit_tuned_lens", "run", "run_many", "training_curve", "select", "settling_layers", "settling_summary", "settled_depth", "summary_wide", "curve_ends", "STATS", "KL_CRITERION", "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
+    "ANALYSIS", "LENSES", "METRICS", "LensParams", "fit_tuned_lens", "run", "run_many", "training_curve", "select", "settling_layers", "settling_summary", "settled_depth", "summary_wide", "curve_ends", "tuned_convergence", "STATS", "KL_CRITERION", "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
 ]
 
 
