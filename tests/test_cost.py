@@ -2,7 +2,7 @@
 
 import json
 
-import numpy as np
+import pandas as pd
 import pytest
 
 from lmdepth.book.cost import COLUMNS, cost_table
@@ -31,7 +31,8 @@ def test_cost_per_chapter_and_model_from_the_recorded_runs(tmp_path):
     assert list(t.reset_index().columns) == COLUMNS
     lens = t.loc[("lens", "m")]
     assert (lens.runs, lens.units, lens["timed units"], lens["s / unit"]) == (2, 40, 25, 1.6)
-    assert np.isnan(lens["profile total (min)"])  # 15 units untimed: no extrapolation across analyses
+    assert pd.isna(lens["profile total (min)"])  # 15 units untimed: no extrapolation across analyses
     assert t.loc[("norms", "m"), "profile total (min)"] == 1.0 and t.loc[("norms", "m"), "s / unit"] == 3.0
-    assert np.isnan(t.loc[("norms", "n"), "s / unit"])
+    unknown = t.loc[("norms", "n")]  # no unit_compute_s at all: units, seconds and total unknown, never 0
+    assert pd.isna(unknown["s / unit"]) and pd.isna(unknown.units) and pd.isna(unknown["profile total (min)"])
     assert cost_table(tmp_path, "paper").empty

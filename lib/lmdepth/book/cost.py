@@ -8,6 +8,7 @@ checkpoints. A unit computed before the timing existed is untimed; the table the
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -33,16 +34,18 @@ def cost_table(results_dir: str | Path, profile: str) -> pd.DataFrame:
                 continue
             meta = json.loads(meta_path.read_text())
             cost = meta.get("unit_compute_s") or {}
-            rows.append({"chapter": chapter_dir.name, "model": run.parent.name, "units": cost.get("units", 0),
+            # a run without the record (older than the timing) has unknown units: NaN, not 0
+            rows.append({"chapter": chapter_dir.name, "model": run.parent.name, "units": cost.get("units", math.nan),
                          "timed": cost.get("timed", 0), "seconds": cost.get("total", 0.0)})
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     g = pd.DataFrame(rows).groupby(["chapter", "model"], sort=False).agg(
-        runs=("units", "size"), units=("units", "sum"), timed=("timed", "sum"), seconds=("seconds", "sum"))
+        runs=("units", "size"), units=("units", lambda u: u.sum(min_count=len(u))), timed=("timed", "sum"),
+        seconds=("seconds", "sum"))
     per_unit = (g.seconds / g.timed).where(g.timed > 0)
-    return pd.DataFrame({"runs": g.runs, "units": g.units, "timed units": g.timed, "s / unit": per_unit.round(2),
-                         "profile total (min)": (g.seconds / 60).where(g.timed == g.units).round(1)}
-                        ).reset_index()[COLUMNS]
+    complete = (g.timed == g.units) & (g.units > 0)
+    return pd.DataFrame({"runs": g.runs, "units": g.units.round().astype("Int64"), "timed units": g.timed, "s / unit": per_unit.round(2),
+                         "profile total (min)": (g.seconds / 60).where(complete).round(1)}).reset_index()[COLUMNS]
 
 
 __all__ = ["cost_table"]
