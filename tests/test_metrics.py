@@ -71,3 +71,13 @@ def test_bootstrap_interval_brackets_the_mean_and_is_absent_for_one_prompt():
     with pytest.warns(UserWarning, match="One prompt"):
         lo1, hi1 = one.bootstrap_mean_ci(n_boot=10)
     assert np.isnan(lo1[0, 0]) and np.isnan(hi1[0, 0])  # one prompt says nothing about the spread
+
+
+@pytest.mark.unit
+def test_exact_match_against_the_constant_answer():
+    from lmdepth.metrics.intervals import exact_match, wilson_interval
+
+    em = exact_match([1] * 9 + [0], list("0123456789"))
+    assert (em.n, em.correct, em.accuracy, em.baseline) == (10, 9, 0.9, 0.1)
+    assert (em.ci_low, em.ci_high) == wilson_interval(9, 10) and em.above
+    assert not exact_match([1, 0, 0, 0], ["7", "7", "7", "1"]).above  # 25 % vs a constant "7" at 75 %

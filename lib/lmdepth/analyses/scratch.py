@@ -35,7 +35,7 @@ from lmdepth.errors import DataError
 from lmdepth.hooks.skipping import prompt_effects
 from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
 from lmdepth.metrics.depth import group_statistics, level_statistics
-from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
+from lmdepth.metrics.intervals import exact_match
 from lmdepth.params import Params, param
 from lmdepth.scratch.models import ScratchLM, adapter_for
 from lmdepth.scratch.evaluate import evaluate, greedy_answer
@@ -117,11 +117,10 @@ def accuracy_summary(per_example: pd.DataFrame) -> pd.DataFrame:
     constant-answer ``baseline`` (the exact match of always giving the split's most common answer)."""
     rows = []
     for (run, arch, objective, split), g in per_example.groupby(["run", "arch", "objective", "split"], sort=False):
-        k, n = int(g.correct.sum()), len(g)
-        lo, hi = wilson_interval(k, n)
-        rows.append({"run": run, "arch": arch, "objective": objective, "split": split, "n": n, "correct": k,
-                     "accuracy": k / n, "ci_low": lo, "ci_high": hi, "answer_nll": float(g.answer_nll.mean()),
-                     "baseline": constant_answer_rate(g.answer)})
+        em = exact_match(g.correct, g.answer)
+        rows.append({"run": run, "arch": arch, "objective": objective, "split": split, "n": em.n,
+                     "correct": em.correct, "accuracy": em.accuracy, "ci_low": em.ci_low, "ci_high": em.ci_high,
+                     "answer_nll": float(g.answer_nll.mean()), "baseline": em.baseline})
     return pd.DataFrame(rows)
 
 

@@ -25,7 +25,7 @@ from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
 from lmdepth.errors import DataError
 from lmdepth.metrics.depth import depth_score, slope
-from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
+from lmdepth.metrics.intervals import exact_match
 from lmdepth.metrics.verdicts import MIN_UNITS, Rule
 
 MAX_RISE = 0.05  # the claim: the depth score rises by less than this fraction of the depth over all levels
@@ -79,11 +79,10 @@ def competent(source: str) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
         if (items.correct < 0).any():
             return False, "correctness was not checked (gen_tokens = 0): competence unknown"
         easy = items[items.level == min(LEVELS[source])]
-        baseline = constant_answer_rate(easy["answer"])
-        lo, hi = wilson_interval(int(easy.correct.sum()), len(easy))
-        if not lo > baseline:
-            return False, (f"accuracy on level {min(LEVELS[source])} {easy.correct.mean():.0%} [{lo:.0%}, {hi:.0%}] "
-                           f"does not exceed the constant-answer baseline {baseline:.0%}")
+        em = exact_match(easy.correct, easy["answer"])
+        if not em.above:
+            return False, (f"accuracy on level {min(LEVELS[source])} {em.accuracy:.0%} [{em.ci_low:.0%}, "
+                           f"{em.ci_high:.0%}] does not exceed the constant-answer baseline {em.baseline:.0%}")
         return True, ""
 
     return check

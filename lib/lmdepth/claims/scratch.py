@@ -19,7 +19,7 @@ import pandas as pd
 
 from lmdepth.claims.spec import ClaimSpec
 from lmdepth.errors import DataError
-from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
+from lmdepth.metrics.intervals import exact_match
 from lmdepth.metrics.verdicts import Rule
 
 SUBJECT = "MoEUT vs Transformer"
@@ -72,10 +72,9 @@ def competent(runs: tuple[str, ...]) -> Callable[[pd.DataFrame, str], tuple[bool
         weak = []
         for run in runs:
             r = u[u.run == run]
-            baseline = constant_answer_rate(r["answer"])
-            lo, _ = wilson_interval(int(r.correct.sum()), len(r))
-            if not lo > baseline:
-                weak.append(f"{run} {r.correct.mean():.1%} (95 % low {lo:.1%}) vs baseline {baseline:.1%}")
+            em = exact_match(r.correct, r["answer"])
+            if not em.above:
+                weak.append(f"{run} {em.accuracy:.1%} (95 % low {em.ci_low:.1%}) vs baseline {em.baseline:.1%}")
         return (False, "interpolation exact match not above the constant-answer baseline: " + "; ".join(weak)) \
             if weak else (True, "")
 

@@ -10,7 +10,7 @@ import pandas as pd
 from lmdepth.analyses.complexity import model_names, summary_frame
 from lmdepth.claims import report
 from lmdepth.data.difficulty import LEVELS
-from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
+from lmdepth.metrics.intervals import exact_match
 from lmdepth.results import RunResult
 
 
@@ -48,11 +48,9 @@ def accuracy_table(items: pd.DataFrame) -> pd.DataFrame:
     for (model, source, level), g in items.groupby(["model", "source", "level"], sort=False):
         if (g.correct < 0).any():
             continue
-        k, n = int((g.correct == 1).sum()), len(g)
-        lo, hi = wilson_interval(k, n)
-        base = constant_answer_rate(g.answer) if "answer" in g else float("nan")
-        rows.append(dict(model=model, source=source, level=int(level), n=n, accuracy=k / n, ci_low=lo, ci_high=hi,
-                         baseline=base, above=bool(lo > base)))
+        em = exact_match(g.correct == 1, g.answer if "answer" in g else [])
+        rows.append(dict(model=model, source=source, level=int(level), n=em.n, accuracy=em.accuracy,
+                         ci_low=em.ci_low, ci_high=em.ci_high, baseline=em.baseline, above=em.above))
     return pd.DataFrame(rows, columns=["model", "source", "level", "n", "accuracy", "ci_low", "ci_high", "baseline",
                                        "above"])
 

@@ -59,8 +59,8 @@ def architecture_table(profile: str) -> pd.DataFrame:
 
 def runs_table(runs: dict[str, TrainedRun]) -> pd.DataFrame:
     """One row per run, six columns (so it fits the text column): architecture, objective, parameters (total /
-    active per token), steps × problems and learning rate, wall and CPU time (runs trained before CPU time was recorded show "—"),
-    final loss (mean of the last 50 steps)."""
+    active per token), steps × problems and learning rate, wall and CPU time (runs trained before CPU time was
+    recorded show "—"), final loss (mean of the last 50 steps)."""
     def minutes(r: TrainedRun) -> str:
         cpu = f"{r.meta['cpu_time_s'] / 60:.1f}" if "cpu_time_s" in r.meta else "—"
         return f"{r.meta['wall_time_s'] / 60:.1f} / {cpu}"
