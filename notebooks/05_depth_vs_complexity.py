@@ -166,7 +166,6 @@ show_table(page.accuracy_display(acc))
 accuracy_chart(acc)
 
 # %% [markdown]
-#
 # ## Depth score vs difficulty (Fig. 7)
 
 # %% mystnb={"figure": {"caption": "Depth score D/(L−1) per difficulty level for each data source and model (rules: bootstrap 95 % intervals over items). Radio buttons switch between the layer effect and the logit effect and between mean and max aggregation over items (the paper: max). A model that used more layers for harder problems would show rising lines.", "name": "fig-depth-level"}}
