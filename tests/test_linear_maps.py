@@ -194,11 +194,22 @@ def tiny_run(tiny_dirs, tmp_path_factory):
         refs.append(weakref.ref(lm))
         return lm
 
+    real_collect, spooled = lmaps.collect, []
+
+    def spy(lm, plan, i, **k):
+        out = real_collect(lm, plan, i, **k)
+        spooled.append((k.get("spool"), isinstance(out, np.memmap), np.array_equal(out, real_collect(lm, plan, i))))
+        return out
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lmaps, "load_model", tracked)  # the name maps.run calls
+        mp.setattr(lmaps, "collect", spy)
         res = lmaps.run(**kw)
     # one model in memory at a time (the paper profile maps 1.5B ↔ 14B): each earlier model was released first
     assert alive_at_load == [0, 0], alive_at_load
+    # residuals were memory-mapped from files under results_dir, equal to in-memory ones, and the files are gone
+    assert len(spooled) == 2 and all(mapped and equal for _, mapped, equal in spooled), spooled
+    assert all(path.is_relative_to(root / "results") and not path.parent.exists() for path, _, _ in spooled)
     return res, kw
 
 

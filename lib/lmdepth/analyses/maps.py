@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import gc
 import os
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,8 +59,13 @@ ANALYSIS = "linear_maps"
 
 
 @torch.no_grad()
-def collect(lm: Any, plan: CorpusPlan, model_index: int, batch_tokens: int = 2048, desc: str = "") -> np.ndarray:
+def collect(lm: Any, plan: CorpusPlan, model_index: int, batch_tokens: int = 2048, desc: str = "",
+            spool: Path | None = None) -> np.ndarray:
     """Residuals h_0..h_L of one model at the plan's aligned positions, in row order.
+
+    With ``spool`` (a ``.npy`` path) they are written to that file and returned memory-mapped: the same float32
+    values, held by the operating system's page cache instead of the process (which may evict them under memory
+    pressure, e.g. on a 12 GB Colab runtime).
 
     Consecutive texts are batched (right-padded, up to ``batch_tokens`` padded tokens per batch; see
     causal attention never lets a position see a later one, so padding changes nothing before it): fewer, larger matrix products, which suits a GPU.
@@ -66,7 +73,9 @@ def collect(lm: Any, plan: CorpusPlan, model_index: int, batch_tokens: int = 204
     Returns:
         [rows, L + 1, d_model] float32.
     """
-    out = np.empty((plan.n_rows, lm.n_layers + 1, lm.adapter.d_model), dtype=np.float32)
+    shape = (plan.n_rows, lm.n_layers + 1, lm.adapter.d_model)
+    out = (np.lib.format.open_memmap(spool, mode="w+", dtype=np.float32, shape=shape) if spool is not None
+           else np.empty(shape, dtype=np.float32))
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     batches, cur = [], []
     for k, ids in enumerate(plan.ids):
@@ -87,6 +96,8 @@ def collect(lm: Any, plan: CorpusPlan, model_index: int, batch_tokens: int = 204
             out[r : r + len(p)] = h[:, b, p].transpose(0, 1).numpy()
             r += len(p)
     assert r == plan.n_rows
+    if spool is not None:
+        out.flush()
     return out
 
 
@@ -338,32 +349,37 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
     residuals: dict[str, np.ndarray] = {}
     provenance: dict[str, dict[str, Any]] = {}
     needed = {m for s in specs if any(l not in fits for l in s.labels) for m in (s.source, s.target)}
-    for m in models:
-        t1 = time.perf_counter()
-        lm = load_model(m, device=p.device, dtype=p.dtype)
-        provenance[m] = lm.provenance()
-        if m in needed:
-            residuals[m] = collect(lm, plan, models.index(m))
-            timings[f"residuals {m}"] = time.perf_counter() - t1
-        del lm
-        gc.collect()
+    # Residuals go to files beside the results and are read memory-mapped: the default set (three models, 36k
+    # positions) is 7.5 GB, which with the statistics would not fit a 12 GB Colab runtime in RAM. Removed at the end
+    # (and by `lmdepth clean` if the process dies: a dot-named temporary).
+    Path(p.results_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".residuals-", dir=p.results_dir) as spool:
+        for i, m in enumerate(models):
+            t1 = time.perf_counter()
+            lm = load_model(m, device=p.device, dtype=p.dtype)
+            provenance[m] = lm.provenance()
+            if m in needed:
+                residuals[m] = collect(lm, plan, i, spool=Path(spool) / f"{i}.npy")
+                timings[f"residuals {m}"] = time.perf_counter() - t1
+            del lm
+            gc.collect()
 
-    n_layers = {m: provenance[m]["n_layers"] for m in models}
-    for spec in specs:
-        if all(l in fits for l in spec.labels):
-            continue
-        t1 = time.perf_counter()
-        a, b = residuals[spec.source], residuals[spec.target]
-        sl = boundary_layers(n_layers[spec.source], spec.stride)
-        tl = boundary_layers(n_layers[spec.target], spec.stride)
-        fwd, bwd = fit_maps(a, b, plan.split_rows, sl, tl, p.ridge_alphas, both_directions=spec.kind == "main",
-                            shuffle_seed=p.seed if spec.kind == "shuffled" else None, product_dtype=p.product_dtype,
-                            device=resolve_device(p.device), max_stats_gb=p.max_stats_gb)
-        for label, fit in zip(spec.labels, (fwd, bwd)):
-            fits[label] = fit
-            store.save_item(label, fit.arrays())
-        timings[f"fit {spec.kind} {spec.source}→{spec.target}"] = time.perf_counter() - t1
-    residuals.clear()
+        n_layers = {m: provenance[m]["n_layers"] for m in models}
+        for spec in specs:
+            if all(l in fits for l in spec.labels):
+                continue
+            t1 = time.perf_counter()
+            a, b = residuals[spec.source], residuals[spec.target]
+            sl = boundary_layers(n_layers[spec.source], spec.stride)
+            tl = boundary_layers(n_layers[spec.target], spec.stride)
+            fwd, bwd = fit_maps(a, b, plan.split_rows, sl, tl, p.ridge_alphas, both_directions=spec.kind == "main",
+                                shuffle_seed=p.seed if spec.kind == "shuffled" else None, product_dtype=p.product_dtype,
+                                device=resolve_device(p.device), max_stats_gb=p.max_stats_gb)
+            for label, fit in zip(spec.labels, (fwd, bwd)):
+                fits[label] = fit
+                store.save_item(label, fit.arrays())
+            timings[f"fit {spec.kind} {spec.source}→{spec.target}"] = time.perf_counter() - t1
+        residuals.clear()
 
     tables = []
     for spec in specs:
