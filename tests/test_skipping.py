@@ -6,6 +6,7 @@ import torch
 
 from lmdepth.metrics import effects
 from lmdepth.analyses import skipping as skip_analysis
+from lmdepth.book.pages import skipping as skip_page
 from lmdepth.model.families import ModelAdapter
 from lmdepth.hooks.skipping import PARTS, Row, clean_pass, draw_cuts, naive_effect, prompt_effects, prompt_effects_naive, run_rows
 from lmdepth.testing import FAMILY_CONFIGS, tiny_model
@@ -134,6 +135,32 @@ def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
     E = skip_analysis.matrix(r.table, "future", "layer")
     assert E.shape == (4, 4) and np.allclose(np.tril(E), 0)  # the future effect on layers ≤ s is zero
     assert skip_analysis.run(str(tiny_dirs["llama"]), **kw).from_cache
+
+
+@pytest.mark.integration
+def test_the_benchmark_is_stored_like_a_run_and_retimed_only_on_request(tiny_dirs, jsonl, tmp_path, monkeypatch):
+    p = jsonl([f'{{"text": "Problem {i}: {TEXT}"}}' for i in range(3)])
+    kw = dict(dataset=str(p), selection="first", n_cuts=4, results_dir=tmp_path)
+    timed = {"n": 0}
+    real = skip_analysis.time_paths
+
+    def counting(*a, **k):
+        timed["n"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(skip_analysis, "time_paths", counting)
+    first = skip_analysis.benchmark(str(tiny_dirs["llama"]), n_pool=3, **kw)
+    b = first.table.iloc[0]
+    assert not first.from_cache and timed["n"] == 1
+    assert b.n_cuts == 2 and b.naive_passes == 2 * 4 and b.max_abs_diff <= 1e-5 and b.pool == 3
+    assert b.pool_min <= b.pool_median <= b.pool_max and b.counted_ratio > 1
+    assert first.meta["measured_at"] and first.meta["environment"]["platform"]
+    again = skip_analysis.benchmark(str(tiny_dirs["llama"]), n_pool=3, **kw)
+    assert again.from_cache and timed["n"] == 1 and again.table.equals(first.table)
+    paragraphs = skip_page.benchmark_md(again)
+    assert "stored with the book's results" in paragraphs[0] and "timed in this build" in skip_page.benchmark_md(first)[0]
+    skip_analysis.benchmark(str(tiny_dirs["llama"]), n_pool=3, use_cache=False, **kw)
+    assert timed["n"] == 2
 
 
 @pytest.mark.unit

@@ -6,15 +6,19 @@ points; over problems, the elementwise max. The mean over problems is kept too (
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from lmdepth.analyses.run import Job, per_unit
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
+from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
 from lmdepth.hooks.skipping import PARTS, draw_cuts, prompt_effects, variants
 from lmdepth.metrics.effects import cutoff_with_ci, later_effect
 from lmdepth.model.registry import load_model
@@ -22,6 +26,7 @@ from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
 
 ANALYSIS = "layer_skipping"
+BENCHMARK = "skipping_benchmark"
 
 
 def _tidy(model: str, effects: dict[tuple[str, str], np.ndarray], outputs: dict[tuple[str, str], np.ndarray]) -> pd.DataFrame:
@@ -223,3 +228,51 @@ def later_effect_table(table: pd.DataFrame, models: Sequence[str]) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
+
+
+def benchmark(params: SkipParams | None = None, n_pool: int = 200, tol: float = 1e-5, **kwargs: Any) -> RunResult:
+    """The fast path timed against the naive loop on the first problem (future tokens, layer skip, at most 2 cut
+    points: 2 × L naive passes), the work both do on it counted (:func:`~lmdepth.hooks.skip_cost.work_units`), and
+    the counted ratio with the paper's 4 cut points over ``n_pool`` problems (tokenization only).
+
+    Cached like every run, so a rebuild from stored results does not time it again: the timing is a measurement of
+    the machine and the date in the sidecar (``environment``, ``measured_at``, ``load_average``);
+    ``use_cache=False`` measures again. Only ``dataset, seed, selection, n_cuts, device, dtype`` of the parameters
+    matter.
+
+    Returns:
+        One-row table: ``model, tokens, n_cuts, naive_passes, threads, naive_cpu_s, fast_cpu_s, naive_s, fast_s,
+        max_abs_diff, counted_ratio, counted_ratio_4, pool, pool_min, pool_median, pool_max, pool_share_5x``.
+
+    Raises:
+        AssertionError: the two paths differ by more than ``tol`` (nothing is stored).
+    """
+    p = SkipParams.of(params, **kwargs)
+    key = dict(dataset=dataset_id(p.dataset), seed=p.seed, selection=p.selection, n_cuts=min(p.n_cuts, 2),
+               device=p.device, dtype=p.dtype, n_pool=n_pool, version=1)
+    return Job(BENCHMARK, p, key).execute(lambda store: _benchmark(p, n_pool, tol))
+
+
+def _benchmark(p: SkipParams, n_pool: int, tol: float) -> tuple[pd.DataFrame, dict[str, Any]]:
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    lm = load_model(p.model_name, device=p.device, dtype=p.dtype)
+    ex = load_examples(p.dataset, n_examples=1, seed=p.seed, selection=p.selection)[0]
+    ids = lm.encode(ex.text)
+    # two cut points keep the naive loop to 2 × L passes; scripts/bench_skipping.py runs the full setting
+    cuts = draw_cuts(ids.shape[1], min(p.n_cuts, 2), p.seed, ex.id)
+    t = time_paths(lm.adapter, ids, cuts=cuts, parts=("layer",), local=False, current=False)
+    if t.max_abs_diff > tol:
+        raise AssertionError(f"fast and naive paths disagree: {t.max_abs_diff:.3g} > {tol}")
+    u = work_units(lm.n_layers, ids.shape[1], cuts, False, 1, unembed_cost(lm.adapter))
+    r4 = work_ratios(lm.adapter, [(ex.id, ids.shape[1])], 4, p.seed, False, 1)[0]  # the paper's 4 cuts
+    pool = load_examples(p.dataset, n_examples=n_pool, seed=p.seed, selection=p.selection)
+    ratios = np.array(work_ratios(lm.adapter, [(e.id, lm.encode(e.text).shape[1]) for e in pool], 4, p.seed, False, 1))
+    row = dict(model=p.model_name, tokens=ids.shape[1], n_cuts=len(cuts), naive_passes=len(cuts) * lm.n_layers,
+               threads=torch.get_num_threads(), naive_cpu_s=t.naive_cpu_s, fast_cpu_s=t.fast_cpu_s,
+               naive_s=t.naive_s, fast_s=t.fast_s, max_abs_diff=t.max_abs_diff,
+               counted_ratio=u["naive"] / u["fast"], counted_ratio_4=r4, pool=len(pool), pool_min=ratios.min(),
+               pool_median=float(np.median(ratios)), pool_max=ratios.max(), pool_share_5x=float((ratios >= 5).mean()))
+    meta = {"parameters": {"model_name": p.model_name, "example": ex.id, "cuts": [int(c) for c in cuts]},
+            "model": lm.provenance(), "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_average": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]}
+    return pd.DataFrame([row]), meta
