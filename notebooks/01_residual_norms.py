@@ -27,7 +27,8 @@
 # source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
 # lmdepth run norms --model smollm2-135m -p n_examples 5
 # lmdepth run norms --model Qwen/Qwen2.5-1.5B -p device cuda -p dtype bfloat16
-# jupytext --to ipynb -o - notebooks/01_residual_norms.py | papermill - /tmp/out.ipynb -p model_name gemma3-270m
+# jupytext --to ipynb -o - notebooks/01_residual_norms.py \
+#   | papermill - /tmp/out.ipynb -p model_name gemma3-270m -p results_dir /tmp/lmdepth-results
 # ```
 
 # %% tags=["remove-cell"]

@@ -30,7 +30,8 @@
 # source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
 # lmdepth run lens --model smollm2-135m -p n_examples 5
 # lmdepth run lens --model Qwen/Qwen2.5-1.5B -p device cuda -p positions_per_example 0
-# jupytext --to ipynb -o - notebooks/04_logit_lens.py | papermill - /tmp/out.ipynb -p tuned_lens false
+# jupytext --to ipynb -o - notebooks/04_logit_lens.py \
+#   | papermill - /tmp/out.ipynb -p tuned_lens false -p results_dir /tmp/lmdepth-results
 # ```
 
 # %% tags=["remove-cell"]

@@ -35,7 +35,8 @@
 # source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
 # lmdepth run complexity --model smollm2-135m
 # lmdepth run complexity --profile smoke                      # seconds, tiny sample
-# jupytext --to ipynb -o - notebooks/05_depth_vs_complexity.py | papermill - /tmp/out.ipynb -p model_name gemma3-270m
+# jupytext --to ipynb -o - notebooks/05_depth_vs_complexity.py \
+#   | papermill - /tmp/out.ipynb -p model_name gemma3-270m -p results_dir /tmp/lmdepth-results
 # ```
 
 # %% tags=["remove-cell"]

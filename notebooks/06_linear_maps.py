@@ -31,7 +31,8 @@
 # source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
 # lmdepth run maps --model smollm2-135m -p compare_models "[qwen2.5-coder-0.5b]"
 # lmdepth run maps --model Qwen/Qwen2.5-1.5B -p compare_models "[Qwen/Qwen2.5-7B]" -p device cuda -p n_train_tokens 100000
-# jupytext --to ipynb -o - notebooks/06_linear_maps.py | papermill - /tmp/out.ipynb -p self_map_model ""
+# jupytext --to ipynb -o - notebooks/06_linear_maps.py \
+#   | papermill - /tmp/out.ipynb -p self_map_model "" -p results_dir /tmp/lmdepth-results
 # ```
 
 # %% tags=["remove-cell"]
