@@ -63,7 +63,6 @@ def test_cli_reports_errors_without_traceback(capsys, tmp_path):
 
 @pytest.mark.integration
 def test_cli_trains_the_runs_it_names_and_resumes_none_twice(capsys, tmp_path):
-    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
     assert main(["train", "--runs", "moeut-lm", "transformer-mlp"]) == 2  # checked before anything trains
     assert "Unknown run(s) ['transformer-mlp']" in capsys.readouterr().err
     args = ["train", "--profile", "smoke", "--runs", "transformer-lm", "--checkpoint-dir", str(tmp_path / "runs"),
@@ -110,3 +109,29 @@ def test_model_flag_runs_that_model_alone_unless_comparisons_are_named(tmp_path,
     assert seen[-1]["compare_models"] == ["smollm2-135m"]
     main(["run", "norms", "--results-dir", str(tmp_path)])  # no --model: the chapter's own comparisons
     assert "compare_models" not in seen[-1]
+
+
+@pytest.mark.unit
+def test_a_book_build_limited_to_some_chapters_executes_them_and_the_summary_pages(tmp_path, monkeypatch):
+    import nbformat
+
+    from lmdepth.book import build
+
+    executed = []
+
+    def fake(chapter, params, out, cwd=None):  # a kernel-free stand-in: an empty executed notebook
+        executed.append(chapter)
+        nbformat.write(nbformat.v4.new_notebook(), out)
+
+    monkeypatch.setattr(build, "execute_chapter", fake)
+    kw = dict(profile="smoke", book_dir=tmp_path / "book", results_dir=tmp_path / "results")
+    (tmp_path / "book").mkdir()
+    times = build.execute_book(only=["cosine", "moeut"], **kw)
+    assert executed == ["cosine", "moeut", "atlas", "reproducibility"] and set(times) == set(executed)
+    executed.clear()
+    build.execute_book(only=["cosine"], **kw)  # up to date, so the summary pages are not stale either
+    assert executed == []
+    build.execute_book(only=["norms"], force=True, **kw)
+    assert executed == ["norms", "atlas", "reproducibility"]
+    with pytest.raises(ParameterError, match="skiping"):
+        build.execute_book(only=["skiping"], **kw)

@@ -15,12 +15,14 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import nbformat
 
 from lmdepth.book.chapters import CHAPTERS, chapter_source, declared_parameters, execute_chapter, profile_params, profiles_dir
 from lmdepth.claims.findings import intro_summary, saved_verdicts
+from lmdepth.errors import ParameterError
 from lmdepth.results import BOOK_RECORD_ENV, atomic_write_text
 from lmdepth.runtime import REPO_ROOT
 
@@ -82,8 +84,18 @@ def clean_notebook(path: Path, repo_url: str | None = None) -> list[str]:
 
 
 def execute_book(profile: str = "default", force: bool = False, book_dir: Path | None = None,
-                 results_dir: Path | None = None) -> dict[str, float]:
-    """Execute every chapter whose inputs changed into ``book_dir``. Returns wall seconds per executed chapter."""
+                 results_dir: Path | None = None, only: Sequence[str] | None = None) -> dict[str, float]:
+    """Execute every chapter whose inputs changed into ``book_dir``. Returns wall seconds per executed chapter.
+
+    ``only`` limits the build to these chapters (plus the summary pages, which follow any executed page); the
+    other pages keep their last execution, stale or not, until a build without ``only``.
+
+    Raises:
+        ParameterError: ``only`` names an unknown chapter.
+    """
+    unknown = sorted(set(only or ()) - set(CHAPTERS))
+    if unknown:
+        raise ParameterError(f"Unknown chapter(s) {', '.join(unknown)}: choose from {', '.join(CHAPTERS)}.")
     book_dir = book_dir or REPO_ROOT / "book"
     results_dir = results_dir or REPO_ROOT / "results"
     env = {"LMDEPTH_PROGRESS": "0",  # inherited by the kernels: no carriage-return progress in outputs
@@ -91,7 +103,7 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        times = _execute_all(profile, force, book_dir, results_dir)
+        times = _execute_all(profile, force, book_dir, results_dir, only)
         write_findings_summary(book_dir, results_dir, profile)
         return times
     finally:  # do not leak the build's settings into the caller (e.g. later tests in the same process)
@@ -102,10 +114,14 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
                 os.environ[k] = v
 
 
-def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path) -> dict[str, float]:
+def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, only: Sequence[str] | None
+                 ) -> dict[str, float]:
     times: dict[str, float] = {}
     for i, (chapter, stem) in enumerate(CHAPTERS.items(), 1):
         out = book_dir / f"{stem}.ipynb"
+        if only and chapter not in only and not (chapter in SUMMARY_PAGES and times):
+            print(f"[{i}/{len(CHAPTERS)}] {chapter}: not selected (kept as it is)", flush=True)
+            continue
         digest = build_hash(chapter, profile)
         # pages that summarise the others are stale whenever another page was executed in this build
         stale_summary = chapter in SUMMARY_PAGES and bool(times)
@@ -175,9 +191,10 @@ def stage_book(target: Path) -> Path:
     return target
 
 
-def build_book(profile: str = "default", force: bool = False, html: bool = True) -> None:
+def build_book(profile: str = "default", force: bool = False, html: bool = True,
+               only: Sequence[str] | None = None) -> None:
     t0 = time.time()
-    times = execute_book(profile=profile, force=force)
+    times = execute_book(profile=profile, force=force, only=only)
     if html:
         render_html()
     print(json.dumps({"executed_s": {k: round(v) for k, v in times.items()}, "total_s": round(time.time() - t0)}))

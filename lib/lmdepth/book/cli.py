@@ -64,7 +64,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _book(args: argparse.Namespace) -> int:
-    build_book(profile=args.profile, force=args.force, html=not args.no_html)
+    build_book(profile=args.profile, force=args.force, html=not args.no_html, only=args.chapters)
     return 0
 
 
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", help="model_name parameter (packaged name, hub id or directory)")
     r.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="set a parameter; VALUE is YAML (5, true, '[a, b]')")
-    r.add_argument("--profile", help="start from a parameter profile: smoke, default, paper, or a .yaml file")
+    r.add_argument("--profile", help="start from a parameter profile: smoke, quick, default, paper, or a .yaml file")
     r.add_argument("--results-dir", default="lmdepth-results",
                    help="results root (default: ./lmdepth-results; the book's own results/ is written only by `lmdepth book`)")
     r.add_argument("--output", help="executed notebook path (default: <results-dir>/notebooks/<chapter>-<model>.ipynb)")
@@ -111,12 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(fn=_list)
 
     b = sub.add_parser("book", help="execute changed chapters into book/ and render the HTML book")
-    b.add_argument("--profile", default="default", help="smoke, default, paper, or a .yaml file")
+    b.add_argument("--profile", default="default", help="smoke, quick, default, paper, or a .yaml file")
     b.add_argument("--force", action="store_true", help="re-execute every chapter")
     b.add_argument("--no-html", action="store_true", help="execute only")
+    b.add_argument("--chapters", nargs="+", metavar="CHAPTER",
+                   help="execute only these (and the summary pages after them); the other pages are kept as they are")
     b.set_defaults(fn=_book)
     t = sub.add_parser("train", help="train chapter 07's from-scratch runs (resumes an interrupted run; skips finished ones)")
-    t.add_argument("--profile", default="default", help="training preset: smoke, default (CPU) or paper (GPU)")
+    t.add_argument("--profile", default="default",
+                   help="training preset: smoke, default (CPU; quick reads the same runs) or paper (GPU)")
     t.add_argument("--runs", nargs="+", metavar="RUN",
                    help="moeut-lm, moeut-answer_only, transformer-lm, transformer-answer_only (default: all four)")
     t.add_argument("--checkpoint-dir", default="checkpoints/dm_math", help="finished runs (chapter 07's checkpoint_dir)")
