@@ -65,6 +65,15 @@ def git_commit() -> str | None:
         return None
 
 
+def load_average() -> float | None:
+    """The machine's 1-minute load average (None where the OS has none): a timing taken beside other work is not
+    comparable with one taken on a quiet machine, so sidecars record it."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def environment() -> dict[str, Any]:
     """Versions and machine facts for a run's sidecar and the chapters' environment section."""
     versions = {}

@@ -31,7 +31,6 @@ the speed section.
 from __future__ import annotations
 
 import gc
-import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from lmdepth.metrics.ridge import DEFAULT_ALPHAS, PRODUCT_DTYPES, MapFit, bounda
 from lmdepth.model.registry import load_model, resolve_model_path
 from lmdepth.params import ModelParams, param
 from lmdepth.results import RunResult, RunStore
-from lmdepth.runtime import progress, resolve_device
+from lmdepth.runtime import load_average, progress, resolve_device
 
 ANALYSIS = "linear_maps"
 
@@ -242,13 +241,6 @@ def map_specs(model_name: str, compare_models: list[str], self_map_model: str, s
     return specs
 
 
-def _load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None
-
-
 def tokenizer_of(name: str) -> tuple[Any, int | None]:
     """A model's tokenizer and context length, without loading its weights."""
     path = resolve_model_path(name)[0]
@@ -327,7 +319,7 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
              ) -> tuple[pd.DataFrame, dict[str, Any]]:
     timings: dict[str, float] = {}
     t0, cpu0 = time.perf_counter(), time.process_time()
-    load_before = _load_average()
+    load_before = load_average()
     # The corpus is planned with the tokenizers alone; then one model at a time is loaded, its residuals collected
     # and the model released, so peak memory is one model plus the residuals (the paper profile maps 1.5B ↔ 14B).
     toks = {m: tokenizer_of(m) for m in models}
@@ -350,7 +342,7 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
     provenance: dict[str, dict[str, Any]] = {}
     needed = {m for s in specs if any(l not in fits for l in s.labels) for m in (s.source, s.target)}
     # Residuals go to files beside the results and are read memory-mapped: the default set (three models, 36k
-    # positions) is 7.5 GB, which with the statistics would not fit a 12 GB Colab runtime in RAM. Removed at the end
+    # positions) is 7.6 GB, which with the statistics would not fit a 12 GB Colab runtime in RAM. Removed at the end
     # (and by `lmdepth clean` if the process dies: a dot-named temporary).
     Path(p.results_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".residuals-", dir=p.results_dir) as spool:
@@ -404,7 +396,7 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
         # CPU time of this process (all threads): fairer than wall time on a shared machine
         "cpu_time_s": round(cpu_total, 2),
         # 1-minute load average of the machine before and after: wall times on a busy machine are not comparable
-        "load_average": [load_before, _load_average()],
+        "load_average": [load_before, load_average()],
     }
     return table, meta
 

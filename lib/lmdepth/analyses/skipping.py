@@ -6,7 +6,6 @@ points; over problems, the elementwise max. The mean over problems is kept too (
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from lmdepth.metrics.effects import cutoff_with_ci, later_effect
 from lmdepth.model.registry import load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
+from lmdepth.runtime import load_average
 
 ANALYSIS = "layer_skipping"
 BENCHMARK = "skipping_benchmark"
@@ -228,8 +228,6 @@ def later_effect_table(table: pd.DataFrame, models: Sequence[str]) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-
-
 def benchmark(params: SkipParams | None = None, n_pool: int = 200, tol: float = 1e-5, **kwargs: Any) -> RunResult:
     """The fast path timed against the naive loop on the first problem (future tokens, layer skip, at most 2 cut
     points: 2 × L naive passes), the work both do on it counted (:func:`~lmdepth.hooks.skip_cost.work_units`), and
@@ -254,7 +252,7 @@ def benchmark(params: SkipParams | None = None, n_pool: int = 200, tol: float = 
 
 
 def _benchmark(p: SkipParams, n_pool: int, tol: float) -> tuple[pd.DataFrame, dict[str, Any]]:
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load_before = load_average()
     lm = load_model(p.model_name, device=p.device, dtype=p.dtype)
     ex = load_examples(p.dataset, n_examples=1, seed=p.seed, selection=p.selection)[0]
     ids = lm.encode(ex.text)
@@ -274,5 +272,5 @@ def _benchmark(p: SkipParams, n_pool: int, tol: float) -> tuple[pd.DataFrame, di
                pool_median=float(np.median(ratios)), pool_max=ratios.max(), pool_share_5x=float((ratios >= 5).mean()))
     meta = {"parameters": {"model_name": p.model_name, "example": ex.id, "cuts": [int(c) for c in cuts]},
             "model": lm.provenance(), "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load_average": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]}
+            "load_average": [load_before, load_average()]}
     return pd.DataFrame([row]), meta
