@@ -2,7 +2,7 @@
 
 import pytest
 
-from lmdepth.book.chapters import check_parameters, declared_parameters, parse_cli_value, profile_params
+from lmdepth.book.chapters import PROFILES, check_parameters, declared_parameters, parse_cli_value, profile_params
 from lmdepth.book.cli import main
 from lmdepth.errors import ParameterError
 
@@ -27,6 +27,21 @@ def test_default_profile_matches_notebook_defaults():
     for name, value in profile_params("default", "norms").items():
         if name != "profile":
             assert parse_cli_value(spec[name].default) == value, name
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_passes_every_chapters_parameter_checks(profile, monkeypatch):
+    """A key a chapter does not declare, or a value of the wrong type, would stop a build at that chapter."""
+    from lmdepth.book import chapters
+    from lmdepth.book.chapters import CHAPTERS
+    from lmdepth.scratch.training import PRESETS
+
+    monkeypatch.setattr(chapters, "check_device", lambda device: None)  # `paper` asks for a GPU this machine lacks
+
+    for chapter in CHAPTERS:
+        check_parameters(chapter, profile_params(profile, chapter))
+    assert profile in PRESETS  # chapter 07 reads its training preset by the profile's name
 
 
 @pytest.mark.unit

@@ -121,7 +121,6 @@ def test_no_unsafe_load_in_the_library():
 @pytest.mark.integration
 def test_training_resumes_from_a_weights_only_checkpoint(tmp_path, monkeypatch):
     """The resume checkpoint (model, optimiser, RNG states) loads with weights_only=True and resumes exactly."""
-    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
     from lmdepth.scratch import training as tr
 
     small = dict(modules=("add_or_sub",), n_train_per_module=32, n_eval_per_module=4, steps=4, batch_size=4,

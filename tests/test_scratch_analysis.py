@@ -24,7 +24,6 @@ SMALL = dict(modules=MODULES, n_train_per_module=48, n_eval_per_module=12, steps
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
     root = tmp_path_factory.mktemp("scratch")
     return sa.trained_runs("smoke", root / "ck", root / "data", progress=False, **SMALL), root
 
@@ -33,6 +32,27 @@ def runs(tmp_path_factory):
 def test_missing_run_without_training_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="train=True"):
         sa.trained_runs("smoke", tmp_path / "none", tmp_path / "data", train=False, **SMALL)
+
+
+@pytest.mark.unit
+def test_a_finished_run_is_found_in_checkpoint_dir_first_then_among_the_shipped_runs(tmp_path, monkeypatch):
+    from lmdepth.scratch import shipped
+
+    mine, wheel = tmp_path / "mine", tmp_path / "wheel"
+    monkeypatch.setattr(shipped, "SHIPPED_DIRS", (wheel,))
+    folder = "moeut-lm-0123456789ab"
+    assert shipped.finished_model(folder, mine) is None
+    (wheel / folder).mkdir(parents=True)
+    (wheel / folder / "model.pt").write_bytes(b"w")
+    assert shipped.finished_model(folder, mine) is None  # no meta.json: not a finished run
+    (wheel / folder / "meta.json").write_text("{}")
+    assert shipped.finished_model(folder, mine) == wheel / folder / "model.pt"
+    (mine / folder).mkdir(parents=True)
+    (mine / folder / "ckpt.pt").write_bytes(b"r")  # an unfinished training of the reader's own
+    assert shipped.finished_model(folder, mine) == wheel / folder / "model.pt"
+    (mine / folder / "model.pt").write_bytes(b"m")
+    (mine / folder / "meta.json").write_text("{}")
+    assert shipped.finished_model(folder, mine) == mine / folder / "model.pt"
 
 
 @pytest.mark.integration
@@ -107,6 +127,18 @@ def test_paired_gains_are_paired_differences():
     assert g.loc[("exact match", "transformer")][["gain", "ci_low", "ci_high"]].tolist() == [0.0, 0.0, 0.0]
     assert g.loc[("answer loss reduction", "moeut − transformer"), "gain"] == 1.0
     assert (g.n == 20).all()
+    # the same problems compared across architectures: question modelled, MoEUT solves none and the Transformer
+    # half (−50 points, an interval below 0); not modelled, MoEUT solves all (+50 points)
+    gaps = sa.architecture_gaps(pd.DataFrame(rows), ["extrapolate"], n_boot=200).set_index(["metric", "comparison"])
+    lm, ao = gaps.loc[("exact match", "question modelled")], gaps.loc[("exact match", "question not modelled")]
+    assert lm.gain == -0.5 and lm.ci_high < 0 and ao.gain == 0.5 and ao.ci_low > 0
+    assert gaps.loc[("answer loss reduction", "question modelled"), "gain"] == -0.5  # 1.5 − 2.0 nats
+    text = scratch_page.gaps_md(gaps.reset_index())
+    assert "question modelled, extrapolate: the Transformer better" in text
+    assert "question not modelled, extrapolate: MoEUT better" in text
+    tie = pd.DataFrame(rows).assign(correct=False)  # nobody solves anything: no difference beyond noise
+    assert "do not differ beyond noise on extrapolate" in scratch_page.gaps_md(
+        sa.architecture_gaps(tie, ["extrapolate"], n_boot=200))
 
 
 @pytest.mark.integration

@@ -24,7 +24,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
     d = tmp_path_factory.mktemp("dm")
     dm.load_or_generate(d, MODULES, n_train_per_module=60, n_eval_per_module=6, seed=0)
     return d
@@ -55,7 +54,6 @@ def test_generation_is_seeded_cached_and_split_correctly(data_dir):
 
 @pytest.mark.unit
 def test_training_levels_are_selectable(tmp_path):
-    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
     easy = dm.load_or_generate(tmp_path, ("add_sub_multiple",), 9, 3, seed=0, train_levels=("train-easy",))
     assert easy.meta["train_levels"] == ["train-easy"] and len(easy.train) == 9
     assert easy.path != dm.load_or_generate(tmp_path, ("add_sub_multiple",), 9, 3, seed=0).path
@@ -65,7 +63,6 @@ def test_training_levels_are_selectable(tmp_path):
 
 @pytest.mark.unit
 def test_the_small_number_module_answers_its_own_expressions():
-    pytest.importorskip("mathematics_dataset", reason="needs the [scratch] extra (mathematics-dataset)")
     import re
 
     interp = dm.generate_split("interpolate", ("add_sub_multiple_small",), 90, seed=0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,10 @@ from lmdepth.metrics.intervals import exact_match
 from lmdepth.params import Params, param
 from lmdepth.scratch.models import ScratchLM, adapter_for
 from lmdepth.scratch.evaluate import evaluate, greedy_answer
+from lmdepth.scratch.shipped import finished_model
 from lmdepth.scratch.training import (
     ARCHS,
+    OBJECTIVE_LABELS,
     OBJECTIVES,
     PRESETS,
     load_trained,
@@ -71,7 +73,9 @@ def trained_runs(profile: str, checkpoint_dir: str | Path, data_dir: str | Path,
                  device: str = "cpu", progress: bool = True, **overrides: Any) -> dict[str, TrainedRun]:
     """The four runs of a profile, trained first where no finished checkpoint exists (and ``train`` is True).
 
-    An interrupted training run resumes from its last checkpoint on the next call.
+    A finished run is looked up in ``checkpoint_dir``, then among the runs shipped with the library
+    (:mod:`lmdepth.scratch.shipped`); a run trained here goes to ``checkpoint_dir``. An interrupted training run
+    resumes from its last checkpoint on the next call.
 
     Raises:
         DataError: a run is missing and ``train`` is False.
@@ -80,11 +84,13 @@ def trained_runs(profile: str, checkpoint_dir: str | Path, data_dir: str | Path,
     for arch in ARCHS:
         for objective in OBJECTIVES:
             cfg = run_config(profile, arch, objective, **overrides)
-            path = run_dir(cfg, checkpoint_dir) / "model.pt"
-            trained_now = not path.exists()
+            path = finished_model(run_dir(cfg, checkpoint_dir).name, checkpoint_dir)
+            trained_now = path is None
             if trained_now:
+                path = run_dir(cfg, checkpoint_dir) / "model.pt"
                 if not train:
-                    raise DataError(f"No trained {cfg.name} run for profile {profile!r} under {checkpoint_dir} "
+                    raise DataError(f"No trained {cfg.name} run for profile {profile!r} under {checkpoint_dir} or "
+                                    "among the runs shipped with lmdepth "
                                     f"(expected {path}). Set train=True (CLI: -p train true) to train it, or point "
                                     "checkpoint_dir at a directory that holds it.")
                 # say so loudly: a reader who expected the committed runs (e.g. in Colab, without the repository's
@@ -124,9 +130,29 @@ def accuracy_summary(per_example: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _paired_differences(per_example: pd.DataFrame, split: str,
+                        differences: Callable[[pd.DataFrame], dict[str, np.ndarray]], n_boot: int, seed: int
+                        ) -> pd.DataFrame:
+    """Per-problem differences between runs, with paired bootstrap 95 % intervals (all runs answer the same
+    problems, so problems are resampled jointly). ``differences(w)`` maps a problem × run table of one metric
+    (exact match, or minus the answer loss, so that larger is better for both) to ``{comparison: [n] values}``."""
+    d = per_example[per_example.split == split].copy()
+    d["item"] = d.groupby("run").cumcount()  # evaluate() keeps the order of the examples for every run
+    n = int(d.item.nunique())
+    idx = np.random.default_rng(seed).integers(0, n, (n_boot, n))
+    rows = []
+    for metric, col, sign in (("exact match", "correct", 1.0), ("answer loss reduction", "answer_nll", -1.0)):
+        w = sign * d.pivot(index="item", columns="run", values=col).astype(float)
+        for name, g in differences(w).items():
+            lo, hi = np.quantile(g[idx].mean(1), [0.025, 0.975])
+            rows.append({"split": split, "metric": metric, "comparison": name, "gain": float(g.mean()),
+                         "ci_low": float(lo), "ci_high": float(hi), "n": n})
+    return pd.DataFrame(rows)
+
+
 def paired_gains(per_example: pd.DataFrame, split: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """What not modelling the question changes, per architecture and MoEUT − Transformer, with paired bootstrap 95 %
-    intervals (all runs answer the same problems, so problems are resampled jointly).
+    intervals.
 
     Metrics: ``exact match`` (answer-only − all-token accuracy) and ``answer loss reduction`` (all-token − answer-only
     mean answer cross-entropy, nats per token; positive = the answer-only run predicts the answers better).
@@ -134,20 +160,26 @@ def paired_gains(per_example: pd.DataFrame, split: str, n_boot: int = 1000, seed
     Returns:
         ``split, metric, comparison ("moeut", "transformer", "moeut − transformer"), gain, ci_low, ci_high, n``.
     """
-    d = per_example[per_example.split == split].copy()
-    d["item"] = d.groupby("run").cumcount()  # evaluate() keeps the order of the examples for every run
-    n = int(d.item.nunique())
-    idx = np.random.default_rng(seed).integers(0, n, (n_boot, n))
-    rows = []
-    for metric, col, sign in (("exact match", "correct", 1.0), ("answer loss reduction", "answer_nll", -1.0)):
-        w = d.pivot(index="item", columns="run", values=col).astype(float)
-        gains = {a: sign * (w[f"{a}-answer_only"] - w[f"{a}-lm"]).to_numpy() for a in ARCHS}
-        gains["moeut − transformer"] = gains["moeut"] - gains["transformer"]
-        for name, g in gains.items():
-            lo, hi = np.quantile(g[idx].mean(1), [0.025, 0.975])
-            rows.append({"split": split, "metric": metric, "comparison": name, "gain": float(g.mean()),
-                         "ci_low": float(lo), "ci_high": float(hi), "n": n})
-    return pd.DataFrame(rows)
+    def gains(w: pd.DataFrame) -> dict[str, np.ndarray]:
+        g = {a: (w[f"{a}-answer_only"] - w[f"{a}-lm"]).to_numpy() for a in ARCHS}
+        return {**g, "moeut − transformer": g["moeut"] - g["transformer"]}
+
+    return _paired_differences(per_example, split, gains, n_boot, seed)
+
+
+def architecture_gaps(per_example: pd.DataFrame, splits: Sequence[str], n_boot: int = 1000, seed: int = 0
+                      ) -> pd.DataFrame:
+    """MoEUT − Transformer trained with the same objective, per split: exact match (points) and answer loss
+    reduction (Transformer − MoEUT nats per answer token; positive = MoEUT predicts the answers better), with paired
+    bootstrap 95 % intervals. An interval that contains 0 means the two architectures do not differ beyond noise.
+
+    Returns:
+        ``split, metric, comparison (the objective's label), gain, ci_low, ci_high, n``.
+    """
+    def gaps(w: pd.DataFrame) -> dict[str, np.ndarray]:
+        return {OBJECTIVE_LABELS[o]: (w[f"moeut-{o}"] - w[f"transformer-{o}"]).to_numpy() for o in OBJECTIVES}
+
+    return pd.concat([_paired_differences(per_example, s, gaps, n_boot, seed) for s in splits], ignore_index=True)
 
 
 # ---- residual erasure on the probes ----------------------------------------------------------------------------
@@ -381,7 +413,7 @@ def answer_only_rises(rises: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return rise["moeut-answer_only"], rise["transformer-answer_only"]
 
 
-__all__ = ["TrainedRun", "trained_runs", "evaluate_runs", "accuracy_summary", "paired_gains",
+__all__ = ["TrainedRun", "trained_runs", "evaluate_runs", "accuracy_summary", "paired_gains", "architecture_gaps",
            "probe_erasure", "erasure_depth", "operation_sample", "depth_by_operations", "ARCH_LABELS",
            "ScratchParams", "evaluation_splits", "gains_by_split", "probe_erasures", "DepthByOperations",
            "depth_vs_operations", "RISE", "overall_rises", "extrapolation_gains", "answer_only_rises"]

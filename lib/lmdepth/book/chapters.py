@@ -38,19 +38,31 @@ CHAPTERS: dict[str, str] = {
     "explorer": "91_explorer",
     "reproducibility": "92_reproducibility",
 }
-PROFILES = ("smoke", "default", "paper")
+PROFILES = ("smoke", "quick", "default", "paper")
 #: The parameters class whose checks a chapter's values go through before a kernel starts (the same checks the
 #: analysis runs when the chapter calls it). Chapter 05 is not here: its parameters cell spans two analyses and
 #: gives some names another meaning (``max_answer_tokens`` 0 = whole solutions); its library call checks them.
 CHAPTER_PARAMS: dict[str, type[Params]] = {"norms": ResidualParams, "cosine": ResidualParams, "skipping": SkipParams,
                                            "lens": LensParams, "maps": MapsParams, "moeut": ScratchParams}
 
+#: The chapter sources and profiles inside an installed wheel (``setup.py`` copies them there).
+PACKAGE_BOOK = Path(__file__).resolve().parents[1] / "_book"
+
+
+def _book_dir(env: str, name: str) -> Path:
+    """``$env`` if set, else the checkout's ``name/``, else the installed wheel's copy (``lmdepth run`` after a
+    plain ``pip install``)."""
+    if env in os.environ:
+        return Path(os.environ[env])
+    return REPO_ROOT / name if (REPO_ROOT / name).is_dir() else PACKAGE_BOOK / name
+
+
 def notebooks_dir() -> Path:
-    return Path(os.environ.get("LMDEPTH_NOTEBOOKS", REPO_ROOT / "notebooks"))
+    return _book_dir("LMDEPTH_NOTEBOOKS", "notebooks")
 
 
 def profiles_dir() -> Path:
-    return Path(os.environ.get("LMDEPTH_PROFILES", REPO_ROOT / "profiles"))
+    return _book_dir("LMDEPTH_PROFILES", "profiles")
 
 
 def chapter_source(chapter: str) -> Path:
@@ -58,8 +70,9 @@ def chapter_source(chapter: str) -> Path:
         raise ParameterError(f"Unknown chapter {chapter!r}. Chapters: {', '.join(CHAPTERS)}.")
     path = notebooks_dir() / f"{CHAPTERS[chapter]}.py"
     if not path.exists():
-        raise ParameterError(f"Chapter source {path} not found: run from a checkout of the repository, or set "
-                             "LMDEPTH_NOTEBOOKS to its notebooks/ directory.")
+        raise ParameterError(f"Chapter source {path} not found: run from a checkout of the repository, install the "
+                             "package from a wheel (it carries the sources), or set LMDEPTH_NOTEBOOKS to the "
+                             "repository's notebooks/ directory.")
     return path
 
 

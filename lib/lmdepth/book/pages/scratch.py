@@ -3,8 +3,6 @@ invariants, from :mod:`lmdepth.analyses.scratch`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
@@ -12,6 +10,7 @@ from lmdepth.analyses.scratch import (ARCH_LABELS, RISE, DepthByOperations, Trai
                                       evaluation_splits, extrapolation_gains)
 from lmdepth.claims import report
 from lmdepth.data.dm_math import EXTRAPOLATE, MathData
+from lmdepth.scratch.shipped import PACKAGE_RUNS
 from lmdepth.scratch.training import OBJECTIVE_LABELS, TrainConfig, run_config
 
 
@@ -129,6 +128,32 @@ def gains_table(gains: pd.DataFrame) -> pd.DataFrame:
             [["moeut", "transformer", "moeut − transformer"]].reset_index())
 
 
+def gaps_table(gaps: pd.DataFrame) -> pd.DataFrame:
+    """:func:`~lmdepth.analyses.scratch.architecture_gaps` for display: per (split, metric), MoEUT − Transformer with
+    its 95 % interval for each objective."""
+    shown = gaps.assign(**{"MoEUT − Transformer (95% CI)": [
+        (f"{g:+.1%} [{lo:+.1%}, {hi:+.1%}]" if m == "exact match" else f"{g:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        for g, lo, hi, m in zip(gaps.gain, gaps.ci_low, gaps.ci_high, gaps.metric)]})
+    return shown.pivot(index=["split", "metric"], columns="comparison",
+                       values="MoEUT − Transformer (95% CI)").reset_index()
+
+
+def gaps_md(gaps: pd.DataFrame) -> str:
+    """One sentence per objective on exact match: where MoEUT and the Transformer differ beyond noise, and where not
+    (a paired interval that contains 0)."""
+    em = gaps[gaps.metric == "exact match"]
+    parts = []
+    for objective, g in em.groupby("comparison", sort=False):
+        read = {split: interval_verdict(r, "MoEUT better") for split, r in g.set_index("split").iterrows()}
+        same = [s for s, v in read.items() if v == "no clear difference"]
+        differ = [f"{s}: {v.replace('the opposite of MoEUT better', 'the Transformer better')}"
+                  for s, v in read.items() if v != "no clear difference"]
+        parts.append(f"with the {objective}, " + "; ".join(
+            ([f"they do not differ beyond noise on {' and '.join(same)}"] if same else []) + differ))
+    return ("**MoEUT against the Transformer, same objective** (exact match, paired intervals over the same "
+            f"{int(em.n.max())} problems per split): " + "; ".join(parts) + ".")
+
+
 def probe_answers_table(answers: pd.DataFrame) -> pd.DataFrame:
     """Per probe and reference answer, each run's greedy answer (one column per run)."""
     return answers.pivot(index=["probe", "answer"], columns="run", values="greedy answer").reset_index()
@@ -216,8 +241,12 @@ def check_results(runs: dict[str, TrainedRun], summary: pd.DataFrame, erasure_ta
             raise AssertionError(f"{name}: the probe maps need one row per depth step")
 
 
-def page_md(verdicts: pd.DataFrame, runs: dict[str, TrainedRun], runs_dir: str | Path, seconds: float) -> str:
-    """The closing summary: verdict counts, the page's wall time and which runs were trained now."""
+def page_md(verdicts: pd.DataFrame, runs: dict[str, TrainedRun], seconds: float) -> str:
+    """The closing summary: verdict counts, the page's wall time, which runs were trained now and where the others
+    were loaded from (a folder, or the runs shipped with the package)."""
     trained = [n for n, r in runs.items() if r.trained_now]
+    where = sorted({"the runs shipped with the package" if r.path.parent.parent.resolve() == PACKAGE_RUNS
+                    else f"`{r.path.parent.parent}`" for r in runs.values() if not r.trained_now})
+    loaded = f"loaded from {' and '.join(where)} (not retrained)" if where else ""
     return (f"{report.summary(verdicts)} Wall time of this page: {seconds:.0f} s; "
-            + (f"trained now: {', '.join(trained)}." if trained else f"all four runs loaded from `{runs_dir}` (not retrained)."))
+            + "; ".join(x for x in (f"trained now: {', '.join(trained)}" if trained else "", loaded) if x) + ".")
