@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import nbformat
@@ -51,19 +48,12 @@ def chromium_dom(html: Path) -> str:
 
 def chromium(html: Path) -> tuple[str, str]:
     """Load a page in headless Chromium with every host name unresolvable: (DOM after scripts ran, console log)."""
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert exe, ("headless Chromium is needed for this test: scripts/test.sh installs Debian's chromium where it may "
-                 "(root or sudo); else `apt install chromium`, or deselect with -m 'not browser'")
-    with tempfile.TemporaryDirectory() as profile:
-        out = subprocess.run(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}",
-             # no name resolves: a page that needed a CDN would fail here even on a machine with internet
-             "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-             "--enable-logging=stderr", "--v=0",  # page console messages go to stderr as "CONSOLE(…)" lines
-             "--virtual-time-budget=8000", "--dump-dom", html.as_uri()],
-            capture_output=True, text=True, timeout=120,
-        )
+    from lmdepth.book.defects import chromium_exe, headless
+
+    assert chromium_exe(), ("headless Chromium is needed for this test: scripts/test.sh installs Debian's chromium "
+                            "where it may (root or sudo); else `apt install chromium`, or deselect with -m 'not browser'")
+    # page console messages go to stderr as "CONSOLE(…)" lines
+    out = headless(html, "--enable-logging=stderr", "--v=0", budget_ms=8000)
     console = "\n".join(line for line in out.stderr.splitlines() if "CONSOLE" in line)
     return out.stdout, console
 

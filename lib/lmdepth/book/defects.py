@@ -56,23 +56,33 @@ def chromium_exe() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def rendered(page: Path, timeout: int = 120) -> str:
-    """The DOM of ``page`` after its scripts ran, with the layout measurements in ``<pre id="lmdepth-measure">``."""
+def headless(page: Path, *flags: str, budget_ms: int = 12000, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Load ``page`` in headless Chromium with every host name unresolvable (a page that needed a CDN fails here
+    even on a machine with internet), after its scripts ran for ``budget_ms`` of virtual time; stdout is the DOM.
+
+    Raises:
+        RuntimeError: no Chromium on PATH.
+    """
     exe = chromium_exe()
     if exe is None:
         raise RuntimeError("headless Chromium is needed: `apt install chromium` (scripts/test.sh does it where it may)")
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run(
+            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}",
+             "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1", *flags,
+             f"--virtual-time-budget={budget_ms}", "--dump-dom", page.as_uri()],
+            capture_output=True, text=True, timeout=timeout)
+
+
+def rendered(page: Path, timeout: int = 120) -> str:
+    """The DOM of ``page`` after its scripts ran, with the layout measurements in ``<pre id="lmdepth-measure">``."""
     probe = page.with_name(f".{page.stem}.measure.html")
     probe.write_text(page.read_text().replace("</body>", MEASURE_JS + "</body>", 1))
     try:
-        with tempfile.TemporaryDirectory() as profile:
-            out = subprocess.run(
-                [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}",
-                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1", f"--window-size={WINDOW}",
-                 "--virtual-time-budget=12000", "--dump-dom", probe.as_uri()],
-                capture_output=True, text=True, timeout=timeout)
+        return headless(probe, f"--window-size={WINDOW}", timeout=timeout).stdout
     finally:
         probe.unlink(missing_ok=True)
-    return out.stdout
 
 
 def expected_tables(source: str) -> int:
@@ -109,4 +119,4 @@ def page_defects(dom: str, n_tables: int = 0) -> list[str]:
     return out
 
 
-__all__ = ["MAX_COLUMNS_UNSCROLLED", "rendered", "expected_tables", "page_defects"]
+__all__ = ["MAX_COLUMNS_UNSCROLLED", "headless", "rendered", "expected_tables", "page_defects"]

@@ -153,8 +153,8 @@ class TrainConfig:
 #:   ``add_sub_multiple_small`` (answers in [−49, 49], 2–4 operations; :data:`~lmdepth.data.dm_math.SMALL_MODULES`).
 #:   On the release's ``add_sub_multiple``, 1,500 steps left every run at the constant-answer baseline; on the small
 #:   module the dense answer-only run sat at 17–20 % exact match from step 1,000 to 6,000, then rose to 52 % by step
-#:   13,000 (learning curve in its checkpoint). Sized for a 2-core CPU, one thread per run: the Transformer 3,460 s
-#:   of CPU time per run; MoEUT's steps cost 2.2× the Transformer's at the old 1,500-step preset (906–915 s vs 405 s).
+#:   13,000 (learning curve in its checkpoint). Sized for a 2-core CPU, one thread per run, two runs side by side:
+#:   CPU time per run 3,300–3,460 s for the Transformer and 6,840–6,850 s for MoEUT (5.7 CPU-hours for all four).
 #: * ``paper``: the public MoEUT_244M configuration (d_model 1024, 18 depth steps, G = 2, 4 heads of 128, 387 σ-MoE
 #:   experts of 128 with top-16, 10 SwitchHead experts with top-2; ≈ 227M parameters with the 99-symbol vocabulary)
 #:   and a dense pre-LN baseline of about the same size (18 layers, d_model 1024, d_ff 4096, 16 heads of 64), on

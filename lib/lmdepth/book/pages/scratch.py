@@ -118,24 +118,26 @@ def accuracy_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([runs, pd.DataFrame([const])], ignore_index=True).fillna("—")
 
 
+def _paired_display(table: pd.DataFrame, label: str, columns: list[str] | None = None) -> pd.DataFrame:
+    """Paired differences (``split, metric, comparison, gain, ci_low, ci_high``) as one row per (split, metric) and
+    one column per comparison, each cell the difference with its 95 % interval (points for exact match)."""
+    shown = table.assign(**{label: [
+        (f"{g:+.1%} [{lo:+.1%}, {hi:+.1%}]" if m == "exact match" else f"{g:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        for g, lo, hi, m in zip(table.gain, table.ci_low, table.ci_high, table.metric)]})
+    wide = shown.pivot(index=["split", "metric"], columns="comparison", values=label)
+    return (wide[columns] if columns else wide).reset_index()
+
+
 def gains_table(gains: pd.DataFrame) -> pd.DataFrame:
     """The paired gains for display: per (split, metric), the change with its 95 % interval for MoEUT, the
     Transformer and their difference."""
-    g_show = gains.assign(**{"change (95% CI)": [
-        (f"{g:+.1%} [{lo:+.1%}, {hi:+.1%}]" if m == "exact match" else f"{g:+.3f} [{lo:+.3f}, {hi:+.3f}]")
-        for g, lo, hi, m in zip(gains.gain, gains.ci_low, gains.ci_high, gains.metric)]})
-    return (g_show.pivot(index=["split", "metric"], columns="comparison", values="change (95% CI)")
-            [["moeut", "transformer", "moeut − transformer"]].reset_index())
+    return _paired_display(gains, "change (95% CI)", ["moeut", "transformer", "moeut − transformer"])
 
 
 def gaps_table(gaps: pd.DataFrame) -> pd.DataFrame:
     """:func:`~lmdepth.analyses.scratch.architecture_gaps` for display: per (split, metric), MoEUT − Transformer with
     its 95 % interval for each objective."""
-    shown = gaps.assign(**{"MoEUT − Transformer (95% CI)": [
-        (f"{g:+.1%} [{lo:+.1%}, {hi:+.1%}]" if m == "exact match" else f"{g:+.3f} [{lo:+.3f}, {hi:+.3f}]")
-        for g, lo, hi, m in zip(gaps.gain, gaps.ci_low, gaps.ci_high, gaps.metric)]})
-    return shown.pivot(index=["split", "metric"], columns="comparison",
-                       values="MoEUT − Transformer (95% CI)").reset_index()
+    return _paired_display(gaps, "MoEUT − Transformer (95% CI)")
 
 
 def gaps_md(gaps: pd.DataFrame) -> str:
@@ -144,10 +146,10 @@ def gaps_md(gaps: pd.DataFrame) -> str:
     em = gaps[gaps.metric == "exact match"]
     parts = []
     for objective, g in em.groupby("comparison", sort=False):
-        read = {split: interval_verdict(r, "MoEUT better") for split, r in g.set_index("split").iterrows()}
+        read = {split: interval_verdict(r, "MoEUT better", "the Transformer better")
+                for split, r in g.set_index("split").iterrows()}
         same = [s for s, v in read.items() if v == "no clear difference"]
-        differ = [f"{s}: {v.replace('the opposite of MoEUT better', 'the Transformer better')}"
-                  for s, v in read.items() if v != "no clear difference"]
+        differ = [f"{s}: {v}" for s, v in read.items() if v != "no clear difference"]
         parts.append(f"with the {objective}, " + "; ".join(
             ([f"they do not differ beyond noise on {' and '.join(same)}"] if same else []) + differ))
     return ("**MoEUT against the Transformer, same objective** (exact match, paired intervals over the same "
@@ -191,10 +193,12 @@ def solved_table(solved_groups: pd.DataFrame) -> pd.DataFrame:
             .merge(sg.pivot(index="run", columns="group", values="n").add_prefix("n ").reset_index(), on="run"))
 
 
-def interval_verdict(r: pd.Series, better: str) -> str:
-    """How a paired interval (``ci_low``, ``ci_high``) reads: ``better`` when above 0, its opposite when below 0,
-    else no clear difference."""
-    return better if r.ci_low > 0 else ("the opposite of " + better if r.ci_high < 0 else "no clear difference")
+def interval_verdict(r: pd.Series, better: str, worse: str | None = None) -> str:
+    """How a paired interval (``ci_low``, ``ci_high``) reads: ``better`` when above 0, ``worse`` (default: "the
+    opposite of ``better``") when below 0, else no clear difference."""
+    if r.ci_low > 0:
+        return better
+    return (worse or f"the opposite of {better}") if r.ci_high < 0 else "no clear difference"
 
 
 def findings_md(summary: pd.DataFrame, gains: pd.DataFrame, rises: pd.DataFrame, edepth: pd.DataFrame) -> str:
