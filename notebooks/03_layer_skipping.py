@@ -25,7 +25,7 @@
 #
 # ```bash
 # source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
-# lmdepth run skipping --model smollm2-135m -p n_examples 3
+# lmdepth run skipping --model smollm2-135m -p n_examples 3 -p n_examples_current 3 -p benchmark false
 # python scripts/bench_skipping.py --model smollm2-135m --n-examples 1 --analysis future   # speed vs naive
 # ```
 
@@ -45,10 +45,11 @@ if "google.colab" in sys.modules:  # pragma: no cover
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
 compare_models: list = ["gemma3-270m", "qwen2.5-coder-0.5b"]  # compared on relative depth; [] to skip
 dataset: str = "gsm8k"  # "gsm8k", "math", or a .jsonl file with {"text"} or {"prompt", "answer"} lines
-n_examples: int = 2  # problems for the future-token analysis of model_name (the paper: 10)
-n_examples_current: int = 3  # problems for the all-token analysis of model_name (the paper: 20)
-n_examples_compare: int = 1  # problems for each comparison model's future-token analysis (CPU budget)
-n_cuts_compare: int = 2  # cut points per problem for the comparison models
+n_examples: int = 20  # problems for the future-token analysis of model_name (the paper: 10)
+n_examples_current: int = 20  # problems for the all-token analysis of model_name (the paper: 20)
+n_examples_compare: int = 10  # problems for each comparison model (and each random-init control of one)
+n_cuts_compare: int = 4  # cut points per problem for the comparison models
+parts_compare: list = ["layer"]  # what the comparison models and the random-init controls skip (the claims read the layer)
 current_compare: bool = True  # also run the all-token analysis on the comparison models
 seed: int = 0  # seed of the example selection, the cut points and the bootstrap
 selection: str = "random"  # "random" (the paper's wording) or "first" (the authors' code: first N in file order)
@@ -81,6 +82,9 @@ TITLES = page.VARIANT_TITLES
 variants = skip_analysis.variant_names(parts, local)
 output_variants = [v for v in variants if v != "local"]  # all tokens, output bars: the local variant is empty there
 models = chapter_models(model_name, compare_models)  # checked: a typo stops here, before any model runs
+# comparison models and controls: only what the claims read, so their samples can reach 10 problems on a CPU
+compare_common = dict(common, parts=parts_compare, local=False)
+compare_variants = skip_analysis.variant_names(parts_compare, False)
 
 # %% [markdown]
 # ## The intervention
@@ -127,13 +131,14 @@ md(page.later_effects_md(current, future, threshold))
 # %% [markdown]
 # ## Across models
 #
-# The comparison models run the future-token analysis (all parts and the local variant) on fewer problems and cut
-# points (`n_examples_compare`, `n_cuts_compare`; the all-token analysis with `current_compare=True`). Their
-# cutoffs rest on little data: read them as a first look, not a measurement.
+# The comparison models skip whole layers only (`parts_compare`), on 10 problems with 4 cut points each
+# (`n_examples_compare`, `n_cuts_compare`; the all-token analysis with `current_compare=True`): what the claims
+# read, at the smallest sample a verdict may rest on. Their attention, MLP and local variants are not run: those
+# would cost three times as much and no claim reads them.
 
 # %% tags=["hide-input"]
 comparison = skip_analysis.compare(models, current, future, n_examples=n_examples_compare, n_cuts=n_cuts_compare,
-                                   with_current=current_compare, **common)
+                                   with_current=current_compare, **compare_common)
 
 # %% mystnb={"figure": {"caption": "Future tokens: for each skipped layer, the largest relative change it causes in any later layer (max over problems), per model on relative depth; the axis is clipped at 1 like the heatmaps (hover a point for its value). Dashed: the cutoff threshold.", "name": "fig-skip-models"}}
 later_effect_lines(skip_analysis.later_effect_table(comparison.table, models), threshold)
@@ -142,11 +147,11 @@ later_effect_lines(skip_analysis.later_effect_table(comparison.table, models), t
 show_table(page.cutoff_table(comparison.metas, models, variants))
 
 # %% [markdown]
-# The heatmaps and output changes of each comparison model (all parts and the local variant; all tokens when
-# `current_compare` is on, future tokens always), on their smaller samples.
+# The heatmaps and output changes of each comparison model (the parts in `parts_compare`; all tokens when
+# `current_compare` is on, future tokens always).
 
 # %% tags=["hide-input"]
-for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.metas, models[1:], variants, TITLES,
+for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.metas, models[1:], compare_variants, TITLES,
                                                  n_examples_compare):
     md(heading)
     display(heatmaps, bars)
@@ -154,16 +159,19 @@ for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.me
 # %% [markdown]
 # ## Does the claim hold here?
 #
-# From the claims registry (`lmdepth.claims`), on per-problem effects clipped at 1. The random-init control runs
-# where the main model has at least 10 problems in both analyses; with fewer, the checks are not testable and a
-# control would have nothing to discriminate.
+# From the claims registry (`lmdepth.claims`), on per-problem effects clipped at 1. Each model's random-init
+# control (whole layers only, what the claims read) runs on the same problems and cut points where the model has at
+# least 10 problems in both analyses; with fewer, the checks are not testable and a control would have nothing to
+# discriminate.
 
 # %% tags=["hide-input"]
 md(report.describe("skipping"))
 
 # %% tags=["hide-input"]
-controls = skip_analysis.units_of(report.control_models([model_name], n_units=min(n_examples, n_examples_current)),
-                                  n_examples_current, n_examples, n_cuts, **common)
+controls = skip_analysis.units_of([  # (models, problems all tokens, problems future tokens, cut points)
+    (report.control_models([model_name], n_units=min(n_examples, n_examples_current)), n_examples_current, n_examples, n_cuts),
+    (report.control_models(models[1:], n_units=n_examples_compare), n_examples_compare, n_examples_compare, n_cuts_compare),
+], **compare_common)
 verdicts = report.check("skipping", comparison.units, models, controls, n_boot=n_boot, seed=seed)
 report.save(verdicts, "skipping", results_dir)
 show_table(report.display(verdicts))

@@ -64,11 +64,12 @@ n_cuts: int = 2  # MATH / GSM8K cut points per item, from every 4th answer token
 max_answer_tokens: int = 64  # MATH / GSM8K: answer tokens kept after the prompt; 0 keeps the whole solution (the paper)
 hop_cut: str = "predict"  # synthetic items: measure where the answer is predicted ("predict") or after it ("answer", the code)
 gen_tokens: int = 128  # MATH / GSM8K correctness: greedy generation budget in tokens; 0 skips the check
-n_case_studies: int = 3  # case-study prompts for residual erasure (of 4: two-hop fact, arithmetic, variable chain, DM-math)
-n_ig_prompts: int = 1  # of those, how many also get integrated gradients (main model only)
+n_case_studies: int = 6  # case-study prompts for residual erasure (of 6, erasure.CASE_STUDIES: two-hop facts, sums, a variable chain, DM-math)
+n_ig_prompts: int = 5  # of those, how many also get integrated gradients (main model)
 ig_steps: int = 128  # integrated-gradients Riemann steps (the paper: 256); 0 skips integrated gradients
 ig_rule: str = "left"  # quadrature: "left" (the paper's left Riemann sum, steps k/N) or "midpoint" (steps (k + 1/2)/N)
-n_case_studies_compare: int = 1  # case-study prompts for erasure on each comparison model; 0 to skip
+n_case_studies_compare: int = 6  # case-study prompts for erasure on each comparison model; 0 to skip
+n_ig_prompts_compare: int = 0  # of those, how many also get integrated gradients (CPU budget: ~1 h per prompt for Qwen)
 n_mean_examples: int = 10  # GSM8K problems (the first N) whose mean residual is erased in (the paper: 10)
 n_boot: int = 1000  # bootstrap resamples over items for the intervals
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
@@ -92,8 +93,8 @@ models = chapter_models(model_name, compare_models)  # checked: a typo stops her
 complexity.check_chapter_parameters(sources=sources, n_per_level=n_per_level, n_synthetic=n_synthetic,
     n_per_level_compare=n_per_level_compare, n_synthetic_compare=n_synthetic_compare, n_cuts=n_cuts, hop_cut=hop_cut,
     max_answer_tokens=max_answer_tokens, gen_tokens=gen_tokens, n_boot=n_boot)
-erasure.check_chapter_parameters(n_case_studies=n_case_studies, n_case_studies_compare=n_case_studies_compare,
-                                 n_ig_prompts=n_ig_prompts, ig_steps=ig_steps, ig_rule=ig_rule)
+case_kw = erasure.check_chapter_parameters(n_case_studies=n_case_studies, n_case_studies_compare=n_case_studies_compare,
+    ig_steps=ig_steps, n_ig_prompts=n_ig_prompts, ig_rule=ig_rule, n_ig_prompts_compare=n_ig_prompts_compare)
 dev = resolve_device(device)
 loaders = complexity.model_loaders(models, device=dev, dtype=dtype)  # each model loads at most once
 
@@ -234,9 +235,8 @@ assert levels.dropna(subset=["depth_score"]).eval("depth_score >= 0 and depth_sc
 # element 0, layers below $b$ not recomputed.
 
 # %% tags=["hide-input"]
-case = erasure.run_case_studies(models, n_case_studies, n_case_studies_compare, ig_steps, n_ig_prompts, ig_rule,
-                                loaders, n_mean_examples=n_mean_examples, device=dev, dtype=dtype,
-                                results_dir=results_dir, use_cache=use_cache)
+case = erasure.run_case_studies(models, loaders=loaders, n_mean_examples=n_mean_examples, device=dev, dtype=dtype,
+                                results_dir=results_dir, use_cache=use_cache, **case_kw)
 show_table(page.case_table(case))
 
 # %% mystnb={"figure": {"caption": "Residual erasure for the main model: effect on the answer predictions of replacing the residual at (layer boundary, token) with the mean residual. Row 0 = embeddings, layer 0 at the bottom; the last token is not shown (it feeds no answer prediction). The colour scale is clipped at the largest effect outside position 0 (erasing the attention-sink token breaks everything; hover for values). A compositional computation would show a left-to-right staircase.", "name": "fig-erasure"}}
@@ -254,7 +254,8 @@ show_table(erasure.last_layer_that_matters(concat_tables(case)))
 comparison_maps(concat_tables(case), list(case)[1:])
 
 # %% [markdown]
-# The comparison models on the first case studies (same mean-residual protocol).
+# The comparison models on the same case studies (same mean-residual protocol). Six prompts per model (five with
+# integrated gradients for the main model) are case studies: they show whether a staircase appears, not how often.
 #
 # ## Integrated gradients (Fig. 6a)
 #
@@ -293,7 +294,8 @@ map_chart(case[model_name].table, "ig", model_name, prompts=list(completeness.pr
 # - **Sample sizes (CPU budget).** The paper: 20 items per level, 4 cut points, whole solutions, 256 IG steps
 #   (left Riemann sum). The default profile here uses far fewer items per level (SmolLM2 more than the comparison
 #   models), fewer cut points, the first solution tokens only, a small generation budget for the greedy answers,
-#   fewer erasure case studies and fewer IG steps — the exact values of this build are in the parameters cell at the
+#   128 instead of 256 IG steps, and integrated gradients for the main model only (for Qwen they would take about an
+#   hour per prompt on 2 cores; `n_ig_prompts_compare` turns them on) — the exact values of this build are in the parameters cell at the
 #   top of the page, and the completeness table above shows the integrated-gradients error they leave. The
 #   `paper` profile restores the paper's sizes; larger runs reuse the items already computed. With fewer than 3
 #   items per level no interval is reported ("n/a"), and a "yes" then rests on point estimates only.

@@ -334,9 +334,11 @@ def test_chapter_parameters_are_checked_before_any_model_loads():
         with pytest.raises(ParameterError, match=match):
             C.check_chapter_parameters(**{**ok, **bad})
     eok = dict(n_case_studies=3, n_case_studies_compare=0, n_ig_prompts=0, ig_steps=0, ig_rule="left")
-    ER.check_chapter_parameters(**eok)
-    for bad, match in (({"n_case_studies": 0}, "n_case_studies"), ({"n_case_studies": 5}, "n_case_studies"),
-                       ({"n_case_studies_compare": 5}, "n_case_studies_compare"), ({"n_ig_prompts": -1}, "n_ig_prompts"),
+    assert ER.check_chapter_parameters(**eok) == dict(eok, n_ig_prompts_compare=0)  # run_case_studies' keywords
+    n = len(ER.CASE_STUDIES)
+    for bad, match in (({"n_case_studies": 0}, "n_case_studies"), ({"n_case_studies": n + 1}, "n_case_studies"),
+                       ({"n_case_studies_compare": n + 1}, "n_case_studies_compare"), ({"n_ig_prompts": -1}, "n_ig_prompts"),
+                       ({"n_ig_prompts_compare": n + 1}, "n_ig_prompts_compare"),
                        ({"ig_steps": 5000}, "ig_steps"), ({"ig_rule": "right"}, "ig_rule")):
         with pytest.raises(ParameterError, match=match):
             ER.check_chapter_parameters(**{**eok, **bad})
@@ -455,14 +457,19 @@ def test_erasure_summaries(monkeypatch):
     assert cx_page.case_table({"m": res}).to_dict("records") == [
         {"model": "m", "prompt": "a", "tokens": 9, "answer tokens": 2, "greedy answer right": "yes"},
         {"model": "m", "prompt": "b", "tokens": 5, "answer tokens": 1, "greedy answer right": "no"}]
-    # the main model gets integrated gradients, the comparison models only when n_case_studies_compare > 0
+    # the main model gets integrated gradients, the comparison models erasure when n_case_studies_compare > 0 and
+    # integrated gradients only when ig_prompts_compare > 0
     calls = []
     monkeypatch.setattr(ER, "run", lambda m, **kw: calls.append((m, kw)) or m)
     assert ER.run_case_studies(["a", "b"], 3, 0, 8, 1, "left", {"a": "la"}, n_mean_examples=2) == {"a": "a"}
     assert calls == [("a", dict(n_case_studies=3, ig_steps=8, ig_prompts=1, ig_rule="left", lm="la",
                                 n_mean_examples=2))]
     assert list(ER.run_case_studies(["a", "b", "c"], 3, 1, 8, 1, "left", n_mean_examples=2)) == ["a", "b", "c"]
-    assert calls[-1] == ("c", dict(n_case_studies=1, ig_steps=0, lm=None, n_mean_examples=2))
+    assert calls[-1] == ("c", dict(n_case_studies=1, ig_steps=0, ig_prompts=0, ig_rule="left", lm=None,
+                                   n_mean_examples=2))
+    ER.run_case_studies(["a", "b"], 3, 2, 8, 1, "midpoint", n_ig_prompts_compare=2, n_mean_examples=2)
+    assert calls[-1] == ("b", dict(n_case_studies=2, ig_steps=8, ig_prompts=2, ig_rule="midpoint", lm=None,
+                                   n_mean_examples=2))
 
 
 @pytest.mark.unit

@@ -22,13 +22,17 @@ from lmdepth.runtime import progress
 
 ANALYSIS = "erasure_ig"
 
-#: Case-study prompts (name, prompt, answer): the paper's manual prompts and a DM-math probe (METHOD §2), and a
-#: short synthetic variable chain (a=3, b=5, c=1, d=6) where a compositional model would show a staircase.
+#: Case-study prompts (name, prompt, answer): the paper's manual prompts and a DM-math probe (METHOD §2), a short
+#: synthetic variable chain (a=3, b=5, c=1, d=6) where a compositional model would show a staircase, and one more
+#: two-hop fact and one shorter sum, so that every model gets at least 5 prompts (EVIDENCE.md's smallest sample
+#: for a reading across prompts is 10 units; five maps are a case study, not a verdict).
 CASE_STUDIES: tuple[tuple[str, str, str], ...] = (
     ("two-hop fact", "The spouse of the performer of Imagine is", " Yoko Ono"),
     ("arithmetic", "5 + 7 + 5 + 3 + 1 + 7 = ", "28"),
     ("variable chain (synthetic)", "a=3\nb=a+2\nc=b-4\nd=c+5\nd=", "6"),
     ("DM-math", "Q: What is the value of -24 + -10 + 22 + 1 + 1 + 25? A: ", "-15"),
+    ("two-hop fact (Eiffel Tower)", "The capital of the country where the Eiffel Tower stands is", " Paris"),
+    ("arithmetic (4 terms)", "3 + 9 + 4 + 8 = ", "24"),
 )
 
 
@@ -131,24 +135,31 @@ def _compute(p: ErasureParams, lm: Any, studies: tuple[tuple[str, str, str], ...
 
 
 def check_chapter_parameters(*, n_case_studies: int, n_case_studies_compare: int, n_ig_prompts: int, ig_steps: int,
-                             ig_rule: str) -> None:
+                             ig_rule: str, n_ig_prompts_compare: int = 0) -> dict[str, Any]:
     """Check chapter 05's erasure parameters before any model loads: the chapter's own counts (0 skips the
     comparison models / integrated gradients), then the main run's fields through :class:`ErasureParams`.
+
+    Returns:
+        The parameters, checked, as keyword arguments of :func:`run_case_studies`.
 
     Raises:
         ParameterError: naming the parameter, the value given and what is allowed.
     """
-    for name, value in (("n_case_studies_compare", n_case_studies_compare), ("n_ig_prompts", n_ig_prompts)):
+    for name, value in (("n_case_studies_compare", n_case_studies_compare), ("n_ig_prompts", n_ig_prompts),
+                        ("n_ig_prompts_compare", n_ig_prompts_compare)):
         check_type(name, value, int)
         check_range(name, value, 0, len(CASE_STUDIES))
     ErasureParams(n_case_studies=n_case_studies, ig_steps=ig_steps, ig_rule=ig_rule)
+    return dict(n_case_studies=n_case_studies, n_case_studies_compare=n_case_studies_compare, ig_steps=ig_steps,
+                n_ig_prompts=n_ig_prompts, ig_rule=ig_rule, n_ig_prompts_compare=n_ig_prompts_compare)
 
 
 def run_case_studies(models: list[str], n_case_studies: int, n_case_studies_compare: int, ig_steps: int,
-                     ig_prompts: int | None, ig_rule: str, loaders: dict[str, Any] | None = None,
-                     **kwargs: Any) -> dict[str, RunResult]:
-    """:func:`run` for the main model (``models[0]``, with integrated gradients) and, unless
-    ``n_case_studies_compare`` is 0, for each comparison model on its first case studies without them.
+                     n_ig_prompts: int | None, ig_rule: str, loaders: dict[str, Any] | None = None,
+                     n_ig_prompts_compare: int = 0, **kwargs: Any) -> dict[str, RunResult]:
+    """:func:`run` for the main model (``models[0]``, integrated gradients on its first ``n_ig_prompts``) and,
+    unless ``n_case_studies_compare`` is 0, for each comparison model on its first case studies (integrated
+    gradients on the first ``n_ig_prompts_compare``: they cost ~L × N / 16 forward-backward passes per prompt).
 
     Args:
         loaders: model name → model or loader (see :func:`lmdepth.analyses.complexity.model_loaders`).
@@ -159,11 +170,12 @@ def run_case_studies(models: list[str], n_case_studies: int, n_case_studies_comp
     """
     loaders = loaders or {}
     main = models[0]
-    case = {main: run(main, n_case_studies=n_case_studies, ig_steps=ig_steps, ig_prompts=ig_prompts, ig_rule=ig_rule,
+    case = {main: run(main, n_case_studies=n_case_studies, ig_steps=ig_steps, ig_prompts=n_ig_prompts, ig_rule=ig_rule,
                       lm=loaders.get(main), **kwargs)}
     if n_case_studies_compare:
         for m in models[1:]:
-            case[m] = run(m, n_case_studies=n_case_studies_compare, ig_steps=0, lm=loaders.get(m), **kwargs)
+            case[m] = run(m, n_case_studies=n_case_studies_compare, ig_steps=ig_steps if n_ig_prompts_compare else 0,
+                          ig_prompts=n_ig_prompts_compare, ig_rule=ig_rule, lm=loaders.get(m), **kwargs)
     return case
 
 

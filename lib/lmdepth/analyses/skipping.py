@@ -203,12 +203,16 @@ def compare(models: Sequence[str], current: RunResult, future: RunResult, n_exam
                       pd.concat([r.units for r in runs], ignore_index=True))
 
 
-def units_of(models: Sequence[str], n_examples_current: int, n_examples: int, n_cuts: int, **common: Any
-             ) -> pd.DataFrame | None:
+def units_of(groups: Sequence[tuple[Sequence[str], int, int, int]], **common: Any) -> pd.DataFrame | None:
     """The per-problem tables of the all-token and the future-token run of each model (e.g. the random-init controls
-    of :func:`lmdepth.claims.report.control_models`), concatenated; None for no models."""
-    runs = [run(m, analysis="current", n_examples=n_examples_current, **common) for m in models]
-    runs += [run(m, analysis="future", n_examples=n_examples, n_cuts=n_cuts, **common) for m in models]
+    of :func:`lmdepth.claims.report.control_models`), concatenated; None for no models.
+
+    Args:
+        groups: ``(models, n_examples_current, n_examples, n_cuts)`` per group of models sharing a sample size
+            (chapter 03: the main model's control, then the comparison models' controls).
+    """
+    runs = [run(m, analysis="current", n_examples=n_cur, **common) for ms, n_cur, _, _ in groups for m in ms]
+    runs += [run(m, analysis="future", n_examples=n, n_cuts=c, **common) for ms, _, n, c in groups for m in ms]
     return pd.concat([r.units for r in runs], ignore_index=True) if runs else None
 
 

@@ -47,12 +47,17 @@ def later_effects_md(current: RunResult, future: RunResult, threshold: float) ->
 
 
 def cutoff_table(metas: dict[str, dict[str, Any]], models: Sequence[str], variants: Sequence[str]) -> pd.DataFrame:
-    """The future-effect cutoff of every (model, variant) with its bootstrap interval, for display."""
-    return pd.DataFrame([{"model": m, "part": VARIANT_TITLES[v], "problems": metas[m]["data"]["n"],
-                          "cutoff layer": metas[m]["summary"][v]["cutoff"], "of layers": metas[m]["summary"][v]["n_layers"],
-                          "relative depth": round(metas[m]["summary"][v]["rel_depth"], 2),
-                          "95% CI (layers)": f"{metas[m]['summary'][v]['ci_low']:.0f}–{metas[m]['summary'][v]['ci_high']:.0f}"}
-                         for m in models for v in variants])
+    """The future-effect cutoff of every (model, variant) with its bootstrap interval, for display (only the
+    variants each model ran; "—" where one problem gives no interval)."""
+    rows = []
+    for m in models:
+        for v in (v for v in variants if v in metas[m]["summary"]):
+            c = metas[m]["summary"][v]
+            ci = f"{c['ci_low']:.0f}–{c['ci_high']:.0f}" if np.isfinite([c["ci_low"], c["ci_high"]]).all() else "—"
+            rows.append({"model": m, "part": VARIANT_TITLES[v], "problems": metas[m]["data"]["n"],
+                         "cutoff layer": c["cutoff"], "of layers": c["n_layers"],
+                         "relative depth": round(c["rel_depth"], 2), "95% CI (layers)": ci})
+    return pd.DataFrame(rows)
 
 
 def check_identities(table: pd.DataFrame, models: Sequence[str]) -> None:
