@@ -131,10 +131,10 @@ md(page.later_effects_md(current, future, threshold))
 # %% [markdown]
 # ## Across models
 #
-# The comparison models skip whole layers only (`parts_compare`), on 10 problems with 4 cut points each
-# (`n_examples_compare`, `n_cuts_compare`; the all-token analysis with `current_compare=True`): what the claims
-# read, at the smallest sample a verdict may rest on. Their attention, MLP and local variants are not run: those
-# would cost three times as much and no claim reads them.
+# The comparison models skip whole layers only (`parts_compare`), on `n_examples_compare` problems with
+# `n_cuts_compare` cut points each (the default profile: 10 and 4; the all-token analysis with
+# `current_compare=True`): what the claims read, at the smallest sample a verdict may rest on. Their attention, MLP
+# and local variants are not run by default: those cost about three times as much and no claim reads them.
 
 # %% tags=["hide-input"]
 comparison = skip_analysis.compare(models, current, future, n_examples=n_examples_compare, n_cuts=n_cuts_compare,

@@ -69,7 +69,7 @@ n_ig_prompts: int = 5  # of those, how many also get integrated gradients (main 
 ig_steps: int = 128  # integrated-gradients Riemann steps (the paper: 256); 0 skips integrated gradients
 ig_rule: str = "left"  # quadrature: "left" (the paper's left Riemann sum, steps k/N) or "midpoint" (steps (k + 1/2)/N)
 n_case_studies_compare: int = 6  # case-study prompts for erasure on each comparison model; 0 to skip
-n_ig_prompts_compare: int = 0  # of those, how many also get integrated gradients (CPU budget: ~1 h per prompt for Qwen)
+n_ig_prompts_compare: int = 0  # of those, how many also get integrated gradients on each comparison model (CPU budget)
 n_mean_examples: int = 10  # GSM8K problems (the first N) whose mean residual is erased in (the paper: 10)
 n_boot: int = 1000  # bootstrap resamples over items for the intervals
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
@@ -294,9 +294,10 @@ map_chart(case[model_name].table, "ig", model_name, prompts=list(completeness.pr
 # - **Sample sizes (CPU budget).** The paper: 20 items per level, 4 cut points, whole solutions, 256 IG steps
 #   (left Riemann sum). The default profile here uses far fewer items per level (SmolLM2 more than the comparison
 #   models), fewer cut points, the first solution tokens only, a small generation budget for the greedy answers,
-#   128 instead of 256 IG steps, and integrated gradients for the main model only (for Qwen they would take about an
-#   hour per prompt on 2 cores; `n_ig_prompts_compare` turns them on) — the exact values of this build are in the parameters cell at the
-#   top of the page, and the completeness table above shows the integrated-gradients error they leave. The
+#   128 instead of 256 IG steps, and integrated gradients for the main model only (SmolLM2's took 4–12 minutes per
+#   prompt on a 2-core machine shared with four other runs; Qwen has ~3.4 times its non-embedding parameters;
+#   `n_ig_prompts_compare` turns them on) — the exact values of this build are in the parameters cell at the top of
+#   the page, and the completeness table above shows the integrated-gradients error they leave. The
 #   `paper` profile restores the paper's sizes; larger runs reuse the items already computed. With fewer than 3
 #   items per level no interval is reported ("n/a"), and a "yes" then rests on point estimates only.
 # - **Claim aggregation.** The criterion uses the layer effect aggregated by the *mean* over items; the paper's
