@@ -473,6 +473,26 @@ def test_erasure_summaries(monkeypatch):
 
 
 @pytest.mark.unit
+def test_map_chart_draws_every_cell_of_the_table():
+    """The map ships one row per token (values as a column, flattened in the browser): drawn by Vega, its cells are
+    exactly the table's (token, layer, value, is_answer), the last token left out."""
+    import re
+
+    import vl_convert as vlc
+
+    from lmdepth.charts.erasure import map_chart
+
+    table = pd.DataFrame([{"model": "m", "prompt": "p", "method": "erasure", "layer": l, "position": t,
+                           "token": f"{t}: x{t}", "is_answer": t == 2, "value": round(0.1 * l + 0.01 * t + 0.003, 4)}
+                          for l in range(3) for t in range(4)])
+    svg = vlc.vegalite_to_svg(map_chart(table, "erasure", "m").to_dict())
+    cells = {(m[0], int(m[1]), float(m[2]), m[3] == "true") for m in
+             re.findall(r'aria-label="token: ([^;]*);[^"]*; layer: (\d+); value: ([\d.]+); is_answer: (\w+)"', svg)}
+    want = {(r.token, r.layer, r.value, r.is_answer) for r in table[table.position < 3].itertuples()}
+    assert cells == want and len(want) == 9
+
+
+@pytest.mark.unit
 def test_comparison_maps():
     from lmdepth.charts.erasure import comparison_maps
 

@@ -22,10 +22,16 @@ def map_chart(table, method: str, model: str, prompts: Sequence[str] | None = No
     charts = []
     for name in (prompts or list(dict.fromkeys(t.prompt))):
         d = t[t.prompt == name]
-        d = d[d.position < d.position.max()][["layer", "position", "token", "value", "is_answer"]].copy()
-        d["value"] = d.value.round(5)
-        order = list(dict.fromkeys(d.sort_values("position").token))
+        d = d[d.position < d.position.max()]
+        wide = d.pivot_table(index="position", columns="layer", values="value", sort=True)  # [positions, layers]
+        tok = d.drop_duplicates("position").set_index("position")
+        order = [tok.token[p] for p in wide.index]
         n_rows = int(d.layer.max()) + 1
+        # one row per token with its column of values, flattened back to cells in the browser: the long table
+        # (token label and flags repeated on every layer) made chapter 05's page 3.5 MB
+        rows = [{"token": tok.token[p], "is_answer": bool(tok.is_answer[p]), "value": [round(float(v), 5) for v in col]}
+                for p, col in zip(wide.index, wide.to_numpy())]
+        layers = [int(l) for l in wide.columns]
         if method == "ig":
             r = float(d[d.position > 0].value.abs().max() or 1e-9)
             scale = alt.Scale(scheme="redblue", domain=[-r, r], reverse=True, clamp=True)
@@ -34,7 +40,8 @@ def map_chart(table, method: str, model: str, prompts: Sequence[str] | None = No
             r = float(d[d.position > 0].value.max() or 1e-9)
             scale = alt.Scale(scheme="viridis", domain=[0, r], clamp=True)
             title = "‖P − P′‖₂"
-        charts.append(alt.Chart(d).mark_rect().encode(
+        charts.append(alt.Chart(alt.InlineData(values=rows)).transform_calculate(layer=str(layers)).transform_flatten(
+            ["value", "layer"]).mark_rect().encode(
             x=alt.X("token:N", sort=order, title=None, axis=alt.Axis(labelAngle=-60, labelLimit=90, grid=False)),
             y=alt.Y("layer:O", sort="descending", title="Layer boundary" if method == "erasure" else "Layer (output of)",
                     axis=alt.Axis(labelOverlap="greedy", grid=False)),
