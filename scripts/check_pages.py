@@ -34,4 +34,5 @@ def main(html_root: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO_ROOT / "_build" / "html"))
+    # resolved: Chromium gets file:// URIs, which need absolute paths
+    sys.exit(main(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else REPO_ROOT / "_build" / "html"))

@@ -41,7 +41,7 @@ def depth_vs_level_chart(levels: pd.DataFrame, width: int = 170, height: int = 2
         x=x, y="rel_ci_low:Q", y2="rel_ci_high:Q", color=color,
         opacity=alt.condition(pick, alt.value(0.45), alt.value(0.05)))
     return (alt.layer(band, line).add_params(metric, agg, pick).properties(width=width, height=height)
-            .facet(column=alt.Column("source:N", title=None, sort=[SOURCE_TITLES[s] for s in SOURCES]))
+            .facet(facet=alt.Facet("source:N", title=None, sort=[SOURCE_TITLES[s] for s in SOURCES]), columns=3)
             .resolve_scale(x="independent"))
 
 
@@ -65,7 +65,7 @@ def accuracy_chart(acc: pd.DataFrame, width: int = 170, height: int = 180):
     chance = base.mark_tick(color="gray", strokeDash=[3, 2], thickness=2).encode(
         x=x, y=alt.Y("max(baseline):Q"), tooltip=[alt.Tooltip("max(baseline):Q", format=".0%", title="constant answer")])
     return (alt.layer(band, line, chance).properties(width=width, height=height)
-            .facet(column=alt.Column("source:N", title=None, sort=[SOURCE_TITLES[s] for s in SOURCES]))
+            .facet(facet=alt.Facet("source:N", title=None, sort=[SOURCE_TITLES[s] for s in SOURCES]), columns=3)
             .resolve_scale(x="independent"))
 
 

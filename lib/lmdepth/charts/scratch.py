@@ -37,7 +37,7 @@ def loss_chart(runs: dict[str, TrainedRun], window: int = 25, width: int = 420, 
     ).add_params(pick).properties(width=width, height=height)
 
 
-def learning_curve_chart(runs: dict[str, TrainedRun], baseline: float | None = None, width: int = 300,
+def learning_curve_chart(runs: dict[str, TrainedRun], baseline: float | None = None, width: int = 270,
                          height: int = 200):
     """Exact match during training on the fixed learning-curve problems (``TrainConfig.n_curve`` per split), one
     panel per split, one line per run; ``baseline`` (the constant-answer rate) as a dashed rule. Runs trained
