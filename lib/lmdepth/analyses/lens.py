@@ -170,13 +170,13 @@ class LensParams(CommonParams):
     """Parameters of the lens run (chapter 04)."""
 
     include_bos: bool = param(True, help="include position 0 (faithful default; METHOD §1.3)")
-    positions_per_example: int = param(16, lo=0, hi=100_000,
+    positions_per_example: int = param(64, lo=0, hi=100_000,
                                        help="positions evaluated per problem, a seeded uniform sample (0 = all)")
     lens_dtype: str = param(DEFAULT_LENS_DTYPE, choices=DTYPE_NAMES,
                             help="dtype of the unembedding matmul (log-softmax is always fp32)")
     tuned_lens: bool = param(True, help="also train (or load) and evaluate the tuned lens")
-    n_train_tokens: int = param(3072, lo=64, hi=10_000_000, help="tuned-lens training tokens")
-    train_epochs: int = param(2, lo=1, hi=1000, help="tuned-lens training epochs")
+    n_train_tokens: int = param(16384, lo=64, hi=10_000_000, help="tuned-lens training tokens")
+    train_epochs: int = param(4, lo=1, hi=1000, help="tuned-lens training epochs")
 
     def check_consistency(self) -> None:
         if self.tuned_lens and self.remote:
