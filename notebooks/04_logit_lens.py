@@ -265,16 +265,19 @@ md(page.averaging_md(all_tables, models, tuned=tuned_lens))
 #   de-quantised from 4-bit GGUF to fp32, instead of Llama 3.1 70B in bf16 on NDIF; the unembedding matmul runs in
 #   fp32 (the `paper` profile: bf16, as in the paper), with fp32 log-softmax.
 # - **Sample.** 20 random GSM8K test problems with a recorded seed (the code: the first 20), and a seeded uniform
-#   sample of `positions_per_example` positions per problem instead of every position — an unbiased estimate of
-#   the per-problem mean at a fraction of the cost (`positions_per_example=0` evaluates all of them).
+#   sample of `positions_per_example` positions per problem (64 by default; all of a shorter problem) instead of
+#   every position — an unbiased estimate of the per-problem mean at a fraction of the cost (the run summaries at
+#   the top give the share evaluated; `positions_per_example=0` evaluates every position, as the paper does).
 # - **Aggregation** as in the authors' script (per-problem mean, then a plain mean over problems); the token-weighted
 #   mean of [NB] is in the table as `token_mean`.
 # - **KL direction.** The paper's code computes KL(P_lens ‖ P_final); so does this chapter's main figure. The tuned
 #   lens is trained on KL(P_final ‖ P_lens), which is also reported.
 # - **Tuned lens (beyond the paper).** The paper has no tuned lens. Belrose et al. train on ~65M tokens of the
-#   Pile with SGD; here each model's translators see a few thousand GSM8K training tokens with a sampled-softmax
-#   estimate of the full-vocabulary KL, so they are much less converged, and overfit (see the held-out curves).
-#   Treat its curves as a lower bound on how early the prediction is linearly decodable.
+#   Pile with SGD; here each model's translators see `n_train_tokens` GSM8K training tokens (16,384 by default,
+#   4 epochs, Adam at a peak learning rate of 5e-4) with a sampled-softmax estimate of the full-vocabulary KL. At
+#   3,072 tokens and 2e-3 (this book before), every layer was still improving and Gemma 3's last two layers stayed
+#   worse than the logit lens; the convergence table above says how far the current budget gets. Where layers are
+#   still improving, the tuned lens' settling depths are upper bounds.
 # - **Scalar summaries (beyond the paper)** from arXiv 2512.14064, and bootstrap intervals over problems.
 # - **Verdicts (beyond the paper).** Settling depths are searched from layer 2 (the book's convention on layers
 #   0–1), a lens that never settles before the output counts against the claim (it says nothing about *late*

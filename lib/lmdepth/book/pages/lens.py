@@ -56,7 +56,7 @@ def curve_ends_md(curves: pd.DataFrame, models: Sequence[str]) -> str:
             "lens) → with the selected translators, and on the last training batches: " + "; ".join(
                 f"**{m}** {ends.loc[m, 'held-out start']:.2f} → {ends.loc[m, 'held-out selected']:.2f} (train "
                 f"{ends.loc[m, 'train end']:.2f})" for m in models if m in ends.index) + ". "
-            + ("Held-out above training: the d × d translators overfit their few thousand tokens; the held-out "
+            + ("Held-out above training: the d × d translators overfit their training tokens; the held-out "
                "value is the honest one, and the test problems evaluated below are held out too."
                if (ends["held-out selected"] > ends["train end"]).any() else
                "No overfitting is visible at this budget (held-out at or below the training batches)."))
