@@ -69,7 +69,7 @@ n_ig_prompts: int = 5  # of those, how many also get integrated gradients (main 
 ig_steps: int = 128  # integrated-gradients Riemann steps (the paper: 256); 0 skips integrated gradients
 ig_rule: str = "left"  # quadrature: "left" (the paper's left Riemann sum, steps k/N) or "midpoint" (steps (k + 1/2)/N)
 n_case_studies_compare: int = 6  # case-study prompts for erasure on each comparison model; 0 to skip
-n_ig_prompts_compare: int = 0  # of those, how many also get integrated gradients on each comparison model (CPU budget)
+n_ig_prompts_compare: int = 5  # of those, how many also get integrated gradients on each comparison model (0: none)
 n_mean_examples: int = 10  # GSM8K problems (the first N) whose mean residual is erased in (the paper: 10)
 n_boot: int = 1000  # bootstrap resamples over items for the intervals
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
@@ -254,8 +254,8 @@ show_table(erasure.last_layer_that_matters(concat_tables(case)))
 comparison_maps(concat_tables(case), list(case)[1:])
 
 # %% [markdown]
-# The comparison models on the same case studies (same mean-residual protocol). Six prompts per model (five with
-# integrated gradients for the main model) are case studies: they show whether a staircase appears, not how often.
+# The comparison models on the same case studies (same mean-residual protocol). Six prompts per model (the first
+# five also with integrated gradients, below) are case studies: they show whether a staircase appears, not how often.
 #
 # ## Integrated gradients (Fig. 6a)
 #
@@ -267,12 +267,12 @@ comparison_maps(concat_tables(case), list(case)[1:])
 # accurate for the same number of steps). Completeness: $\sum_t \mathrm{IG}[l, t] \approx f(X) - f(B)$.
 
 # %% tags=["hide-input"]
-completeness = page.completeness_table(case[model_name])
+completeness = page.completeness_by_model(case)  # every model with integrated gradients
 md(page.completeness_note(case[model_name]))
 show_table(completeness) if len(completeness) else None
 
-# %% mystnb={"figure": {"caption": "Integrated gradients for the main model: attribution of the answer probability to each token's residual at the output of each layer (red positive, blue negative; the colour scale is clipped at the largest value outside position 0, as in the paper). Layer 0 at the bottom.", "name": "fig-ig"}}
-map_chart(case[model_name].table, "ig", model_name, prompts=list(completeness.prompt)) if len(completeness) else None
+# %% mystnb={"figure": {"caption": "Integrated gradients, one titled row per model that has them (the main model first): attribution of the answer probability to each token's residual at the output of each layer (red positive, blue negative; the colour scale is clipped at the largest value outside position 0, as in the paper). Layer 0 at the bottom.", "name": "fig-ig"}}
+comparison_maps(concat_tables(case), list(case), method="ig")  # one titled row per model that has them
 
 # %% [markdown]
 # ## Differences from the paper
@@ -294,10 +294,10 @@ map_chart(case[model_name].table, "ig", model_name, prompts=list(completeness.pr
 # - **Sample sizes (CPU budget).** The paper: 20 items per level, 4 cut points, whole solutions, 256 IG steps
 #   (left Riemann sum). The default profile here uses far fewer items per level (SmolLM2 more than the comparison
 #   models), fewer cut points, the first solution tokens only, a small generation budget for the greedy answers,
-#   128 instead of 256 IG steps, and integrated gradients for the main model only (SmolLM2's took 4–12 minutes per
-#   prompt on a 2-core machine shared with four other runs; Qwen has ~3.4 times its non-embedding parameters;
-#   `n_ig_prompts_compare` turns them on) — the exact values of this build are in the parameters cell at the top of
-#   the page, and the completeness table above shows the integrated-gradients error they leave. The
+#   128 instead of 256 IG steps, on five case studies per model (on a 2-core machine shared with other runs,
+#   SmolLM2's took 4–12 minutes per prompt, Gemma 3's 568 s for all five, Qwen's 12–23 minutes per prompt;
+#   `n_ig_prompts_compare=0` skips them for the comparison models) — the exact values of this build are in the
+#   parameters cell at the top of the page, and the completeness table above shows the integrated-gradients error they leave. The
 #   `paper` profile restores the paper's sizes; larger runs reuse the items already computed. With fewer than 3
 #   items per level no interval is reported ("n/a"), and a "yes" then rests on point estimates only.
 # - **Claim aggregation.** The criterion uses the layer effect aggregated by the *mean* over items; the paper's

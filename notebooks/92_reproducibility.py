@@ -130,14 +130,16 @@ show_table(pd.DataFrame({"package / fact": list(env), "value": ["—" if v is No
 #   default models are small enough for a CPU and ship inside PyPI packages (SmolLM2-135M-Instruct, Gemma 3 270M,
 #   Qwen2.5-Coder-0.5B-Instruct), de-quantised from GGUF files to fp32. The `paper` profile names the paper's
 #   models; the code path is the same.
-# - **Samples.** Where the paper's sample is affordable on a CPU (20 GSM8K problems for norms, cosines and lenses)
-#   the default uses it. Layer skipping (chapter 03) and depth vs difficulty (chapter 05) use far fewer problems by
-#   default, and the linear maps (chapter 06) about 36k aligned tokens instead of the paper's training run; each
-#   chapter says so and the `paper` profile restores the paper's sizes. Selections are seeded and their ids
-#   recorded in every result's sidecar.
+# - **Samples.** The paper's sample where a CPU affords it: 20 GSM8K problems for norms, cosines and lenses (the
+#   lenses at 64 sampled positions per problem, not every position), and layer skipping at the paper's sizes on
+#   SmolLM2 (20 all-token problems, 20 future-token problems × 4 cuts; the comparison models 10, whole layers).
+#   Depth vs difficulty (chapter 05) uses far fewer MATH and GSM8K items per level and adds synthetic ladders with
+#   ≥ 10 items per rung; the linear maps (chapter 06) train on about 36k aligned tokens instead of the paper's
+#   training run. Each chapter says so and the `paper` profile restores the paper's sizes. Selections are seeded
+#   and their ids recorded in every result's sidecar.
 # - **Training from scratch.** The paper's 244M-parameter MoEUT and Transformer were trained for days on two A100s;
-#   chapter 07 trains ~1M-parameter versions on one arithmetic module for 1,500 steps on the CPU (the trained
-#   checkpoints are committed in `checkpoints/dm_math/`); the `paper` profile holds the 244M configuration.
+#   chapter 07 trains small versions (d = 128, 8 layers) on one arithmetic module for 16,000 steps on the CPU (the
+#   trained checkpoints are committed in `checkpoints/dm_math/`); the `paper` profile holds the 244M configuration.
 # - **Numerics.** Metrics are computed in fp32, without the known slips of the authors' released code (each
 #   chapter names the ones that matter to it).
 # - **Beyond the paper.** Bootstrap intervals over problems, claim verdicts in four states with controls (the claims registry),

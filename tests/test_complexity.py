@@ -454,6 +454,10 @@ def test_erasure_summaries(monkeypatch):
     no_ig = RunResult(pd.DataFrame(), {"parameters": {}, "summary": {"prompts": {"b": prompts["b"]}}}, Path("."))
     assert cx_page.completeness_table(no_ig).empty and list(cx_page.completeness_table(no_ig).columns) == cx_page.COMPLETENESS_COLUMNS
     assert "skipped" in cx_page.completeness_note(no_ig)
+    by_model = cx_page.completeness_by_model({"m": res, "n": no_ig, "o": res})
+    assert list(by_model.columns) == ["model", *cx_page.COMPLETENESS_COLUMNS]
+    assert list(by_model.model) == ["m", "o"] and by_model.drop(columns="model").iloc[1].to_dict() == comp.iloc[0].to_dict()
+    assert cx_page.completeness_by_model({"n": no_ig}).empty
     assert cx_page.case_table({"m": res}).to_dict("records") == [
         {"model": "m", "prompt": "a", "tokens": 9, "answer tokens": 2, "greedy answer right": "yes"},
         {"model": "m", "prompt": "b", "tokens": 5, "answer tokens": 1, "greedy answer right": "no"}]
@@ -502,3 +506,9 @@ def test_comparison_maps():
     assert comparison_maps(table, []) is None and comparison_maps(table, ["zz"]) is None
     chart = comparison_maps(table, ["b", "zz"])
     assert len(chart.vconcat) == 1 and chart.vconcat[0].title == "b"
+    # integrated gradients: only the models that have them, each drawn on the diverging scale
+    table = pd.concat([table, table[table.model == "a"].assign(method="ig", value=lambda d: d.value - 2)])
+    assert comparison_maps(table, ["b"], method="ig") is None
+    chart = comparison_maps(table, ["a", "b"], method="ig")
+    assert [c.title for c in chart.vconcat] == ["a"]
+    assert chart.to_dict()["vconcat"][0]["concat"][0]["encoding"]["color"]["scale"]["scheme"] == "redblue"

@@ -54,13 +54,13 @@ def map_chart(table, method: str, model: str, prompts: Sequence[str] | None = No
     return alt.concat(*charts, columns=columns).resolve_scale(color="independent")
 
 
-def comparison_maps(table, models: Sequence[str]) -> alt.VConcatChart | None:
-    """Erasure maps of several models (e.g. chapter 05's comparison models), one titled row per model present in
-    ``table``; None if none is."""
-    shown = [m for m in models if (table.model == m).any()]
+def comparison_maps(table, models: Sequence[str], method: str = "erasure") -> alt.VConcatChart | None:
+    """``method`` maps (erasure or integrated gradients) of several models, one titled row per model that has them
+    in ``table``; None if none has."""
+    shown = [m for m in models if ((table.model == m) & (table.method == method)).any()]
     if not shown:
         return None
-    return alt.vconcat(*[map_chart(table, "erasure", m).properties(title=m) for m in shown])
+    return alt.vconcat(*[map_chart(table, method, m).properties(title=m) for m in shown])
 
 
 __all__ = ["map_chart", "comparison_maps"]

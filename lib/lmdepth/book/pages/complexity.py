@@ -115,6 +115,12 @@ def completeness_table(result: RunResult) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COMPLETENESS_COLUMNS).round(4)
 
 
+def completeness_by_model(case: dict[str, RunResult]) -> pd.DataFrame:
+    """:func:`completeness_table` of every model that has integrated gradients, with a ``model`` column first."""
+    return pd.DataFrame([{"model": m, **row} for m, r in case.items() for row in completeness_table(r).to_dict("records")],
+                        columns=["model", *COMPLETENESS_COLUMNS])
+
+
 def completeness_note(result: RunResult) -> str:
     """Markdown introducing :func:`completeness_table` (steps and quadrature rule of the run), or saying that
     integrated gradients were skipped."""
