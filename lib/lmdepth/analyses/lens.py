@@ -175,8 +175,8 @@ class LensParams(CommonParams):
     lens_dtype: str = param(DEFAULT_LENS_DTYPE, choices=DTYPE_NAMES,
                             help="dtype of the unembedding matmul (log-softmax is always fp32)")
     tuned_lens: bool = param(True, help="also train (or load) and evaluate the tuned lens")
-    n_train_tokens: int = param(16384, lo=64, hi=10_000_000, help="tuned-lens training tokens")
-    train_epochs: int = param(4, lo=1, hi=1000, help="tuned-lens training epochs")
+    n_train_tokens: int = param(TrainConfig.n_tokens, lo=64, hi=10_000_000, help="tuned-lens training tokens")
+    train_epochs: int = param(TrainConfig.epochs, lo=1, hi=1000, help="tuned-lens training epochs")
 
     def check_consistency(self) -> None:
         if self.tuned_lens and self.remote:
