@@ -33,7 +33,8 @@
 # source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
 # lmdepth run moeut                                     # the book's runs (committed, and shipped with the package)
 # lmdepth run moeut --profile smoke                     # seconds: tiny models trained on the spot
-# lmdepth train --runs moeut-lm --threads 1             # retrain one run of the default profile (resumable)
+# lmdepth train --runs moeut-lm --threads 1 --checkpoint-dir /tmp/my-runs   # retrain one run (resumable; ~1.9 CPU-h)
+# lmdepth run moeut -p checkpoint_dir /tmp/my-runs      # the chapter on your runs (others: the committed ones)
 # lmdepth run moeut --profile paper -p device cuda      # the paper's 244M configuration, for a GPU
 # ```
 

@@ -87,6 +87,8 @@ def test_cli_trains_the_runs_it_names_and_resumes_none_twice(capsys, tmp_path):
     assert len(finished) == 1 and "finished" in capsys.readouterr().out
     stamp = finished[0].stat().st_mtime_ns
     assert main(args) == 0 and finished[0].stat().st_mtime_ns == stamp  # a finished run is not retrained
+    out = capsys.readouterr().out  # ... and the reader is told how to retrain it, not that it "finished"
+    assert "already trained" in out and "--checkpoint-dir" in out and "finished" not in out
 
 
 @pytest.mark.unit

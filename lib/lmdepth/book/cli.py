@@ -20,7 +20,7 @@ from lmdepth.model.families import supported_model_types
 from lmdepth.model.registry import PACKAGED, cache_dir
 from lmdepth.results import clean, slug
 from lmdepth.runtime import resolve_device
-from lmdepth.scratch.training import ARCHS, OBJECTIVES, run_config, train_run
+from lmdepth.scratch.training import ARCHS, OBJECTIVES, run_config, run_dir, train_run
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -84,6 +84,11 @@ def _train(args: argparse.Namespace) -> int:
     for name in args.runs or names:
         arch, objective = name.split("-", 1)
         cfg = run_config(args.profile, arch, objective, **({"threads": args.threads} if args.threads else {}))
+        done = run_dir(cfg, args.checkpoint_dir) / "model.pt"
+        if done.exists():  # train_run never overwrites a finished run: say so instead of "finished" in 0 s
+            print(f"lmdepth: {name} ({args.profile}) is already trained in {args.checkpoint_dir} ({done}); nothing to "
+                  "do. To retrain it, give another --checkpoint-dir (e.g. /tmp/my-dm-math-runs) or delete that folder.")
+            continue
         t0 = time.time()
         path = train_run(cfg, args.checkpoint_dir, data_dir=args.data_dir, device=resolve_device(args.device))
         print(f"lmdepth: {name} ({args.profile}) finished: {path} ({time.time() - t0:.0f} s in this call)")
