@@ -1,5 +1,9 @@
 """The CLI and papermill parameter checks (no kernel is started for bad input)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from lmdepth.book.chapters import PROFILES, check_parameters, declared_parameters, parse_cli_value, profile_params
@@ -74,6 +78,18 @@ def test_cli_reports_errors_without_traceback(capsys, tmp_path):
     assert main(["run", "attention-sinks", "--results-dir", str(tmp_path)]) == 2
     assert "Unknown chapter 'attention-sinks'" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.ipynb"))
+
+
+@pytest.mark.unit
+def test_cli_output_piped_into_head_ends_without_a_traceback():
+    # `lmdepth list -v | head -1` once head has exited: a pipe whose reading end is already closed
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    script = "import sys; from lmdepth.book.cli import main; sys.exit(main(['list', '-v']))"
+    proc = subprocess.run([sys.executable, "-c", script], stdout=write_end, stderr=subprocess.PIPE, timeout=120)
+    os.close(write_end)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 @pytest.mark.integration

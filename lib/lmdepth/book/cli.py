@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -146,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     except LmDepthError as e:
         print(f"lmdepth: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader closed the pipe (`lmdepth list -v | head`): stop quietly, and keep Python's exit-time flush of
+        # stdout from printing a second BrokenPipeError (the recipe of the `signal` module's documentation)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         where = getattr(args, "results_dir", None)
         print("lmdepth: interrupted. Every finished unit is checkpointed: run the same command again to resume"
