@@ -145,6 +145,20 @@ def test_model_flag_runs_that_model_alone_unless_comparisons_are_named(tmp_path,
 
 
 @pytest.mark.unit
+def test_results_dir_given_as_a_parameter_is_used_not_overwritten(tmp_path, monkeypatch, capsys):
+    import lmdepth.book.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "execute_chapter", lambda chapter, params, out, **kw: seen.append((params, out)))
+    assert main(["run", "norms", "-p", "results_dir", str(tmp_path / "a")]) == 0
+    assert seen[-1][0]["results_dir"] == str(tmp_path / "a") and seen[-1][1].parent == tmp_path / "a" / "notebooks"
+    assert main(["run", "norms", "--results-dir", str(tmp_path / "b")]) == 0
+    assert seen[-1][0]["results_dir"] == str(tmp_path / "b")
+    assert main(["run", "norms", "-p", "results_dir", str(tmp_path / "a"), "--results-dir", str(tmp_path / "b")]) == 2
+    assert "disagree" in capsys.readouterr().err and len(seen) == 2
+
+
+@pytest.mark.unit
 def test_a_book_build_limited_to_some_chapters_executes_them_and_the_summary_pages(tmp_path, monkeypatch):
     import nbformat
 

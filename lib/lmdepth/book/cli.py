@@ -36,7 +36,13 @@ def _run(args: argparse.Namespace) -> int:
             params["compare_models"] = []
             print("lmdepth: --model given: compare_models set to [] (add -p compare_models \"[a, b]\" for "
                   "comparisons)", file=sys.stderr)
-    results_dir = Path(args.results_dir).resolve()
+    # -p results_dir is the same setting as --results-dir (it used to be overwritten by the flag's default)
+    named = params.get("results_dir") if any(n == "results_dir" for n, _ in args.param or []) else None
+    if named is not None and args.results_dir is not None and \
+            Path(str(named)).resolve() != Path(args.results_dir).resolve():
+        raise ParameterError(f"-p results_dir {named} and --results-dir {args.results_dir} disagree: give one of them.")
+    results_dir = Path(args.results_dir or named or "lmdepth-results").resolve()
+    args.results_dir = str(results_dir)  # for the message on Ctrl-C
     if "results_dir" in declared_parameters(args.chapter):  # the explorer and the reproducibility page have none
         params["results_dir"] = str(results_dir)
     model = str(params.get("model_name", "default"))
@@ -106,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="set a parameter; VALUE is YAML (5, true, '[a, b]')")
     r.add_argument("--profile", help="start from a parameter profile: smoke, quick, default, paper, or a .yaml file")
-    r.add_argument("--results-dir", default="lmdepth-results",
+    r.add_argument("--results-dir", default=None,
                    help="results root (default: ./lmdepth-results; the book's own results/ is written only by `lmdepth book`)")
     r.add_argument("--output", help="executed notebook path (default: <results-dir>/notebooks/<chapter>-<model>.ipynb)")
     r.add_argument("-v", "--verbose", action="store_true", help="stream the notebook's output")
