@@ -410,10 +410,14 @@ def test_an_unreachable_hub_id_fails_fast(monkeypatch):
 
 
 @pytest.mark.unit
-def test_cli_results_default_outside_the_book():
-    from lmdepth.book.cli import build_parser
+def test_cli_results_default_outside_the_book(tmp_path, monkeypatch):
+    import lmdepth.book.cli as cli
 
-    assert build_parser().parse_args(["run", "norms"]).results_dir == "lmdepth-results"
+    seen = []
+    monkeypatch.setattr(cli, "execute_chapter", lambda chapter, params, out, **kw: seen.append(params))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "norms"]) == 0
+    assert seen[-1]["results_dir"] == str((tmp_path / "lmdepth-results").resolve())  # never the book's results/
 
 
 @pytest.mark.unit
