@@ -44,8 +44,9 @@ elif pip_gives_cpu_torch; then
 else
   cat >&2 <<MSG
 [setup] error: no NVIDIA GPU here, and no CPU build of $TORCH in reach:
-  the PyTorch CPU index ($TORCH_INDEX) does not answer, and pip's own index would install the CUDA build
-  (several GB of NVIDIA libraries). torch and the requirements were not installed. Either
+  the PyTorch CPU index ($TORCH_INDEX) does not answer, and pip's own configuration offers no CPU build
+  (PyPI's Linux torch is the CUDA build, with several GB of NVIDIA libraries). torch and the requirements were
+  not installed. Either
   - point LMDEPTH_TORCH_INDEX at a reachable mirror of the CPU index and rerun, or
   - install a CPU torch 2.13.0 into $VENV yourself ($VENV/bin/pip install <wheel>) and rerun, or
   - accept the CUDA build: LMDEPTH_TORCH_CUDA=1 bash scripts/setup_env.sh
