@@ -37,7 +37,7 @@ def _run(args: argparse.Namespace) -> int:
             print("lmdepth: --model given: compare_models set to [] (add -p compare_models \"[a, b]\" for "
                   "comparisons)", file=sys.stderr)
     # -p results_dir is the same setting as --results-dir (it used to be overwritten by the flag's default)
-    named = params.get("results_dir") if any(n == "results_dir" for n, _ in args.param or []) else None
+    named = dict(args.param or []).get("results_dir")  # the raw -p value: a path
     if named is not None and args.results_dir is not None and \
             Path(str(named)).resolve() != Path(args.results_dir).resolve():
         raise ParameterError(f"-p results_dir {named} and --results-dir {args.results_dir} disagree: give one of them.")
