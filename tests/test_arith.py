@@ -46,6 +46,7 @@ def test_answers_are_balanced_and_items_deterministic():
     assert len({e.prompt for e in exs}) == 30
     assert exs == generate_examples([2], 30, seed=0) and exs != generate_examples([2], 30, seed=1)
     assert generate_examples([1, 2], 30, seed=0)[30:] == exs  # a rung does not depend on the other rungs
+    assert generate_examples([2], 4, seed=0) == exs[:4]  # nor item i on the sample size (an id is one question)
     assert difficulty_examples("arith", None, 2) == generate_examples(LEVELS["arith"], 2)
 
 

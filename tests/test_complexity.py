@@ -1,6 +1,8 @@
 """Depth vs complexity: depth score, statistics, difficulty data, correctness checks, erasure and integrated
 gradients on tiny models, and the cached run end to end."""
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -270,6 +272,23 @@ def test_run_on_a_tiny_model_is_cached_and_resumable(tiny_dirs, tmp_path):
     assert len(bigger.meta["summary"]["items"]) == 6 and bigger.meta["unit_compute_s"]["timed"] == 6
     frame = C.summary_frame({("tiny", "vars"): bigger}, "levels")
     assert {"model", "source", "rel_depth_score"} <= set(frame.columns)
+
+
+@pytest.mark.integration
+def test_a_checkpoint_or_a_finished_run_never_serves_a_changed_question(tiny_dirs, tmp_path, monkeypatch):
+    """Same ids, other texts (a generator that changed, or one whose item i depended on the sample size): the run
+    is not served from the cache and no item reuses the checkpoint of the old text."""
+    kw = dict(model_name=str(tiny_dirs["llama"]), source="vars", n_per_level=2, levels=[1], n_boot=20,
+              results_dir=tmp_path)
+    first = C.run(**kw)
+    real = C.difficulty_examples
+    changed = lambda *a: [replace(e, prompt="x=1\ny=2\n" + e.prompt) for e in real(*a)]  # noqa: E731
+    monkeypatch.setattr(C, "difficulty_examples", changed)
+    second = C.run(**kw)
+    assert not second.from_cache and second.path != first.path
+    old, new = ([x["n_tokens"] for x in r.meta["summary"]["items"]] for r in (first, second))
+    assert [x["item"] for x in second.meta["summary"]["items"]] == [x["item"] for x in first.meta["summary"]["items"]]
+    assert all(b > a for a, b in zip(old, new))  # every item measured on its new, longer text
 
 
 @pytest.mark.integration

