@@ -108,8 +108,10 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
 # Per chapter and model, from the runs this profile's build recorded: the units (problems or items — each
 # analysis's own), how many of them carry their compute time (units computed before the timing existed do not),
 # the seconds per timed unit on the machine in the versions table below, and the profile's total where every unit
-# was timed. Choose sizes for your hardware from the seconds per unit; a fresh machine also converts the packaged
-# models once (~3 min). Norms and cosine share their runs.
+# was timed, and the wall time of the executions that finished the runs (from each run's sidecar: the one cost known
+# for a run without units, such as chapter 03's benchmark, or without unit timings; a lower bound where a run was
+# resumed from checkpoints). Choose sizes for your hardware from the seconds per unit; a fresh machine also converts
+# the packaged models once (~3 min). Norms and cosine share their runs.
 
 # %% tags=["hide-input"]
 show_table(cost_table(results_dir, profile))

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from lmdepth.analyses.run import Job
-from lmdepth.data.datasets import load_examples
+from lmdepth.data.datasets import Example, load_examples
 from lmdepth.hooks.stack import AdapterStack, IGResult, erasure_map, integrated_gradients, mean_residuals
 from lmdepth.model.registry import LoadedModel, load_model
 from lmdepth.params import ModelParams, check_range, check_type, param
@@ -100,7 +100,8 @@ def _compute(p: ErasureParams, lm: Any, studies: tuple[tuple[str, str, str], ...
         head = lm.tokenizer(prompt, return_tensors="pt").input_ids[0]
         a = len(head) if torch.equal(ids[0, : len(head)].cpu(), head) else ids.shape[1] - len(
             lm.tokenizer(answer, add_special_tokens=False).input_ids)
-        item = store.load_item(f"{name}|{prompt}|{answer}")
+        unit = Example(name, prompt, answer).content_name  # the name and the text: an edited prompt is a new unit
+        item = store.load_item(unit)
         if item is not None and want_ig and "ig" not in item:
             item = None  # computed earlier without integrated gradients
         if item is None:
@@ -111,7 +112,7 @@ def _compute(p: ErasureParams, lm: Any, studies: tuple[tuple[str, str, str], ...
             if want_ig:
                 ig = integrated_gradients(stack, ids, a, n_steps=p.ig_steps, batch_size=p.ig_batch, rule=p.ig_rule)
                 item |= {"ig": ig.ig, "f_x": np.array(ig.f_x), "f_baseline": ig.f_baseline}
-            store.save_item(f"{name}|{prompt}|{answer}", item)
+            store.save_item(unit, item)
         labels = token_labels(lm.tokenizer, ids)
         T = ids.shape[1]
         has_ig = want_ig and "ig" in item
