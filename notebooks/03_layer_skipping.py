@@ -211,12 +211,12 @@ if benchmark:  # CPU time of this process is the fair measure on a shared machin
 #
 # - **Models and sample.** Small PyPI-packaged models in fp32 instead of Llama 3.1 70B in bf16. The analysis costs
 #   one forward pass per (problem, cut point, skipped layer, part) — 480 passes per problem for SmolLM2 — so on a
-#   2-core CPU the default profile uses 3 problems for the all-token and 2 for the future-token analysis of the
-#   main model (the paper: 20 and 10) and 1 problem for each comparison model (2 cut points; the all-token
-#   analysis on the same problem). Runs with more problems reuse the per-problem
-#   results already computed. Max-aggregated effects can only grow with more
-#   problems; the bootstrap intervals say how much the cutoffs could move. The `paper` profile restores the
-#   paper's sizes for a GPU.
+#   2-core CPU the default profile gives the main model 20 problems for the all-token and 20 (× 4 cut points) for
+#   the future-token analysis (the paper: 20 all-token, 10 future-token × 4 cut points), and each comparison model
+#   10 problems × 4 cut points for whole layers only. The exact values of this build are in the parameters cell at
+#   the top of the page. Runs with more problems reuse the per-problem results already computed. Max-aggregated
+#   effects can only grow with more problems; the bootstrap intervals say how much the cutoffs could move. The
+#   `paper` profile restores the paper's models and sizes for a GPU.
 # - **Cut points** are drawn per problem with a seed derived from the problem id, and are the same for every part
 #   (the authors' single random stream gave each part different draws).
 # - **Implementation.** Batched and prefix-reusing instead of one pass per intervention; the tests and the live

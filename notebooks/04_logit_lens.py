@@ -225,7 +225,7 @@ if tuned_lens:
 # head cannot read yet; the logit lens' late, sharp rise is then partly a change of basis becoming visible, and
 # "the second half only refines" overstates how little is left to do after mid-depth. Where the tuned lens, too,
 # improves mostly in the second half, the paper's reading survives the better readout. The claim checks below
-# make this call per model, judged against a bigram baseline.
+# make this call per model.
 
 # %% [markdown]
 # ## Does the claim hold here?

@@ -76,7 +76,9 @@ md(source.note if anything else
 # the data were drawn as (problems, items, target boundaries), and decided from its 95 % bootstrap interval:
 # **agrees** (the whole interval on the paper's side), **disagrees** (on the other side), **inconclusive**
 # (straddling), **not testable** (a precondition failed: fewer than 10 units, a model that does not do the task, or a
-# claim it depends on). Beside each verdict stands its **control**, judged by the same rule: a random-init model of
+# claim it depends on). A row on fewer than 10 units (or short of its claim's own size rule, such as 10 items on
+# every difficulty level) is shown, marked "not counted", and left out of the counts below: its size is this build's
+# choice, not a finding about the model; so are the few claims a chapter reports for itself only. Beside each verdict stands its **control**, judged by the same rule: a random-init model of
 # the same architecture (chapters 01–03), the count-bigram baseline (04), alignment by layer index (06), shuffled
 # training objectives (07); where the statistic is itself the comparison with the alternative (chapter 05's one-sided
 # equivalence test, chapter 06's error difference) the control is "built into the statistic". Where the control

@@ -111,7 +111,9 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
 # was timed, and the wall time of the executions that finished the runs (from each run's sidecar: the one cost known
 # for a run without units, such as chapter 03's benchmark, or without unit timings; a lower bound where a run was
 # resumed from checkpoints). Choose sizes for your hardware from the seconds per unit; a fresh machine also converts
-# the packaged models once (~3 min). Norms and cosine share their runs.
+# the packaged models once (about 2.5 min on 2 cores). Norms and cosine share their runs. Chapter 07 is not in the
+# table: a build analyses its committed trained runs (the page's wall time above) and trains nothing; what training
+# them cost, and the command to retrain, is on its own page.
 
 # %% tags=["hide-input"]
 show_table(cost_table(results_dir, profile))
@@ -133,10 +135,10 @@ show_table(pd.DataFrame({"package / fact": list(env), "value": ["—" if v is No
 #   Qwen2.5-Coder-0.5B-Instruct), de-quantised from GGUF files to fp32. The `paper` profile names the paper's
 #   models; the code path is the same.
 # - **Samples.** The paper's sample where a CPU affords it: 20 GSM8K problems for norms, cosines and lenses (the
-#   lenses at 64 sampled positions per problem, not every position), and layer skipping at the paper's sizes on
-#   SmolLM2 (20 all-token problems, 20 future-token problems × 4 cuts; the comparison models 10, whole layers).
-#   Depth vs difficulty (chapter 05) uses far fewer MATH and GSM8K items per level and adds synthetic ladders with
-#   ≥ 10 items per rung; the linear maps (chapter 06) train on about 36k aligned tokens instead of the paper's
+#   lenses at 64 sampled positions per problem, not every position), and layer skipping at or above the paper's
+#   sizes on SmolLM2 (20 all-token problems, 20 future-token problems × 4 cuts; the paper: 20 and 10 × 4; the
+#   comparison models 10 × 4, whole layers). Depth vs difficulty (chapter 05) uses 1–2 MATH and GSM8K items per
+#   level (shown, not counted in the headline) and adds synthetic ladders with ≥ 10 items per rung; the linear maps (chapter 06) train on about 36k aligned tokens instead of the paper's
 #   training run. Each chapter says so and the `paper` profile restores the paper's sizes. Selections are seeded
 #   and their ids recorded in every result's sidecar.
 # - **Training from scratch.** The paper's 244M-parameter MoEUT and Transformer were trained for days on two A100s;

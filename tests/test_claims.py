@@ -333,6 +333,8 @@ def test_each_claim_is_not_testable_below_ten_problems(claim_id):
     metric, curves = SCENARIOS[claim_id]["agrees"]
     row = verdict_of(claim_id, table_for(metric, curves, n=9))
     assert row.state == "not testable" and any(w in row.reason for w in ("units, at least 10", "needs", "4 items on level"))
+    assert not row.headline  # shown, but a sample this small is not counted on the findings page
+    assert verdict_of(claim_id, table_for(metric, curves)).headline == REGISTRY[claim_id].headline
 
 
 def test_a_transition_depth_needs_a_sign_change():
@@ -399,6 +401,19 @@ def test_findings_count_states_and_read_only_registered_claims(tmp_path):
     assert pairs.iloc[0, 1] == matrix.iloc[0, 1]
 
 
+def test_an_undersampled_row_is_shown_marked_but_not_counted():
+    flat = lambda level, rng, i: 6  # noqa: E731
+    full = report.check("complexity", item_units("m", "math", flat), ["m"], None, only=["complexity.math_depth_flat"])
+    few = report.check("complexity", item_units("s", "math", flat, n=8), ["s"], None,
+                       only=["complexity.math_depth_flat"])
+    both = pd.concat([full, few], ignore_index=True)
+    counts = state_counts(both).set_index("model")
+    assert "s" not in counts.index and counts.loc["all models"].sum() == 1
+    matrix = verdict_matrix(both, ["m", "s"])
+    assert matrix["s"].iloc[0].endswith("· not counted") and "not counted" not in matrix["m"].iloc[0]
+    assert list(report.display(both)["counted as"]) == ["agrees", "not counted"]
+
+
 def test_the_cutoff_can_land_anywhere_or_nowhere():
     assert sustained_cutoff(np.r_[0.5, 0.5, 0.05, 0.05, 0.0], 0.1) == 2
     assert sustained_cutoff(np.r_[0.5, 0.05, 0.5, 0.05, 0.0], 0.1) == 3  # sustained: the later excursion counts
@@ -448,8 +463,16 @@ def test_depth_vs_difficulty_needs_competence_and_ten_items_per_level():
     assert verdict_of("complexity.math_depth_flat", item_units("m", "math", flat)).state == "agrees"
     unsolved = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, correct=0))
     assert unsolved.state == "not testable" and "constant-answer baseline" in unsolved.reason
+    assert unsolved.headline  # a model that does not do the task is a finding: counted as "not testable"
     few = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, n=8))
-    assert few.state == "not testable" and "4 items on level" in few.reason
+    assert few.state == "not testable" and "4 items on level" in few.reason and not few.headline
+    # 4 items on each of 5 levels: 20 units in all, but short of the per-level rule; not counted either
+    assert few.n == 20
+    # both failures named, so a reader sees that more items alone would not do
+    both = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, n=8, correct=0))
+    assert "4 items on level" in both.reason and "constant-answer baseline" in both.reason and not both.headline
+    tiny = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, n=2, correct=0))
+    assert tiny.n == 5 and "5 units, at least 10" in tiny.reason and "constant-answer baseline" in tiny.reason
     # a null claim, decided as a one-sided equivalence test: no separate control (a shuffled-level control would
     # show "no rise" by construction and could only ever cancel an agreement)
     t = item_units("m", "math", flat)

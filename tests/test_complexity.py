@@ -385,6 +385,10 @@ def test_grid_summaries_and_notes():
     g = C.grid_frames(results)
     assert len(g.items) == 8 + 8 + 8 and set(g.table.model) == {"m1", "m2"} and g.table.index.is_unique
     assert {"rel_depth_score", "n_layers"} <= set(g.levels.columns)
+    results["m2", "vars"].meta["summary"]["levels"][0]["depth_score"] = 7.0  # beyond layer L − 1 = 6
+    with pytest.raises(RuntimeError, match=r"outside \[0, L − 1\]"):
+        C.grid_frames(results)
+    results["m2", "vars"].meta["summary"]["levels"][0]["depth_score"] = 6.0
     note = cx_page.runs_note(results)
     assert note == ("Depth-score runs: 3 (model × source), 24 items in all; **m1** 11 layers, **m2** 7 layers. "
                     "Computed now: 25 s (2 runs; the rest from the cache).")
@@ -419,6 +423,9 @@ def test_accuracy_per_level_with_its_interval_and_the_constant_answer_baseline()
     assert (two.accuracy, two.baseline) == (0.2, 0.7) and not two.above  # "7" seven times: a constant answer wins
     cell = cx_page.accuracy_display(acc).set_index("level").loc[1, "m"]
     assert cell.startswith("90% [") and cell.endswith("(n 10; const. 10%) ✓")
+    text = cx_page.ladder_md(acc)  # level 1 above, level 2 (the hardest checked) below its 70 % baseline
+    assert text.startswith("- *synthetic arithmetic chains*") and "m: 1 (level 2: 20% [" in text
+    assert "constant answer 70%" in text
 
 
 @pytest.mark.unit

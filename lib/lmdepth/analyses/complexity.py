@@ -300,9 +300,18 @@ class GridFrames(NamedTuple):
 
 
 def grid_frames(results: dict[tuple[str, str], RunResult]) -> GridFrames:
-    """The four summary frames of :func:`summary_frame` and the concatenated tidy tables of a grid of runs."""
-    return GridFrames(*(summary_frame(results, part) for part in ("levels", "slopes", "solved", "items")),
-                      pd.concat([r.table for r in results.values()], ignore_index=True))
+    """The four summary frames of :func:`summary_frame` and the concatenated tidy tables of a grid of runs.
+
+    Raises:
+        RuntimeError: a depth score outside [0, L − 1] (an effect-weighted mean layer index cannot be: the effects
+            were not non-negative weights).
+    """
+    frames = GridFrames(*(summary_frame(results, part) for part in ("levels", "slopes", "solved", "items")),
+                        pd.concat([r.table for r in results.values()], ignore_index=True))
+    d = frames.levels.dropna(subset=["depth_score"])
+    if not d.eval("depth_score >= 0 and depth_score <= n_layers - 1").all():
+        raise RuntimeError("A depth score lies outside [0, L − 1]: the layer effects it weights are not non-negative.")
+    return frames
 
 
 def model_names(results: dict[tuple[str, str], RunResult]) -> list[str]:

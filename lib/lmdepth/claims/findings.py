@@ -47,18 +47,20 @@ def shown(verdicts: pd.DataFrame, models: list[str]) -> pd.DataFrame:
 
 
 def _cell(r) -> str:
+    counted = "" if r.headline else " · not counted"
     if r.state == "not testable":
-        return f"not testable: {r.reason} (n {r.n})"
+        return f"not testable: {r.reason} (n {r.n}){counted}"
     ci = f" [{r.ci_low:.3g}, {r.ci_high:.3g}]" if np.isfinite(r.ci_low) else ""
     tag = " ⊘" if r.counted_as == "non-discriminating" else ""
-    return f"{r.state}{tag} · {r.estimate:.3g}{ci} · n {r.n} · control {r.control_state}"
+    return f"{r.state}{tag} · {r.estimate:.3g}{ci} · n {r.n} · control {r.control_state}{counted}"
 
 
 def verdict_matrix(verdicts: pd.DataFrame, models: list[str] | None = None) -> pd.DataFrame:
     """One row per claim (with its paper figure and the paper's side), one column per model or subject: the
     verdict, the statistic with its 95 % interval, n, and the control's verdict by the same rule; ⊘ marks a check
-    whose control got the same verdict (non-discriminating, not counted). :func:`verdict_matrices` splits it into
-    tables that fit the book's text column."""
+    whose control got the same verdict (non-discriminating), "not counted" a row outside the headline (a
+    chapter-only claim, or a sample below its size requirement). :func:`verdict_matrices` splits it into tables
+    that fit the book's text column."""
     if verdicts.empty:
         return pd.DataFrame()
     subjects = list(dict.fromkeys(verdicts["model"]))
@@ -124,7 +126,8 @@ def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
     return (f"**What this build found** (`{profile}` profile, recomputed whenever the book is built). Of the "
             f"{len(v)} (claim × model) checks of the claims registry, **{c['agrees']} agree** with the paper, "
             f"**{c['disagrees']} disagree**, {c['inconclusive']} are inconclusive, {c['not testable']} are not "
-            f"testable here (too few units, or a model that does not do the task), and {c['non-discriminating']} do "
+            f"testable here (a model that does not do the task, or a control or prerequisite that could not be "
+            f"decided; checks on fewer than 10 units are shown in their chapters but not counted), and {c['non-discriminating']} do "
             f"not discriminate (their control reaches the same verdict, so they measure the architecture or the "
             f"data rather than the trained model). Agree: {_claims_by_state(v, 'agrees')}. Disagree: "
             f"{_claims_by_state(v, 'disagrees')}. The [findings page](90_across_models.ipynb) shows every verdict "

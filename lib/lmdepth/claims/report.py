@@ -82,7 +82,7 @@ def display(verdicts: pd.DataFrame) -> pd.DataFrame:
         "control (same rule)": [f"{r.control_state}: {_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)}"
                                 if r.control_state not in ("not run", "not testable", BUILT_IN) else r.control_state
                                 for r in verdicts.itertuples()],
-        "counted as": verdicts["counted_as"],
+        "counted as": [r.counted_as if r.headline else "not counted" for r in verdicts.itertuples()],
     })
     return out
 
@@ -143,7 +143,8 @@ def describe(chapter: str) -> str:
             + f"\n\nEach verdict is decided from a 95 % percentile bootstrap interval over {specs[0].unit}s "
             f"(at least 1000 resamples, seeded): **agrees** when the whole interval lies on the paper's side, **disagrees** "
             f"when it lies on the other side, **inconclusive** when it straddles the threshold, **not testable** "
-            f"when a precondition fails (fewer than 10 {specs[0].unit}s, or a claim it depends on). "
+            f"when a precondition fails (fewer than 10 {specs[0].unit}s — a row so small is shown here but not "
+            f"counted on the findings page —, or the one the verdict names). "
             f"Layers 0–1 are left out of every verdict statistic in this book (their writes are large relative to "
             f"the small embedding they start from); the column *with layers 0–1* shows the statistic with them. "
             f"Control: {'; '.join(controls)} — judged by the same rule; a check whose control reaches the same "

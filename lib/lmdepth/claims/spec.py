@@ -48,9 +48,12 @@ class ClaimSpec:
         with_early: the same statistic with layers 0–1 kept, shown beside the verdict (None where it does not apply).
         requires: the id of a claim that must agree for this one to mean anything (e.g. a transition's depth needs
             a transition); otherwise "not testable".
-        precondition: a check-specific precondition on the per-unit table (competence over a baseline, units per
-            level …): (holds, what failed and by how much).
-        headline: counted on the findings page (False: reported in its chapter only).
+        precondition: a check-specific precondition on the per-unit table (competence over a baseline …):
+            (holds, what failed and by how much).
+        sample_size: the claim's own size requirement beyond ``MIN_UNITS`` units in all (e.g. 10 items on every
+            level): (holds, what is short). A sample too small is the build's choice, not a finding about the
+            model, so such a row — like any row on fewer than ``MIN_UNITS`` units — is not counted in the headline.
+        headline: counted on the findings page (False: reported in its chapter only), if the sample is large enough.
         history: dated notes of every change made to the criterion after its numbers were seen.
     """
 
@@ -69,6 +72,7 @@ class ClaimSpec:
     with_early: Reduce | None = None
     requires: str | None = None
     precondition: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
+    sample_size: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
     headline: bool = True
     history: tuple[str, ...] = field(default=())
 
@@ -84,6 +88,12 @@ def control_undecided(state: str, reason: str) -> bool:
     return state == "not testable" and not str(reason).startswith(_NEEDS.split("{")[0])
 
 
+def large_enough(spec: ClaimSpec, units: pd.DataFrame, model: str, verdict: Verdict) -> bool:
+    """Whether the build's sample meets the claim's size requirements (``MIN_UNITS`` in all, and ``sample_size``):
+    only then can the row count in the headline (issue 20: no headline verdict on fewer than 10 units)."""
+    return verdict.n >= MIN_UNITS and (spec.sample_size is None or spec.sample_size(units, model)[0])
+
+
 def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict | None,
              n_boot: int, seed: int) -> tuple[Verdict, np.ndarray]:
     try:
@@ -94,6 +104,9 @@ def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict
         why = "it was not checked" if required is None else f"it is {required.state}"
         return Verdict("not testable", NAN, NAN, NAN, len(values), f"{_NEEDS.format(spec.requires)} ({why})"), values
     pre = spec.precondition(units, model) if spec.precondition is not None else (True, "")
+    size = spec.sample_size(units, model) if spec.sample_size is not None and len(values) else (True, "")
+    if not size[0]:  # name every failed precondition: would more units alone make the check testable?
+        pre = (False, "; ".join(w for w in (size[1], "" if pre[0] else pre[1]) if w))
     return decide(values, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
                   precondition=pre), values
 
@@ -118,7 +131,7 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
            "rule": spec.rule.describe(spec.statistic.split(":")[0]), "unit": spec.unit, "model": model,
            "n": real.n, "estimate": real.estimate, "ci_low": real.ci_low, "ci_high": real.ci_high,
            "state": real.state, "reason": real.reason, "with_layers_0_1": early, "control": spec.control,
-           "control_model": control_model, "headline": spec.headline}
+           "control_model": control_model, "headline": spec.headline and large_enough(spec, units, model, real)}
     if spec.control_of is None:
         return {**row, "control_state": BUILT_IN, "control_reason": "", "control_estimate": NAN,
                 "control_ci_low": NAN, "control_ci_high": NAN, "discriminates": True}

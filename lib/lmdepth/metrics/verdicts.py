@@ -116,10 +116,10 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
     values = np.asarray(values, dtype=float)
     statistic = statistic or (lambda v: float(np.mean(v)))
     n = int(len(values))
-    if n < min_units:
-        return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
-                       f"{n} unit{'' if n == 1 else 's'}, at least {min_units} needed")
     ok, why = precondition
+    if n < min_units:  # the precondition's failure too, so a reader sees whether more units alone would do
+        return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
+                       f"{n} unit{'' if n == 1 else 's'}, at least {min_units} needed" + ("" if ok else f"; {why}"))
     if not ok:
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), n, why)
     missing = int((~np.isfinite(values)).reshape(n, -1).any(1).sum())

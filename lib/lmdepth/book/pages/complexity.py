@@ -9,7 +9,7 @@ import pandas as pd
 
 from lmdepth.analyses.complexity import model_names, summary_frame
 from lmdepth.claims import report
-from lmdepth.data.difficulty import LEVELS
+from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.results import RunResult
 
@@ -61,6 +61,23 @@ def accuracy_display(acc: pd.DataFrame) -> pd.DataFrame:
                              for a, lo, hi, n, b, ab in zip(acc.accuracy, acc.ci_low, acc.ci_high, acc.n, acc.baseline,
                                                             acc.above)])
     return cells.pivot(index=["source", "level"], columns="model", values="cell").reset_index()
+
+
+def ladder_md(acc: pd.DataFrame) -> str:
+    """Markdown: per source and model, the levels solved clearly above a constant answer (✓ in the accuracy table),
+    and the accuracy on the hardest level beside its baseline — whether a ladder falls toward chance, read off the
+    table rather than asserted. Sources on which no model's easiest level is above the baseline get one line."""
+    lines = []
+    for source, g in acc.groupby("source", sort=False):
+        parts = []
+        for model, m in g.sort_values("level").groupby("model", sort=False):
+            above = [str(lv) for lv in m.level[m.above]]
+            top = m.iloc[-1]
+            parts.append(f"{model}: {', '.join(above) if above else 'none'} (level {top.level}: {top.accuracy:.0%} "
+                         f"[{top.ci_low:.0%}, {top.ci_high:.0%}], constant answer {top.baseline:.0%})")
+        lines.append(f"- *{SOURCE_TITLES.get(source, source)}* — levels solved clearly above a constant answer: "
+                     + "; ".join(parts) + ".")
+    return "\n".join(lines)
 
 
 def slope_table(slopes: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
