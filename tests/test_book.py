@@ -42,6 +42,38 @@ def test_committed_notebooks_are_publishable(stem):
     assert notebook_problems(path) == []
 
 
+@pytest.mark.unit
+def test_re_executing_an_unchanged_page_changes_only_its_execution_record(tmp_path):
+    """Random cell ids, pandas' random table ids, memory addresses and papermill's paths and times would make every
+    re-execution a diff of thousands of lines; cleaned, two executions of the same page are byte-identical."""
+    from lmdepth.book.build import clean_notebook
+    from lmdepth.book.notebook import styled
+    import pandas as pd
+
+    def execution(i: int) -> Path:
+        table = styled(pd.DataFrame({"n": [20], "verdict": ["agrees"]}))
+        nb = nbformat.v4.new_notebook(metadata={"papermill": {
+            "parameters": {"n_examples": 20}, "input_path": f"/tmp/tmp{i}/x.ipynb", "output_path": f"/w{i}/x.ipynb",
+            "start_time": f"2026-11-2{i}T00:00", "end_time": "…", "duration": 1.5 + i}})
+        md, code = nbformat.v4.new_markdown_cell("# Page"), nbformat.v4.new_code_cell("show_table(t)")
+        md["id"], code["id"] = f"random{i}a", f"random{i}b"
+        code.metadata["papermill"] = {"duration": 0.1 * i}
+        code.outputs = [nbformat.v4.new_output("display_data", data={
+            "text/html": table.to_html(), "text/plain": f"<pandas.io.formats.style.Styler at 0x7f81{i}ad0>"})]
+        nb.cells = [md, code, nbformat.v4.new_code_cell("show_table(t)")]  # a repeated cell gets its own id
+        path = tmp_path / f"run{i}.ipynb"
+        nbformat.write(nb, path)
+        assert clean_notebook(path) == []
+        return path
+
+    a, b = execution(1), execution(2)
+    assert a.read_text() == b.read_text()
+    nb = nbformat.read(a, as_version=4)
+    assert nb.metadata.papermill == {"parameters": {"n_examples": 20}}  # what was run with is kept
+    assert nb.cells[1].outputs[0].data["text/plain"] == "<pandas.io.formats.style.Styler>"
+    assert len({c.id for c in nb.cells}) == 3 and "random" not in a.read_text()
+
+
 def chromium_dom(html: Path) -> str:
     return chromium(html)[0]
 

@@ -55,13 +55,29 @@ def repository_url() -> str:
 
 
 _REPO_LINE = re.compile(r'^(\s*REPO = )"[^"]*"', re.MULTILINE)
+_ADDRESS = re.compile(r"^<([\w.]+) (?:object )?at 0x[0-9a-f]+>$")  # an object's default repr: its memory address
+_PAPERMILL_RUN = ("input_path", "output_path", "start_time", "end_time", "duration", "exception")
+
+
+def _stable_ids(cells: list) -> None:
+    """Cell ids from the cells' own text (jupytext draws them at random on every conversion), so re-executing an
+    unchanged page changes no id and a diff between two builds shows only what changed."""
+    seen: dict[str, int] = {}
+    for cell in cells:
+        base = hashlib.sha1(f"{cell.cell_type}\n{cell.source}".encode()).hexdigest()[:12]
+        seen[base] = seen.get(base, 0) + 1
+        cell["id"] = base if seen[base] == 1 else f"{base}-{seen[base]}"
 
 
 def clean_notebook(path: Path, repo_url: str | None = None) -> list[str]:
-    """Drop widget state and papermill noise; set the Colab cell's repository URL to ``repo_url``; return the
-    error outputs found (must be none to publish)."""
+    """Drop widget state and papermill noise (per-cell timings; the run's paths and times: the page's own
+    ``lmdepth`` metadata keeps its wall time); make the cell ids and object reprs reproducible; set the Colab
+    cell's repository URL to ``repo_url``; return the error outputs found (must be none to publish)."""
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)
+    for key in _PAPERMILL_RUN:  # machine paths and timestamps: they differ on every execution
+        nb.metadata.get("papermill", {}).pop(key, None)
+    _stable_ids(nb.cells)
     errors = []
     for cell in nb.cells:
         if repo_url and cell.cell_type == "code" and "google.colab" in cell.source:
@@ -75,6 +91,9 @@ def clean_notebook(path: Path, repo_url: str | None = None) -> list[str]:
                 errors.append(f"{out.get('ename')}: {out.get('evalue')}")
             if "application/vnd.jupyter.widget-view+json" in out.get("data", {}):
                 out["data"].pop("application/vnd.jupyter.widget-view+json")
+            plain = out.get("data", {}).get("text/plain")
+            if isinstance(plain, str) and _ADDRESS.match(plain):  # e.g. a Styler's repr beside its HTML
+                out["data"]["text/plain"] = _ADDRESS.sub(r"<\1>", plain)
         # stderr (warnings) and progress bars (carriage returns) from model loading are not part of the chapter
         if cell.cell_type == "code":  # (markdown cells have no outputs field: adding one breaks nbformat)
             cell["outputs"] = [o for o in cell.outputs if not (

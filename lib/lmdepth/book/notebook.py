@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 
@@ -61,8 +62,10 @@ def md(text: str) -> None:
 
 def styled(df: pd.DataFrame):
     """A table without its integer index; cell text is HTML-escaped (tokens such as ``<s>`` or ``<|endoftext|>``
-    are shown, not read as markup); a missing value reads "—", never "nan" or "None"."""
-    return df.style.hide(axis="index").format(escape="html", na_rep="—")
+    are shown, not read as markup); a missing value reads "—", never "nan" or "None". The HTML element ids come
+    from the table's content (pandas draws them at random), so an unchanged table renders to the same HTML."""
+    digest = hashlib.sha1(df.to_csv().encode() + repr(list(df.columns)).encode()).hexdigest()[:8]
+    return df.style.hide(axis="index").format(escape="html", na_rep="—").set_uuid(digest)
 
 
 def show_table(df: pd.DataFrame) -> None:
