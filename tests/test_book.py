@@ -68,6 +68,8 @@ def test_re_executing_an_unchanged_page_changes_only_its_execution_record(tmp_pa
 
     a, b = execution(1), execution(2)
     assert a.read_text() == b.read_text()
+    old, new = (styled(pd.DataFrame({"n": [n]})).to_html().splitlines() for n in (20, 21))
+    assert sum(x != y for x, y in zip(old, new)) == 1  # a changed number: one changed line
     nb = nbformat.read(a, as_version=4)
     assert nb.metadata.papermill == {"parameters": {"n_examples": 20}}  # what was run with is kept
     assert nb.cells[1].outputs[0].data["text/plain"] == "<pandas.io.formats.style.Styler>"

@@ -63,8 +63,9 @@ def md(text: str) -> None:
 def styled(df: pd.DataFrame):
     """A table without its integer index; cell text is HTML-escaped (tokens such as ``<s>`` or ``<|endoftext|>``
     are shown, not read as markup); a missing value reads "—", never "nan" or "None". The HTML element ids come
-    from the table's content (pandas draws them at random), so an unchanged table renders to the same HTML."""
-    digest = hashlib.sha1(df.to_csv().encode() + repr(list(df.columns)).encode()).hexdigest()[:8]
+    from the table's columns and shape (pandas draws them at random), so re-rendering gives the same HTML and a
+    changed number changes only its own cell's line in a diff of the executed notebook."""
+    digest = hashlib.sha1(repr((list(map(str, df.columns)), df.shape)).encode()).hexdigest()[:8]
     return df.style.hide(axis="index").format(escape="html", na_rep="—").set_uuid(digest)
 
 
