@@ -113,7 +113,8 @@ CLAIMS: tuple[ClaimSpec, ...] = tuple(
         statistic=f"rise: fitted rise of the depth score D / L over levels {min(LEVELS[source])}–"
                   f"{max(LEVELS[source])} (layer effects, layers 2…L−1)",
         unit="item", rule=Rule(MAX_RISE, "below"), values=effects_by_item(source), reduce=rise(source, EARLY_LAYERS),
-        with_early=rise(source, 0), precondition=competent(source), sample_size=per_level(source), control=CONTROL, control_of=None,
+        with_early=rise(source, 0), precondition=competent(source), sample_size=per_level(source), control=CONTROL,
+        control_of=None,
         history=("2026-11-23: decided from the interval over items with a competence gate and ≥ 10 items per "
                  "level (was: a point estimate on 1–2 items per level, whatever the model solved).",
                  "2026-11-24: a sample short of 10 items on some level is shown but no longer counted in the "

@@ -127,8 +127,8 @@ def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
             f"{len(v)} (claim × model) checks of the claims registry, **{c['agrees']} agree** with the paper, "
             f"**{c['disagrees']} disagree**, {c['inconclusive']} are inconclusive, {c['not testable']} are not "
             f"testable here (a model that does not do the task, or a control or prerequisite that could not be "
-            f"decided; checks on fewer than 10 units are shown in their chapters but not counted), and {c['non-discriminating']} do "
-            f"not discriminate (their control reaches the same verdict, so they measure the architecture or the "
+            f"decided; checks on fewer than 10 units are shown in their chapters but not counted), and "
+            f"{c['non-discriminating']} do not discriminate (their control reaches the same verdict, so they measure the architecture or the "
             f"data rather than the trained model). Agree: {_claims_by_state(v, 'agrees')}. Disagree: "
             f"{_claims_by_state(v, 'disagrees')}. The [findings page](90_across_models.ipynb) shows every verdict "
             "with its interval, sample size and control.")

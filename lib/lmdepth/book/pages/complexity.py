@@ -66,7 +66,7 @@ def accuracy_display(acc: pd.DataFrame) -> pd.DataFrame:
 def ladder_md(acc: pd.DataFrame) -> str:
     """Markdown: per source and model, the levels solved clearly above a constant answer (✓ in the accuracy table),
     and the accuracy on the hardest level beside its baseline — whether a ladder falls toward chance, read off the
-    table rather than asserted. Sources on which no model's easiest level is above the baseline get one line."""
+    table rather than asserted. One line per source."""
     lines = []
     for source, g in acc.groupby("source", sort=False):
         parts = []
