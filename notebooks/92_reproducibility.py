@@ -138,9 +138,10 @@ show_table(pd.DataFrame({"package / fact": list(env), "value": ["—" if v is No
 #   lenses at 64 sampled positions per problem, not every position), and layer skipping at or above the paper's
 #   sizes on SmolLM2 (20 all-token problems, 20 future-token problems × 4 cuts; the paper: 20 and 10 × 4; the
 #   comparison models 10 × 4, whole layers). Depth vs difficulty (chapter 05) uses 1–2 MATH and GSM8K items per
-#   level (shown, not counted in the headline) and adds synthetic ladders with ≥ 10 items per rung; the linear maps (chapter 06) train on about 36k aligned tokens instead of the paper's
-#   training run. Each chapter says so and the `paper` profile restores the paper's sizes. Selections are seeded
-#   and their ids recorded in every result's sidecar.
+#   level (shown, not counted in the headline) and adds synthetic ladders with ≥ 10 items per rung; the linear
+#   maps (chapter 06) train on about 36k aligned tokens instead of the paper's training run. Each chapter says so
+#   and the `paper` profile restores the paper's sizes. Selections are seeded and their ids recorded in every
+#   result's sidecar.
 # - **Training from scratch.** The paper's 244M-parameter MoEUT and Transformer were trained for days on two A100s;
 #   chapter 07 trains small versions (d = 128, 8 layers) on one arithmetic module for 16,000 steps on the CPU (the
 #   trained checkpoints are committed in `checkpoints/dm_math/`); the `paper` profile holds the 244M configuration.

@@ -88,27 +88,26 @@ def control_undecided(state: str, reason: str) -> bool:
     return state == "not testable" and not str(reason).startswith(_NEEDS.split("{")[0])
 
 
-def large_enough(spec: ClaimSpec, units: pd.DataFrame, model: str, verdict: Verdict) -> bool:
-    """Whether the build's sample meets the claim's size requirements (``MIN_UNITS`` in all, and ``sample_size``):
-    only then can the row count in the headline (issue 20: no headline verdict on fewer than 10 units)."""
-    return verdict.n >= MIN_UNITS and (spec.sample_size is None or spec.sample_size(units, model)[0])
-
-
 def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict | None,
-             n_boot: int, seed: int) -> tuple[Verdict, np.ndarray]:
+             n_boot: int, seed: int) -> tuple[Verdict, np.ndarray, bool]:
+    """The verdict, the per-unit values, and whether the sample meets the claim's size rules (``MIN_UNITS`` units
+    in all, and ``sample_size``): only then can the row count in the headline (no headline verdict on fewer than
+    10 units)."""
     try:
         values = spec.values(units, model)
     except DataError as e:  # e.g. a comparison model without an all-token run
-        return Verdict("not testable", NAN, NAN, NAN, 0, str(e)), np.empty((0, 0))
+        return Verdict("not testable", NAN, NAN, NAN, 0, str(e)), np.empty((0, 0)), False
+    size = spec.sample_size(units, model) if spec.sample_size is not None and len(values) else (True, "")
+    sized = len(values) >= MIN_UNITS and size[0]
     if spec.requires and (required is None or required.state != "agrees"):
         why = "it was not checked" if required is None else f"it is {required.state}"
-        return Verdict("not testable", NAN, NAN, NAN, len(values), f"{_NEEDS.format(spec.requires)} ({why})"), values
+        return (Verdict("not testable", NAN, NAN, NAN, len(values), f"{_NEEDS.format(spec.requires)} ({why})"),
+                values, sized)
     pre = spec.precondition(units, model) if spec.precondition is not None else (True, "")
-    size = spec.sample_size(units, model) if spec.sample_size is not None and len(values) else (True, "")
     if not size[0]:  # name every failed precondition: would more units alone make the check testable?
         pre = (False, "; ".join(w for w in (size[1], "" if pre[0] else pre[1]) if w))
     return decide(values, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
-                  precondition=pre), values
+                  precondition=pre), values, sized
 
 
 def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd.DataFrame | None,
@@ -123,22 +122,22 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
         decided: verdicts already decided in this chapter, by (claim id, model); updated in place (for ``requires``).
     """
     decided = {} if decided is None else decided
-    real, values = _verdict(spec, units, model, decided.get((spec.requires, model)) if spec.requires else None,
-                            n_boot, seed)
+    required = decided.get((spec.requires, model)) if spec.requires else None
+    real, values, sized = _verdict(spec, units, model, required, n_boot, seed)
     decided[(spec.id, model)] = real
     early = spec.with_early(values) if spec.with_early is not None and len(values) else float("nan")
     row = {"chapter": spec.chapter, "claim_id": spec.id, "figure": spec.figure, "claim": spec.claim,
            "rule": spec.rule.describe(spec.statistic.split(":")[0]), "unit": spec.unit, "model": model,
            "n": real.n, "estimate": real.estimate, "ci_low": real.ci_low, "ci_high": real.ci_high,
            "state": real.state, "reason": real.reason, "with_layers_0_1": early, "control": spec.control,
-           "control_model": control_model, "headline": spec.headline and large_enough(spec, units, model, real)}
+           "control_model": control_model, "headline": spec.headline and sized}
     if spec.control_of is None:
         return {**row, "control_state": BUILT_IN, "control_reason": "", "control_estimate": NAN,
                 "control_ci_low": NAN, "control_ci_high": NAN, "discriminates": True}
     if control_units is None or control_model is None:
         return {**row, "control_state": "not run", "control_reason": "", "control_estimate": NAN,
                 "control_ci_low": NAN, "control_ci_high": NAN, "discriminates": False}
-    ctrl, _ = _verdict(spec, control_units, control_model,
+    ctrl, _, _ = _verdict(spec, control_units, control_model,
                        decided.get((spec.requires, control_model)) if spec.requires else None, n_boot, seed)
     decided[(spec.id, control_model)] = ctrl
     return {**row, "control_state": ctrl.state, "control_reason": ctrl.reason, "control_estimate": ctrl.estimate,
