@@ -62,8 +62,9 @@ import yaml
 from lmdepth.analyses import atlas
 from lmdepth.book.chapters import CHAPTERS, profiles_dir
 from lmdepth.book.cost import cost_table
+from lmdepth.book.faults import fault_summary
 from lmdepth.book.notebook import md, setup, show_table
-from lmdepth.runtime import environment
+from lmdepth.runtime import REPO_ROOT, environment
 
 setup(0)
 
@@ -117,6 +118,21 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
 
 # %% tags=["hide-input"]
 show_table(cost_table(results_dir, profile))
+
+# %% [markdown]
+# ## Results that defend themselves
+#
+# Every finished run's sidecar records the sha256 and row count of its tables, written in the same atomic step as
+# the run; a run whose files no longer match is moved aside as `<key>.damaged-<time>` and computed again, and a book
+# build stops, naming the run and the command that restores it, when a page it keeps shows a missing or damaged run.
+# `use_cache false` computes beside the finished run and replaces it only when the new one is complete. `lmdepth
+# clean` removes only the library's own temporaries (`.lmdepth-tmp-*`) and old checkpoint folders inside a
+# directory marked as a results root (`lmdepth-results.json`), and `--dry-run` lists them first. Runs made with
+# `lmdepth run` name their executed notebook and verdict files by their settings, so no run overwrites another's.
+# The tests that hold all this, counted:
+
+# %% tags=["hide-input"]
+md(fault_summary(REPO_ROOT / "tests" / "test_faults.py"))
 
 # %% [markdown]
 # ## Versions of this build

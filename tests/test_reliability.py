@@ -181,7 +181,7 @@ def test_clean_removes_leftovers_and_keeps_results(tmp_path):
     store = RunStore(tmp_path, "a", "m", {"x": 1}, item_params={"y": 2})
     store.save_item("u", {"v": np.zeros(1)})
     store.finalize(pd.DataFrame({"v": [1.0]}), {})
-    leftover = store.dir.parent / ".abc-xyz"
+    leftover = store.dir.parent / ".lmdepth-tmp-xyz"
     leftover.mkdir()
     old = _time.time() - 30 * 86400
     for p in (leftover, store.partial):
@@ -278,6 +278,7 @@ def _cli_cases(tmp: Path) -> list[tuple[list[str], str]]:
     readonly.chmod(0o555)
     not_a_model = tmp / "not_a_model"
     not_a_model.mkdir()
+    (tmp / "x.jsonl").mkdir()
     profile = tmp / "mine.yaml"
     profile.write_text("common: {n_examples: 0}\n")
     # root may write anywhere, so the read-only case applies to ordinary users only (CI runs as root here)
@@ -288,7 +289,8 @@ def _cli_cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["run", "norms", "--model", str(not_a_model), "--results-dir", str(tmp)], "no config.json"),
         (["run", "norms", "-p", "compare_models", "[gemma3-270m, qwen-typo]", "--results-dir", str(tmp)],
          "Unknown model 'qwen-typo'"),
-        (["run", "explorer", "-p", "prompt", "Answer: 42"], "Quote it for YAML"),
+        (["run", "norms", "-p", "seed", "-1", "--results-dir", str(tmp)], "'seed' must be between 0"),
+        (["run", "norms", "-p", "dataset", str(tmp / "x.jsonl"), "--results-dir", str(tmp)], "is a directory"),
         (["run", "norms", "-p", "remote", "true", "--results-dir", str(tmp)], "is not one"),
         (["run", "norms", "--profile", str(profile), "--results-dir", str(tmp)], "'n_examples' must be between 1"),
     ]

@@ -190,7 +190,7 @@ class ModelParams(Params):
     """Where and how the model runs, and where results go."""
 
     model_name: str = param("smollm2-135m", help="packaged short name, hub id or local directory")
-    seed: int = param(0, help="seed of every random choice")
+    seed: int = param(0, lo=0, hi=2**32 - 1, help="seed of every random choice (0 to 2**32 - 1, numpy's range)")
     device: str = param("auto", help="'auto' (a GPU where there is one), 'cpu', 'cuda', 'cuda:1' …")
     dtype: str = param("float32", choices=DTYPE_NAMES, help="model weights' dtype")
     results_dir: str | Path = param("results", help="root of the results cache")

@@ -25,7 +25,7 @@ import pandas as pd
 
 from lmdepth.errors import DataError
 from lmdepth.params import check_type
-from lmdepth.results import RunResult, book_record_dir, recorded_runs
+from lmdepth.results import RunResult, book_record_dir, check_recorded, recorded_runs
 from lmdepth.analyses import residual
 from lmdepth.analyses import skipping as skip_analysis
 from lmdepth.analyses import lens
@@ -45,11 +45,13 @@ RECORDED_CHAPTERS = ("norms", "cosine", "skipping", "lens", "complexity", "maps"
 
 
 def book_runs(results_dir: str | Path, profile: str) -> set[Path]:
-    """The runs the book build recorded for ``profile`` (:func:`lmdepth.results.record_run`), checked complete.
+    """The runs the book build recorded for ``profile`` (:func:`lmdepth.results.record_run`), checked complete
+    and intact.
 
     Raises:
         DataError: a chapter has no record (never executed by the book build on this machine, or ``results/`` is
-            missing): the page would otherwise publish fewer rows than the profile defines.
+            missing), or a recorded run is missing or damaged (:func:`lmdepth.results.check_recorded`): the page
+            would otherwise publish fewer rows than the profile defines.
     """
     root = Path(results_dir) / "book" / Path(profile).stem
     missing = [c for c in RECORDED_CHAPTERS if not (root / c).is_dir()]
@@ -57,6 +59,7 @@ def book_runs(results_dir: str | Path, profile: str) -> set[Path]:
         raise DataError(f"The summary pages read the book's own runs of the {profile!r} profile, recorded when "
                         f"`lmdepth book` executes each chapter; nothing is recorded under {root} for: "
                         f"{', '.join(missing)}. Run `lmdepth book --profile {profile} --force` to execute them.")
+    check_recorded(root)
     return recorded_runs(root)
 
 

@@ -27,7 +27,9 @@ Evaluation always uses the full vocabulary.
 from __future__ import annotations
 
 import random
+import sys
 import time
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -99,10 +101,14 @@ def fit_tuned_lens(
     """
     store = tuned_store(lm.name, cfg, dataset, dtype, lens_dtype, results_dir)
     state = store.dir / "translators.npz"
-    if use_cache and store.complete and state.exists():
-        with np.load(state) as z:
-            return Translators.from_arrays({k: z[k] for k in z.files}).eval(), store.load()
-    store.clear()
+    cached = store.load_verified() if use_cache else None
+    if cached is not None and state.exists():
+        try:
+            with np.load(state) as z:
+                return Translators.from_arrays({k: z[k] for k in z.files}).eval(), cached
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
+            print(f"lmdepth: the translators {state} cannot be read ({type(e).__name__}); training them again",
+                  file=sys.stderr, flush=True)
     exs = train_examples(dataset, cfg.n_tokens, cfg.seed)
     # Held-out problems are the last ones of the shuffled list: never read for training.
     n_val = max(1, int(cfg.n_tokens * cfg.val_fraction))
@@ -112,7 +118,7 @@ def fit_tuned_lens(
     curve.insert(0, "model", lm.name)
     meta = {"analysis": TUNED_ANALYSIS, "parameters": {"model_name": lm.name, **store.params},
             "model": lm.provenance(), "training": info, "environment": environment()}
-    result = store.finalize(curve, meta)
+    result = store.finalize(curve, meta, replace=True)  # the old entry stays until this one is complete
     atomic_write(state, lambda tmp: np.savez(tmp, **translators.state_arrays()))
     return translators, result
 
@@ -237,9 +243,8 @@ def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: lis
     tuned = None
     if p.tuned_lens:  # the translators' cache entry (its sidecar and training curve); trained now if it is missing
         entry = tuned_store(p.model_name, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir)
-        if not fitted and entry.complete:
-            tuned = entry.load()
-        else:
+        tuned = None if fitted else entry.load_verified()
+        if tuned is None:
             translators()
             tuned = fitted["t"][1]
     counts = np.array([int(it["count"]) for it in items])

@@ -51,7 +51,7 @@ from lmdepth.hooks.stack import AdapterStack, boundary_residuals
 from lmdepth.metrics.ridge import DEFAULT_ALPHAS, PRODUCT_DTYPES, MapFit, boundary_layers, fit_maps
 from lmdepth.model.registry import load_model, resolve_model_path
 from lmdepth.params import ModelParams, param
-from lmdepth.results import RunResult, RunStore
+from lmdepth.results import TMP_PREFIX, RunResult, RunStore
 from lmdepth.runtime import load_average, progress, resolve_device
 
 ANALYSIS = "linear_maps"
@@ -345,7 +345,7 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
     # positions) is 7.6 GB, which with the statistics would not fit a 12 GB Colab runtime in RAM. Removed at the end
     # (and by `lmdepth clean` if the process dies: a dot-named temporary).
     Path(p.results_dir).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".residuals-", dir=p.results_dir) as spool:
+    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}residuals-", dir=p.results_dir) as spool:
         for i, m in enumerate(models):
             t1 = time.perf_counter()
             lm = load_model(m, device=p.device, dtype=p.dtype)

@@ -72,21 +72,27 @@ class Job:
         """Serve a finished run from the cache, or compute it (resuming from checkpoints) and finish it."""
         weights = self.weights()
         store = self.store(weights)
-        if self.params.use_cache and store.complete:
-            cached = store.load()
-            record_run(cached)
-            return cached
-        if not self.params.use_cache:
-            store.clear()
-        t0 = time.time()
-        table, meta, *units = compute(store)
-        meta = {"analysis": self.analysis, **meta, "weights": weights, "environment": environment(),
-                "wall_time_s": round(time.time() - t0, 2)}
-        if store.unit_seconds:  # the units' own cost, whether computed now or read from checkpoints
-            known = [x for x in store.unit_seconds if x is not None]
-            meta["unit_compute_s"] = {"total": round(sum(known), 2), "units": len(store.unit_seconds),
-                                      "timed": len(known)}
-        result = store.finalize(table, meta, units[0] if units else None)
+        if self.params.use_cache:
+            cached = store.load_verified()  # a damaged run is moved aside (and said so) and computed again
+            if cached is not None:
+                record_run(cached)
+                return cached
+        else:  # the previous finished run and its checkpoints stay untouched until the new run replaces them
+            store.begin_recompute()
+        finished = False
+        try:
+            t0 = time.time()
+            table, meta, *units = compute(store)
+            meta = {"analysis": self.analysis, **meta, "weights": weights, "environment": environment(),
+                    "wall_time_s": round(time.time() - t0, 2)}
+            if store.unit_seconds:  # the units' own cost, whether computed now or read from checkpoints
+                known = [x for x in store.unit_seconds if x is not None]
+                meta["unit_compute_s"] = {"total": round(sum(known), 2), "units": len(store.unit_seconds),
+                                          "timed": len(known)}
+            result = store.finalize(table, meta, units[0] if units else None, replace=not self.params.use_cache)
+            finished = True
+        finally:
+            store.end_recompute(finished)
         record_run(result)
         return result
 

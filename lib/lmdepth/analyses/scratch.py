@@ -287,7 +287,7 @@ class ScratchParams(Params):
     checkpoint_dir: str | Path = param("checkpoints/dm_math", help="finished runs; '' puts them under results_dir")
     n_per_operations: int = param(12, lo=1, hi=10_000, help="depth score: problems per number of operations and split")
     n_boot: int = param(1000, lo=10, hi=100_000, help="bootstrap resamples for the intervals")
-    seed: int = param(0, help="seed of the problem sample and the bootstrap")
+    seed: int = param(0, lo=0, hi=2**32 - 1, help="seed of the problem sample and the bootstrap")
     device: str = param("cpu", help="'cpu', 'cuda', 'auto' …")
     results_dir: str | Path = param("results", help="generated data and (with checkpoint_dir '') the trained runs")
 

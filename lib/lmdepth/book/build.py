@@ -23,7 +23,7 @@ import nbformat
 from lmdepth.book.chapters import CHAPTERS, chapter_source, declared_parameters, execute_chapter, profile_params, profiles_dir
 from lmdepth.claims.findings import intro_summary, saved_verdicts
 from lmdepth.errors import ParameterError
-from lmdepth.results import BOOK_RECORD_ENV, atomic_write_text
+from lmdepth.results import BOOK_RECORD_ENV, atomic_write_text, check_recorded
 from lmdepth.runtime import REPO_ROOT
 
 BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/references.md")
@@ -138,7 +138,9 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
     times: dict[str, float] = {}
     for i, (chapter, stem) in enumerate(CHAPTERS.items(), 1):
         out = book_dir / f"{stem}.ipynb"
+        record_root = book_record_root(results_dir, profile)
         if only and chapter not in only and not (chapter in SUMMARY_PAGES and times):
+            check_recorded(record_root, [chapter])  # its page stays, and the summary pages read its runs
             print(f"[{i}/{len(CHAPTERS)}] {chapter}: not selected (kept as it is)", flush=True)
             continue
         digest = build_hash(chapter, profile)
@@ -147,6 +149,7 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
         if out.exists() and not force and not stale_summary:
             meta = nbformat.read(out, as_version=4).metadata.get("lmdepth", {})
             if meta.get("build_hash") == digest and meta.get("profile") == profile:
+                check_recorded(record_root, [chapter])  # a page is up to date only if the runs it shows are intact
                 print(f"[{i}/{len(CHAPTERS)}] {chapter}: up to date", flush=True)
                 clean_notebook(out, repository_url())  # a changed repository.url needs no re-execution
                 continue
@@ -158,7 +161,7 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
         for name, path in (("results_dir", results_dir), ("book_dir", book_dir)):
             if name in declared:  # pages that read results or the other executed notebooks
                 params[name] = os.path.relpath(path, REPO_ROOT)
-        record = book_record_root(results_dir, profile) / chapter
+        record = record_root / chapter
         shutil.rmtree(record, ignore_errors=True)  # this execution's runs and claims replace the last one's
         os.environ[BOOK_RECORD_ENV] = str(record.resolve())
         try:

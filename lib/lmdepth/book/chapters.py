@@ -6,6 +6,7 @@ against the notebook's own ``parameters`` cell (names and types), and only then 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -21,6 +22,7 @@ from lmdepth.analyses.maps import MapsParams
 from lmdepth.analyses.residual import ResidualParams
 from lmdepth.analyses.scratch import ScratchParams
 from lmdepth.analyses.skipping import SkipParams
+from lmdepth.data.datasets import NAMED_DATASETS, check_data_file
 from lmdepth.errors import ParameterError
 from lmdepth.model.registry import current_weights_id
 from lmdepth.params import CommonParams, Params, check_device, check_remote, check_results_dir
@@ -92,11 +94,34 @@ def profile_params(profile: str, chapter: str) -> dict[str, Any]:
         raise ParameterError(f"Profile {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict) or not set(doc) <= {"common", "chapters"}:
         raise ParameterError(f"Profile {path} must be a mapping with 'common' and/or 'chapters' blocks.")
-    common = doc.get("common") or {}
+    common, blocks = doc.get("common") or {}, doc.get("chapters") or {}
+    check_profile(path, common, blocks)
     if common:  # the shared block applies to the chapters that have those parameters (the atlas has no model)
         declared = declared_parameters(chapter)
         common = {k: v for k, v in common.items() if k in declared}
-    return {**common, **((doc.get("chapters") or {}).get(chapter) or {}), "profile": profile}
+    return {**common, **(blocks.get(chapter) or {}), "profile": profile}
+
+
+def check_profile(path: Path, common: Any, blocks: Any) -> None:
+    """Every key of a profile means something: a typo in ``common`` (which no chapter declares), an unknown chapter
+    or a parameter a chapter does not have stops here, in one line, instead of being silently dropped."""
+    if not isinstance(common, dict) or not isinstance(blocks, dict) or \
+            not all(isinstance(b, dict) or b is None for b in blocks.values()):
+        raise ParameterError(f"Profile {path}: 'common' and each chapter's block under 'chapters' must be mappings.")
+    unknown = sorted(set(blocks) - set(CHAPTERS))
+    if unknown:
+        raise ParameterError(f"Profile {path} names unknown chapter(s) {', '.join(map(str, unknown))}; chapters: "
+                             f"{', '.join(CHAPTERS)}.")
+    for chapter, block in blocks.items():
+        unknown = sorted(set(block or {}) - set(declared_parameters(chapter)))
+        if unknown:
+            raise ParameterError(f"Profile {path}: chapter {chapter!r} has no parameter(s) {', '.join(unknown)}; its "
+                                 f"parameters: {', '.join(declared_parameters(chapter))}.")
+    known = set().union(*(declared_parameters(c) for c in CHAPTERS))
+    unknown = sorted(set(common) - known)
+    if unknown:
+        raise ParameterError(f"Profile {path}: no chapter has the parameter(s) {', '.join(map(str, unknown))} of its "
+                             f"'common' block (`lmdepth list -v` lists every chapter's parameters).")
 
 
 @dataclass(frozen=True)
@@ -109,11 +134,18 @@ class ParamSpec:
 
 def declared_parameters(chapter: str) -> dict[str, ParamSpec]:
     """The chapter's ``parameters`` cell as papermill reads it: name → type, default and help."""
+    source = chapter_source(chapter)
+    return dict(_declared(source, source.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _declared(source: Path, mtime_ns: int) -> dict[str, ParamSpec]:
+    """:func:`declared_parameters`, read once per version of the source file (a profile check reads every chapter)."""
     import jupytext
     import nbformat
     import papermill
 
-    nb = jupytext.read(chapter_source(chapter))
+    nb = jupytext.read(source)
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "chapter.ipynb"
         nbformat.write(nb, p)
@@ -153,14 +185,24 @@ def check_parameters(chapter: str, params: dict[str, Any]) -> dict[str, Any]:
             current_weights_id(m, remote=bool(out.get("remote", False)))
     if "results_dir" in out:
         check_results_dir(out["results_dir"])
+    dataset = out.get("dataset")
+    if isinstance(dataset, str) and dataset not in NAMED_DATASETS and (dataset.endswith((".jsonl", ".json"))
+                                                                       or "/" in dataset):
+        check_data_file(Path(dataset).expanduser())  # a missing file or a directory: one line, no kernel
     return out
 
 
-def parse_cli_value(raw: str) -> Any:
+def parse_cli_value(raw: str, as_string: bool = False) -> Any:
     """``-p name value`` values are YAML: 5 → int, true → bool, "[a, b]" → list, anything else → str.
 
-    An empty value stays the empty string (YAML would read it as null), e.g. ``-p checkpoint_dir ""``.
+    ``as_string`` (a parameter the chapter declares as ``str``): the value as typed, so a path keeps a ``#`` or a
+    ``: `` that YAML would read as a comment or a mapping; one pair of surrounding quotes is removed
+    (``-p answer "'Answer: 42'"`` still works). An empty value stays the empty string (YAML would read it as null),
+    e.g. ``-p checkpoint_dir ""``.
     """
+    if as_string:
+        quoted = len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\""
+        return raw[1:-1] if quoted else raw
     if not raw.strip():
         return raw
     try:

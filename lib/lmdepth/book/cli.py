@@ -19,19 +19,21 @@ from lmdepth.book.chapters import CHAPTERS, declared_parameters, execute_chapter
 from lmdepth.errors import LmDepthError, ParameterError
 from lmdepth.model.families import supported_model_types
 from lmdepth.model.registry import PACKAGED, cache_dir
-from lmdepth.results import clean, slug
+from lmdepth.results import RUN_ID_ENV, cache_key, clean, is_results_root, slug
 from lmdepth.runtime import resolve_device
 from lmdepth.scratch.training import ARCHS, OBJECTIVES, run_config, run_dir, train_run
 
 
 def _run(args: argparse.Namespace) -> int:
     params = profile_params(args.profile, args.chapter) if args.profile else {}
+    declared = declared_parameters(args.chapter)
     for name, raw in args.param or []:
-        params[name] = parse_cli_value(raw)
+        # a string parameter is taken as typed (a path may hold " #", which YAML would cut as a comment)
+        params[name] = parse_cli_value(raw, as_string=name in declared and declared[name].type_name == "str")
     if args.model:
         params["model_name"] = args.model
         # your model alone, unless you name comparison models: the packaged ones would otherwise run too
-        if "compare_models" in declared_parameters(args.chapter) and not any(n == "compare_models" for n, _ in
+        if "compare_models" in declared and not any(n == "compare_models" for n, _ in
                                                                               args.param or []):
             params["compare_models"] = []
             print("lmdepth: --model given: compare_models set to [] (add -p compare_models \"[a, b]\" for "
@@ -43,13 +45,21 @@ def _run(args: argparse.Namespace) -> int:
         raise ParameterError(f"-p results_dir {named} and --results-dir {args.results_dir} disagree: give one of them.")
     results_dir = Path(args.results_dir or named or "lmdepth-results").resolve()
     args.results_dir = str(results_dir)  # for the message on Ctrl-C
-    if "results_dir" in declared_parameters(args.chapter):  # the explorer and the reproducibility page have none
+    if "results_dir" in declared:  # the explorer and the reproducibility page have none
         params["results_dir"] = str(results_dir)
-    model = str(params.get("model_name", "default"))
-    out = Path(args.output) if args.output else results_dir / "notebooks" / f"{args.chapter}-{slug(model)}.ipynb"
+    default_model = declared["model_name"].default.strip("'\"") if "model_name" in declared else "default"
+    model = str(params.get("model_name", default_model))
+    # each run keeps its own record: the executed notebook and the verdict files are named by its settings
+    run = cache_key({"chapter": args.chapter, **params})[:10]
+    out = Path(args.output) if args.output else results_dir / "notebooks" / f"{args.chapter}-{slug(model)}-{run}.ipynb"
+    args.recompute = params.get("use_cache") is False  # for the message on Ctrl-C
     t0 = time.time()
     print(f"lmdepth: running chapter {args.chapter!r} with {params}", file=sys.stderr)
-    execute_chapter(args.chapter, params, out, cwd=Path.cwd(), log_output=args.verbose, progress_bar=True)
+    os.environ[RUN_ID_ENV] = run  # inherited by the chapter's kernel (lmdepth.claims.report.save)
+    try:
+        execute_chapter(args.chapter, params, out, cwd=Path.cwd(), log_output=args.verbose, progress_bar=True)
+    finally:
+        os.environ.pop(RUN_ID_ENV, None)
     print(f"lmdepth: done in {time.time() - t0:.0f} s. Executed notebook: {out}; results under {results_dir}",
           file=sys.stderr)
     return 0
@@ -76,10 +86,13 @@ def _book(args: argparse.Namespace) -> int:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    removed = clean(args.results_dir, partial_days=args.days) + clean(cache_dir() / "models", partial_days=float("inf"))
-    for p in removed:
-        print(f"removed {p}")
-    print(f"lmdepth: removed {len(removed)} leftover(s) of interrupted runs; finished results are kept.")
+    found = clean(args.results_dir, partial_days=args.days, dry_run=args.dry_run)
+    models = cache_dir() / "models"  # the converted packaged models' folder, where the library marked it as its own
+    found += clean(models, partial_days=float("inf"), dry_run=args.dry_run) if is_results_root(models) else []
+    for p in found:
+        print(f"{'would remove' if args.dry_run else 'removed'} {p}")
+    print(f"lmdepth: {'would remove' if args.dry_run else 'removed'} {len(found)} leftover(s) of interrupted runs "
+          "(only the library's own temporaries and old checkpoints); finished results are kept.")
     return 0
 
 
@@ -142,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("clean", help="remove what interrupted runs left behind (temporaries, old checkpoints)")
     c.add_argument("--results-dir", default="lmdepth-results", help="results root (default: ./lmdepth-results)")
     c.add_argument("--days", type=float, default=7.0, help="remove per-unit checkpoints untouched this long")
+    c.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
     c.set_defaults(fn=_clean)
     return p
 
@@ -160,8 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         where = getattr(args, "results_dir", None)
-        print("lmdepth: interrupted. Every finished unit is checkpointed: run the same command again to resume"
-              + (f" (results under {Path(where).resolve()})." if where else "."), file=sys.stderr)
+        if getattr(args, "recompute", False):  # use_cache false computes aside and replaces only at the end
+            print("lmdepth: interrupted. With use_cache false nothing is replaced before the new run finishes: the "
+                  "previous finished run and its checkpoints are as they were, and this run's units are dropped"
+                  + (f" (results under {Path(where).resolve()})." if where else "."), file=sys.stderr)
+        else:
+            print("lmdepth: interrupted. Every finished unit is checkpointed: run the same command again to resume"
+                  + (f" (results under {Path(where).resolve()})." if where else "."), file=sys.stderr)
         return 130
     except Exception as e:  # papermill wraps errors raised inside the notebook
         from papermill.exceptions import PapermillExecutionError

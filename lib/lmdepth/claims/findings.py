@@ -19,17 +19,21 @@ def saved_verdicts(results_dir: str | Path, profile: str | None = None) -> pd.Da
     """Every verdict row the chapters saved.
 
     With ``profile``: those the book build recorded for it (``<results>/book/<profile>/<chapter>/verdicts``);
-    without: those of runs outside the book (``<results>/verdicts/<chapter>``). Rows of claims that are no longer in
-    the registry are dropped (a stale record must not reach the page)."""
+    without: those of runs outside the book (``<results>/verdicts/<chapter>``; of several runs of one chapter and
+    model, the latest). Rows of claims that are no longer in the registry are dropped (a stale record must not
+    reach the page)."""
     if profile is None:
         files = sorted(Path(results_dir, "verdicts").glob("*/*.csv"))
     else:
         files = sorted((Path(results_dir) / "book" / Path(profile).stem).glob("*/verdicts/*.csv"))
-    frames = [pd.read_csv(p) for p in files]
+    frames = [pd.read_csv(p).assign(_mtime=p.stat().st_mtime) for p in files]
     if not frames:
         return pd.DataFrame(columns=["chapter", "claim_id", "claim", "model", "state", "counted_as", "headline"])
     out = pd.concat(frames, ignore_index=True)
     out = out[out["claim_id"].isin(list(REGISTRY))]
+    if profile is None:  # each ad-hoc run keeps its own file (lmdepth.claims.report.save): show the latest
+        out = out[out["_mtime"] == out.groupby(["chapter", "model"])["_mtime"].transform("max")]
+    out = out.drop(columns="_mtime")
     order = {cid: i for i, cid in enumerate(REGISTRY)}
     return out.sort_values("claim_id", key=lambda c: c.map(order), kind="stable", ignore_index=True)
 

@@ -12,7 +12,7 @@ from lmdepth.claims import REGISTRY, for_chapter
 from lmdepth.claims.spec import BUILT_IN, control_undecided, evaluate
 from lmdepth.metrics.verdicts import MIN_UNITS, Verdict
 from lmdepth.model.random_init import control_name
-from lmdepth.results import atomic_write_text, book_record_dir, slug
+from lmdepth.results import atomic_write_text, book_record_dir, run_id, slug
 from lmdepth.runtime import REPO_ROOT
 
 #: Headline states of the findings page, in display order ("non-discriminating": the control got the same verdict).
@@ -102,14 +102,16 @@ def summary(verdicts: pd.DataFrame) -> str:
 def save(verdicts: pd.DataFrame, chapter: str, results_dir: str | None = None) -> None:
     """Save the verdict rows, one file per model: inside a book build into the chapter's book record
     (``<results>/book/<profile>/<chapter>/verdicts/<model>.csv``, what the findings page reads), otherwise into
-    ``<results_dir>/verdicts/<chapter>/`` (your own runs; never read by the book)."""
+    ``<results_dir>/verdicts/<chapter>/<model>-<run id>.csv`` (your own runs, each under its own name
+    (:func:`lmdepth.results.run_id`), never read by the book)."""
     record = book_record_dir()
     target = record / "verdicts" if record is not None else (
         Path(results_dir) / "verdicts" / chapter if results_dir is not None else None)
     if target is None:
         return
+    run = "" if record is not None else "-" + run_id(verdicts.to_csv(index=False).encode())
     for model, rows in verdicts.groupby("model", sort=False):
-        atomic_write_text(target / f"{slug(model)}.csv", rows.to_csv(index=False))
+        atomic_write_text(target / f"{slug(model)}{run}.csv", rows.to_csv(index=False))
 
 
 def registry_commit() -> str:

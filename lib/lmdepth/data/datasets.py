@@ -111,10 +111,18 @@ def math_example(row: dict[str, Any], idx: int, split: str) -> Example:
     )
 
 
-def user_examples(path: Path) -> list[Example]:
-    """Examples from a JSONL file with ``{"text": ...}`` or ``{"prompt": ..., "answer": ...}`` lines."""
+def check_data_file(path: Path) -> None:
+    """A user's data file exists and is a file (a directory named ``x.jsonl`` gets this line, not an OSError)."""
     if not path.exists():
         raise DataError(f"Data file {path} does not exist. Pass a named data set ({', '.join(NAMED_DATASETS)}) or a path.")
+    if not path.is_file():
+        raise DataError(f"Data file {path} is a directory, not a file: pass the path of a .jsonl file (one JSON object "
+                        "per line), or a named data set.")
+
+
+def user_examples(path: Path) -> list[Example]:
+    """Examples from a JSONL file with ``{"text": ...}`` or ``{"prompt": ..., "answer": ...}`` lines."""
+    check_data_file(path)
     out = []
     for lineno, row in _read_jsonl(path):
         extra = {k: v for k, v in row.items() if k not in ("text", "prompt", "answer")}
@@ -188,8 +196,8 @@ def dataset_id(dataset: str) -> str:
     """What identifies a data set in a cache key: its name, or a user file's name plus its content hash."""
     if dataset in NAMED_DATASETS:
         return dataset
-
-    return f"{Path(dataset).name}:{sha256_file(Path(dataset))[:16]}"
+    check_data_file(Path(dataset).expanduser())
+    return f"{Path(dataset).name}:{sha256_file(Path(dataset).expanduser())[:16]}"
 
 
 def content_digest(examples: list[Example]) -> str:

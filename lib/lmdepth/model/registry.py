@@ -29,7 +29,7 @@ from lmdepth.model.families import ModelAdapter
 from lmdepth.hooks.capture import check_additivity
 from lmdepth.runtime import DTYPES, resolve_device
 from lmdepth.errors import DataError, MissingPackageError, ParameterError, UnknownModelError
-from lmdepth.results import atomic_write_text, clean
+from lmdepth.results import TMP_PREFIX, atomic_write_text, clean, mark_root
 
 
 
@@ -56,8 +56,10 @@ def _fingerprint_cache() -> Path:
 def dir_fingerprint(path: Path) -> str:
     """sha256 over the name and content digest of every file of a model directory (weights, config, tokenizer).
 
-    A file's digest is recomputed only when its size or modification time changed (remembered in
-    ``<cache>/fingerprints.json``), so checking a model on every load costs a few ``stat`` calls.
+    A file's digest is recomputed only when its size, modification time, inode or status-change time changed
+    (remembered in ``<cache>/fingerprints.json``), so checking a model on every load costs a few ``stat`` calls. The
+    status-change time cannot be set back (``os.utime`` and ``touch -r`` restore only the modification time), so a
+    same-size edit with the old mtime restored is still seen.
     """
     path = Path(path).resolve()
     store = _fingerprint_cache()
@@ -70,10 +72,11 @@ def dir_fingerprint(path: Path) -> str:
                     and q.name != SOURCE_FILE):
         st = f.stat()
         entry = known.get(str(f))
-        if not entry or entry[:2] != [st.st_size, st.st_mtime_ns]:
-            entry = [st.st_size, st.st_mtime_ns, sha256_file(f)]
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+        if not entry or entry[:-1] != stamp:
+            entry = [*stamp, sha256_file(f)]
             known[str(f)], changed = entry, True
-        h.update(f"{f.name}\0{entry[2]}\n".encode())
+        h.update(f"{f.name}\0{entry[-1]}\n".encode())
     if changed:
         try:
             atomic_write_text(store, json.dumps(known))
@@ -266,7 +269,7 @@ def _convert_gguf(spec: PackagedModel, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"lmdepth: converting the packaged {spec.name} once to a plain copy in {target} (up to a minute)",
           file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".tmp-") as tmp:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=TMP_PREFIX) as tmp:
         tmp = Path(tmp)
         gguf = spec.locate(tmp)
         digest = sha256_file(gguf)
@@ -316,6 +319,7 @@ def _packaged_dir(spec: PackagedModel) -> Path:
         print(f"lmdepth: the converted copy of {spec.name} in {target} was modified; converting it again",
               file=sys.stderr, flush=True)
         shutil.rmtree(target)
+    mark_root(target.parent)  # the library's own folder: `clean` may remove its temporaries
     clean(target.parent, partial_days=float("inf"))  # half-written conversions of killed processes (over an hour old)
     _convert_gguf(spec, target)
     return target
