@@ -510,3 +510,18 @@ def test_the_atlas_places_layers_at_their_centre():
 
     assert layer_depth(0, 8) == 1 / 16 and layer_depth(7, 8) == 15 / 16 and layer_depth(3.5, 8) == 0.5
     assert layer_depth(None, 8) is None and layer_depth(float("nan"), 8) is None
+
+
+@pytest.mark.integration
+def test_a_cut_table_of_a_real_analysis_is_recomputed_to_the_same_bytes(tmp_path, jsonl, capsys):
+    """The fault suite's toy analysis, on a real one: chapter 01's run on a tiny model, its table cut in half."""
+    texts = jsonl([json.dumps({"text": f"{i} apples and {i + 2} pears are on the table."}) for i in range(3)])
+    model_dir = save_tiny_model("llama", tmp_path / "model")
+    kw = dict(dataset=str(texts), n_examples=3, results_dir=tmp_path / "results", n_boot=10)
+    first = residual.run(str(model_dir), **kw)
+    table = (first.path / "table.csv").read_bytes()
+    (first.path / "table.csv").write_bytes(table[: len(table) // 2])
+    again = residual.run(str(model_dir), **kw)
+    assert not again.from_cache and "is damaged" in capsys.readouterr().err
+    assert (again.path / "table.csv").read_bytes() == table
+    assert list(first.path.parent.glob("*.damaged-*"))
