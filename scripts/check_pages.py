@@ -4,7 +4,8 @@ figures or many-column tables wider than the text column, raw LaTeX, nan/None ce
     .venv/bin/python scripts/check_pages.py            # the book built by scripts/build_book.sh (_build/html)
     .venv/bin/python scripts/check_pages.py /tmp/b/_build/html
 
-Exit status 1 when any page has a defect (each is listed); needs headless Chromium.
+Exit status 1 when any page has a defect (each is listed); 2, with one line saying what is missing, without headless
+Chromium (`apt install chromium`) or without a built book.
 """
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ import sys
 from pathlib import Path
 
 from lmdepth.book.chapters import CHAPTERS
-from lmdepth.book.defects import expected_tables, page_defects, rendered
+from lmdepth.book.defects import chromium_exe, expected_tables, page_defects, rendered
 from lmdepth.runtime import REPO_ROOT
 
 
 def main(html_root: Path) -> int:
+    if chromium_exe() is None:
+        print("check_pages: headless Chromium is needed and none is on PATH: install it (Debian: `apt install "
+              "chromium`; scripts/test.sh does it where it may) and run again.", file=sys.stderr)
+        return 2
+    if not (html_root / "index.html").is_file():
+        print(f"check_pages: no built book at {html_root}: build it first (`bash scripts/build_book.sh`).",
+              file=sys.stderr)
+        return 2
     bad = 0
     for stem in CHAPTERS.values():
         page = html_root / "book" / f"{stem}.html"

@@ -1,4 +1,7 @@
-"""Build the book: execute changed chapters into ``book/`` with a profile, clean them, render HTML offline.
+"""Build the book: execute changed chapters with a profile, clean them, render HTML offline.
+
+The default profile builds the published book (``book/``, ``results/``, ``_build/html``); any other profile builds
+into its own folder, ``_build/profiles/<name>/`` (:func:`build_root`).
 
 Execution is this module's job; jupyter-book only renders (``execute_notebooks: off``). A chapter is
 re-executed only when its source, the library, the profile or the pinned requirements changed since the
@@ -26,7 +29,7 @@ from lmdepth.errors import ParameterError
 from lmdepth.results import BOOK_RECORD_ENV, atomic_write_text, check_recorded
 from lmdepth.runtime import REPO_ROOT
 
-BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/references.md")
+BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/method.md", "book/references.md")
 SUMMARY_PAGES = {"atlas", "reproducibility"}  # read the other pages' results and notebooks
 
 
@@ -47,11 +50,12 @@ def build_hash(chapter: str, profile: str) -> str:
     return h.hexdigest()[:16]
 
 
-def repository_url() -> str:
-    """The one place the repository URL is set: ``repository.url`` in ``_config.yml``."""
+def repository_url(config: Path | None = None) -> str:
+    """The one place the repository URL is set: ``repository.url`` in ``_config.yml``; "" while it is unset."""
     import yaml
 
-    return yaml.safe_load((REPO_ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    data = yaml.safe_load((config or REPO_ROOT / "_config.yml").read_text()) or {}
+    return str((data.get("repository") or {}).get("url") or "").strip().rstrip("/")
 
 
 _REPO_LINE = re.compile(r'^(\s*REPO = )"[^"]*"', re.MULTILINE)
@@ -72,7 +76,7 @@ def _stable_ids(cells: list) -> None:
 def clean_notebook(path: Path, repo_url: str | None = None) -> list[str]:
     """Drop widget state and papermill noise (per-cell timings; the run's paths and times: the page's own
     ``lmdepth`` metadata keeps its wall time); make the cell ids and object reprs reproducible; set the Colab
-    cell's repository URL to ``repo_url``; return the error outputs found (must be none to publish)."""
+    cell's repository URL to ``repo_url`` ("" while unset; None leaves it); return the error outputs found (must be none to publish)."""
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)
     for key in _PAPERMILL_RUN:  # machine paths and timestamps: they differ on every execution
@@ -80,7 +84,7 @@ def clean_notebook(path: Path, repo_url: str | None = None) -> list[str]:
     _stable_ids(nb.cells)
     errors = []
     for cell in nb.cells:
-        if repo_url and cell.cell_type == "code" and "google.colab" in cell.source:
+        if repo_url is not None and cell.cell_type == "code" and "google.colab" in cell.source:
             cell.source = _REPO_LINE.sub(lambda m: f'{m.group(1)}"{repo_url}"', cell.source)
         if "injected-parameters" in cell.metadata.get("tags", []) and "hide-input" not in cell.metadata["tags"]:
             cell.metadata["tags"] = cell.metadata["tags"] + ["hide-input"]  # shown folded: the profile used
@@ -213,10 +217,24 @@ def stage_book(target: Path) -> Path:
     return target
 
 
+def build_root(profile: str) -> Path:
+    """Where a build with ``profile`` writes its pages (``book/``), results (``results/``) and HTML (``_build/html``):
+    the repository itself for the default profile (the published book), else ``_build/profiles/<name>/``, so a
+    build with any other profile never overwrites the published ``book/*.ipynb`` or ``results/``."""
+    name = Path(profile).stem
+    return REPO_ROOT if name == "default" else REPO_ROOT / "_build" / "profiles" / name
+
+
 def build_book(profile: str = "default", force: bool = False, html: bool = True,
                only: Sequence[str] | None = None) -> None:
+    """Execute the changed chapters of ``profile`` into :func:`build_root` and render its HTML there."""
     t0 = time.time()
-    times = execute_book(profile=profile, force=force, only=only)
+    root = build_root(profile)
+    if root != REPO_ROOT:
+        stage_book(root)
+        print(f"lmdepth: the {Path(profile).stem} profile builds into {root} (the published book/ is not touched)",
+              flush=True)
+    times = execute_book(profile=profile, force=force, only=only, book_dir=root / "book", results_dir=root / "results")
     if html:
-        render_html()
+        render_html(root)
     print(json.dumps({"executed_s": {k: round(v) for k, v in times.items()}, "total_s": round(time.time() - t0)}))

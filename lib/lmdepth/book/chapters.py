@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from lmdepth.analyses.residual import ResidualParams
 from lmdepth.analyses.scratch import ScratchParams
 from lmdepth.analyses.skipping import SkipParams
 from lmdepth.data.datasets import NAMED_DATASETS, check_data_file
-from lmdepth.errors import ParameterError
+from lmdepth.errors import MissingPackageError, ParameterError
 from lmdepth.model.registry import current_weights_id
 from lmdepth.params import CommonParams, Params, check_device, check_remote, check_results_dir
 from lmdepth.runtime import REPO_ROOT
@@ -250,6 +251,21 @@ def kernel_log() -> Path:
     return Path(tempfile.gettempdir()) / f"lmdepth-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}.log"
 
 
+def require_kernel(name: str = "python3") -> None:
+    """Check that the Jupyter kernel the chapters run in exists in this environment (before papermill starts).
+
+    Raises:
+        MissingPackageError: no such kernel (ipykernel is not installed in this environment).
+    """
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(name)
+    except NoSuchKernel:
+        raise MissingPackageError(f"no Jupyter kernel {name!r} in this environment ({sys.executable}): install "
+                                  f"ipykernel there (`{sys.executable} -m pip install ipykernel`) and run again.") from None
+
+
 def execute_chapter(
     chapter: str,
     params: dict[str, Any],
@@ -269,6 +285,7 @@ def execute_chapter(
     import papermill
 
     params = check_parameters(chapter, params)
+    require_kernel()
     quiet_orphaned_kernel_deaths()
     nb = jupytext.read(chapter_source(chapter))
     output.parent.mkdir(parents=True, exist_ok=True)

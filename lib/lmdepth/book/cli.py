@@ -24,7 +24,25 @@ from lmdepth.runtime import resolve_device
 from lmdepth.scratch.training import ARCHS, OBJECTIVES, run_config, run_dir, train_run
 
 
+def _pairs(raw: list[list[str]] | None) -> list[tuple[str, str]]:
+    """``-p`` arguments as (name, value): each is ``NAME VALUE`` or ``NAME=VALUE``.
+
+    Raises:
+        ParameterError: a ``-p`` with one word and no ``=``, or more than two words.
+    """
+    out = []
+    for words in raw or []:
+        if len(words) == 1 and "=" in words[0]:
+            out.append(tuple(words[0].split("=", 1)))
+        elif len(words) == 2:
+            out.append((words[0], words[1]))
+        else:
+            raise ParameterError(f"-p {' '.join(words)}: give `-p NAME VALUE` or `-p NAME=VALUE`.")
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
+    args.param = _pairs(args.param)
     params = profile_params(args.profile, args.chapter) if args.profile else {}
     declared = declared_parameters(args.chapter)
     for name, raw in args.param or []:
@@ -122,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="execute one chapter with parameters (papermill)")
     r.add_argument("chapter", help="chapter name, see `lmdepth list`")
     r.add_argument("--model", help="model_name parameter (packaged name, hub id or directory)")
-    r.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                   help="set a parameter; VALUE is YAML (5, true, '[a, b]')")
+    r.add_argument("-p", "--param", nargs="+", action="append", metavar="NAME VALUE",
+                   help="set a parameter: `-p NAME VALUE` or `-p NAME=VALUE`; VALUE is YAML (5, true, '[a, b]'), "
+                        "or taken as typed for a string parameter")
     r.add_argument("--profile", help="start from a parameter profile: smoke, quick, default, paper, or a .yaml file")
     r.add_argument("--results-dir", default=None,
                    help="results root (default: ./lmdepth-results; the book's own results/ is written only by `lmdepth book`)")
@@ -135,8 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("-v", "--verbose", action="store_true")
     ls.set_defaults(fn=_list)
 
-    b = sub.add_parser("book", help="execute changed chapters into book/ and render the HTML book")
-    b.add_argument("--profile", default="default", help="smoke, quick, default, paper, or a .yaml file")
+    b = sub.add_parser("book", help="execute changed chapters and render the HTML book (default profile: into book/; "
+                                    "any other: into _build/profiles/<name>/)")
+    b.add_argument("--profile", default="default",
+                   help="smoke, quick, default, paper, or a .yaml file; only default writes the published book/")
     b.add_argument("--force", action="store_true", help="re-execute every chapter")
     b.add_argument("--no-html", action="store_true", help="execute only")
     b.add_argument("--chapters", nargs="+", metavar="CHAPTER",
