@@ -4,13 +4,14 @@ import dataclasses
 
 import pytest
 import torch
-from nnsight import NNsight
+from nnsight.modeling.transformers import TransformersModel
 
 from lmdepth.model.families import ModelAdapter, family_for
-from lmdepth.hooks.capture import additivity_error, check_additivity, hooked_residuals, trace_layer_reductions
+from lmdepth.hooks.capture import additivity_error, check_additivity, hooked_residuals
+from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 from lmdepth.errors import UnsupportedArchitectureError
 from lmdepth.metrics.residual import residual_token_metrics
-from lmdepth.testing import FAMILY_CONFIGS, tiny_model
+from lmdepth.testing import FAMILY_CONFIGS, tiny_model, tiny_tokenizer
 
 FAMILIES = list(FAMILY_CONFIGS)
 
@@ -66,7 +67,7 @@ def test_last_layer_logit_lens_equals_logits(family, ids):
 def test_nnsight_trace_equals_plain_hooks(family, ids):
     model = tiny_model(family)
     adapter = ModelAdapter.for_model(model)
-    traced = trace_layer_reductions(NNsight(model), adapter, ids, residual_token_metrics)
+    traced = residual_metrics(TransformersModel(model, tokenizer=tiny_tokenizer()), TapPaths.of(adapter), ids)
     r = hooked_residuals(adapter, ids)
     ref = torch.stack([residual_token_metrics(r["resid_pre"][l], r["attn_out"][l], r["mlp_out"][l], r["resid_post"][l])
                        for l in range(adapter.n_layers)])

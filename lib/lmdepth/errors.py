@@ -31,3 +31,7 @@ class DataError(LmDepthError, ValueError):
 
 class TrainingDiverged(LmDepthError):
     """A from-scratch run kept producing non-finite gradients; its last checkpoint is kept."""
+
+
+class RemoteUnavailable(LmDepthError):
+    """``remote=true`` cannot run: no NDIF key, no network, the model is not hosted, or versions differ."""

@@ -165,9 +165,18 @@ def check_device(device: str) -> None:
                          f"got {device!r}.")
 
 
-def check_remote(model_name: str, remote: bool) -> None:
-    """``remote=True`` needs a hub id: NDIF runs models from the Hugging Face hub, not local files."""
-    if remote and (model_name.count("/") != 1 or Path(model_name).expanduser().exists()):
+def check_remote_mode(remote: Any) -> None:
+    """``remote`` is false (here), true (NDIF) or ``"local"`` (the strict offline simulation of NDIF)."""
+    if not (remote is False or remote is True or remote == "local"):
+        raise ParameterError(f"Parameter 'remote' must be false (run here), true (NDIF) or 'local' (the offline "
+                             f"simulation of NDIF), got {remote!r}.")
+
+
+def check_remote(model_name: str, remote: bool | str) -> None:
+    """A valid ``remote`` mode; ``remote=True`` needs a hub id: NDIF runs models from the Hugging Face hub, not local
+    files."""
+    check_remote_mode(remote)
+    if remote is True and (model_name.count("/") != 1 or Path(model_name).expanduser().exists()):
         raise ParameterError(f"remote=True runs a Hugging Face hub id (e.g. 'meta-llama/Llama-3.1-70B') on NDIF; "
                              f"{model_name!r} is not one. Packaged models and local directories run here: "
                              "use remote=False.")
@@ -209,7 +218,8 @@ class CommonParams(ModelParams):
     dataset: str = param("gsm8k", help="'gsm8k', 'math' or a .jsonl file")
     n_examples: int = param(20, lo=1, hi=100_000, help="number of examples")
     selection: str = param("random", choices=("random", "first"), help="seeded random sample or the first N")
-    remote: bool = param(False, help="run the traces on NDIF (hub ids only)")
+    remote: bool | str = param(False, help="false: here; true: on NDIF (hub ids only); 'local': the offline "
+                                            "simulation of NDIF")
 
     def check_consistency(self) -> None:
         check_remote(self.model_name, self.remote)

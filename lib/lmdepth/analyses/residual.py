@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.claims.spec import EARLY_LAYERS
-from lmdepth.hooks.capture import trace_layer_reductions
+from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 from lmdepth.metrics import layer_curves
 from lmdepth.data.datasets import dataset_id, Example, load_examples, selection_record
 from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats, residual_token_metrics
@@ -35,7 +35,7 @@ def prompt_metrics(lm: LoadedModel, ids: Any) -> np.ndarray:
     Returns:
         [metrics, layers, tokens] fp32, rows in :data:`RESIDUAL_METRICS` order.
     """
-    vals = trace_layer_reductions(lm.nn, lm.adapter, ids, residual_token_metrics, remote=lm.remote)  # [L, M, 1, T]
+    vals = residual_metrics(lm.nn, TapPaths.of(lm.adapter), ids, remote=lm.remote_mode)  # [L, M, 1, T]
     return vals[:, :, 0, :].permute(1, 0, 2).float().numpy()
 
 

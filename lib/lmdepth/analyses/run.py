@@ -66,7 +66,7 @@ class Job:
     def weights(self) -> dict[str, str]:
         """The current weights id of every model the run depends on."""
         names = self.models or [self.model or self.params.model_name]
-        return {m: current_weights_id(m, remote=bool(getattr(self.params, "remote", False))) for m in names}
+        return {m: current_weights_id(m, remote=getattr(self.params, "remote", False)) for m in names}
 
     def execute(self, compute: Callable[[RunStore], tuple[Any, ...]]) -> RunResult:
         """Serve a finished run from the cache, or compute it (resuming from checkpoints) and finish it."""
@@ -129,7 +129,7 @@ def run_many(run: Callable[..., RunResult], model_names: Sequence[str], **kwargs
     """``run(model_name=m, **kwargs)`` for each model, in order. Every name is checked first, so a typo in the last
     one stops the call before the first model is loaded."""
     for m in model_names:
-        current_weights_id(m, remote=bool(kwargs.get("remote", False)))
+        current_weights_id(m, remote=kwargs.get("remote", False))
     return {m: run(model_name=m, **kwargs) for m in model_names}
 
 

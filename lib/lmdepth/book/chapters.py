@@ -25,6 +25,7 @@ from lmdepth.analyses.scratch import ScratchParams
 from lmdepth.analyses.skipping import SkipParams
 from lmdepth.data.datasets import NAMED_DATASETS, check_data_file
 from lmdepth.errors import MissingPackageError, ParameterError
+from lmdepth.model.ndif import preflight
 from lmdepth.model.registry import current_weights_id
 from lmdepth.params import CommonParams, Params, check_device, check_remote, check_results_dir
 from lmdepth.runtime import REPO_ROOT
@@ -181,9 +182,11 @@ def check_parameters(chapter: str, params: dict[str, Any]) -> dict[str, Any]:
         check_device(out["device"])  # before a kernel starts and a model loads
     model = out.get("model_name", spec["model_name"].default.strip("'\"") if "model_name" in spec else None)
     if model is not None:
-        check_remote(model, bool(out.get("remote", False)))
+        check_remote(model, out.get("remote", False))
+        if out.get("remote") is True:
+            preflight(model)  # an API key, the network, the model hosted, matching versions: before a kernel starts
         for m in [model, *out.get("compare_models", [])]:  # a typo in the last model stops here, not after hours
-            current_weights_id(m, remote=bool(out.get("remote", False)))
+            current_weights_id(m, remote=out.get("remote", False))
     if "results_dir" in out:
         check_results_dir(out["results_dir"])
     dataset = out.get("dataset")

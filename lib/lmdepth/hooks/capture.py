@@ -1,9 +1,6 @@
-"""Residual-stream capture: nnsight traces for analyses, plain forward hooks as the reference.
-
-The analyses run as nnsight traces and reduce activations to per-token scalars *inside* the trace, so that the
-same code can run with ``remote=True`` on NDIF and only [layers × tokens] numbers come back. The plain-hook
-version keeps full tensors; it exists for the additivity self-check and for tests that check the trace
-against it.
+"""Residual-stream capture with plain forward hooks: the additivity self-check at load time, and the reference
+that the remote-ready traces (:mod:`lmdepth.traces`) are held to in the tests. The analyses themselves run as
+nnsight traces.
 """
 
 from __future__ import annotations
@@ -107,39 +104,3 @@ def check_additivity(adapter: ModelAdapter, input_ids: torch.Tensor, tol: float 
             "architecture is pre-LN, its FamilySpec names the wrong contribution modules (lmdepth.model.families)."
         )
     return err
-
-
-def trace_layer_reductions(
-    nn_model: Any,
-    adapter: ModelAdapter,
-    input_ids: torch.Tensor,
-    reduce: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-    remote: bool = False,
-) -> torch.Tensor:
-    """Run one nnsight trace and reduce each layer's (h_l, a_l, m_l, h_{l+1}) inside it.
-
-    Only the reductions leave the trace, so with ``remote=True`` (NDIF) a 70B model sends back
-    [layers × …] numbers, not activations. The unembedding is computed for the last position only.
-
-    Args:
-        nn_model: ``nnsight.NNsight`` (local) or ``nnsight.LanguageModel`` (remote) wrapping ``adapter.model``.
-        adapter: the model's adapter (module paths).
-        input_ids: [batch, tokens] token ids.
-        reduce: ``f(h, a, m, o) -> Tensor[...]`` applied per layer on [batch, tokens, d_model] tensors.
-        remote: execute on NDIF.
-
-    Returns:
-        [layers, ...] the stacked reductions, on CPU.
-    """
-    fam = adapter.family
-    saved: list[Any] = []  # created before the trace: nnsight requirement
-    with torch.no_grad(), nn_model.trace(input_ids, remote=remote, logits_to_keep=1):
-        for l in range(adapter.n_layers):
-            layer = resolve(nn_model, adapter.layer_path(l))
-            # Visit in execution order: layer input, attention, MLP, layer output.
-            h = layer.input
-            a = take(resolve(layer, fam.attn_contrib[0]).output, fam.attn_contrib[1])
-            m = take(resolve(layer, fam.mlp_contrib[0]).output, fam.mlp_contrib[1])
-            o = layer_output(layer.output)
-            saved.append(reduce(h, a, m, o).save())
-    return torch.stack([torch.as_tensor(s).detach().cpu() for s in saved])

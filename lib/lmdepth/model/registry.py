@@ -26,6 +26,7 @@ import torch
 
 from lmdepth.model import random_init
 from lmdepth.model.families import ModelAdapter
+from lmdepth.model.ndif import preflight
 from lmdepth.hooks.capture import check_additivity
 from lmdepth.runtime import DTYPES, resolve_device
 from lmdepth.errors import DataError, MissingPackageError, ParameterError, UnknownModelError
@@ -198,18 +199,21 @@ class LoadedModel:
     additivity_error: float | None = None
     remote_model: Any = field(default=None, repr=False)
     weights_id: str | None = None
+    remote_mode: bool | str = False
 
     @cached_property
     def nn(self) -> Any:
-        """nnsight wrapper used for traces (the NDIF ``LanguageModel`` when remote)."""
+        """The remotable nnsight wrapper every trace runs on (the NDIF ``LanguageModel`` when remote): the same
+        wrapper class here, under the strict simulation and on NDIF, so one trace serves all three."""
         if self.remote_model is not None:
             return self.remote_model
-        from nnsight import NNsight
+        from nnsight.modeling.transformers import TransformersModel
 
-        return NNsight(self.model)
+        return TransformersModel(self.model, tokenizer=self.tokenizer)
 
     @property
     def remote(self) -> bool:
+        """The weights live on NDIF (``remote=True``)."""
         return self.remote_model is not None
 
     @property
@@ -370,9 +374,9 @@ def check_hub_access(name: str) -> None:
                             f"({', '.join(PACKAGED)}), a local directory, or run where the hub is reachable.")
 
 
-def current_weights_id(name: str, remote: bool = False) -> str:
+def current_weights_id(name: str, remote: bool | str = False) -> str:
     """:func:`weights_id` of a model name without loading it (packaged models are not even converted)."""
-    if remote:
+    if remote is True:  # False and "local" (the offline simulation) compute with the weights here
         return weights_id(name, name, "ndif", None)
     if random_init.is_random_init(name):
         return random_init.weights_id(current_weights_id(random_init.base_name(name)))
@@ -386,7 +390,7 @@ def load_model(
     name: str,
     device: str = "cpu",
     dtype: str = "float32",
-    remote: bool = False,
+    remote: bool | str = False,
     check: bool = True,
 ) -> LoadedModel:
     """Load a model by packaged short name, hub id or local directory, and self-check its residual stream.
@@ -395,7 +399,8 @@ def load_model(
         name: e.g. ``"smollm2-135m"``, ``"meta-llama/Llama-3.1-8B"`` or ``"/path/to/model"``.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` …
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
-        remote: run traces on NDIF (hub ids only; needs ``NDIF_API_KEY`` and internet).
+        remote: ``True``: run traces on NDIF (hub ids only; needs ``NDIF_API_KEY`` and internet); ``"local"``: load
+            here and run every trace through the strict offline simulation of NDIF.
         check: run the additivity self-check (refuses non-additive, e.g. post-LN, models).
 
     ``random-init:<name>`` loads ``<name>``'s architecture with untrained weights (:mod:`lmdepth.model.random_init`).
@@ -404,7 +409,7 @@ def load_model(
         raise ParameterError(f"Parameter 'dtype' must be one of {list(DTYPES)}, got {dtype!r}.")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if remote:
+    if remote is True:
         if random_init.is_random_init(name):
             raise ParameterError(f"{name!r} is a local control model; run it with remote=False.")
         return _load_remote(name)
@@ -429,14 +434,16 @@ def load_model(
     if check:
         probe = tok("The cat sat on the mat because it was warm.", return_tensors="pt").input_ids.to(device)
         err = check_additivity(adapter, probe)
-    return LoadedModel(name, model, tok, adapter, source, digest, err, weights_id=current_weights_id(name))
+    return LoadedModel(name, model, tok, adapter, source, digest, err, weights_id=current_weights_id(name),
+                       remote_mode=remote)
 
 
 def _load_remote(name: str) -> LoadedModel:
     """An NDIF-backed model: weights stay on the server; the local copy is a meta-device skeleton."""
     from nnsight import LanguageModel
 
+    preflight(name)  # key, network, hosting and versions, in seconds, before the hub is asked for anything
     lm = LanguageModel(name)  # meta weights: the config and tokenizer come from the hub
     adapter = ModelAdapter.for_model(lm._model)
     return LoadedModel(name, lm._model, lm.tokenizer, adapter, "ndif", remote_model=lm,
-                       weights_id=weights_id(name, name, "ndif", None))
+                       weights_id=weights_id(name, name, "ndif", None), remote_mode=True)

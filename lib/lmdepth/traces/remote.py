@@ -1,0 +1,32 @@
+"""Where a trace runs: here, on NDIF, or through the strict offline simulation of NDIF — one code path for all three.
+
+``remote`` takes three values everywhere (every model-running analysis's parameters, the chapters, the CLI):
+
+* ``False``: run here (CPU or GPU), through the same nnsight trace;
+* ``True``: send the trace to NDIF (a hub id of a hosted model; needs an API key and the network); checked first by
+  :func:`lmdepth.model.ndif.preflight`, in seconds and before anything is loaded;
+* ``"local"``: the strict simulation of the server (:class:`lmdepth.traces.server.StrictServer`): serialise, refuse
+  what the server cannot import, execute only the deserialised copy, return only saved values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmdepth.params import check_remote_mode
+
+def trace_kwargs(nn_model: Any, remote: bool | str) -> dict[str, Any]:
+    """The keyword arguments that route one ``trace``/``session`` of ``nn_model`` (a remotable nnsight wrapper):
+    none (here), ``remote=True`` (NDIF), or a fresh strict-simulation backend (``"local"``; its request record
+    goes to :data:`lmdepth.traces.server.REQUESTS`)."""
+    check_remote_mode(remote)
+    if remote is True:
+        return {"remote": True}
+    if remote == "local":
+        from lmdepth.traces.server import StrictServer
+
+        return {"backend": StrictServer(nn_model)}
+    return {}
+
+
+__all__ = ["trace_kwargs"]

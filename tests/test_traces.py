@@ -1,0 +1,238 @@
+"""The remote-ready traces (lmdepth.traces): each survives the strict simulation of the NDIF server and equals its
+plain-hook reference; the simulation itself fails where a real server would; ``remote=true`` is checked in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmdepth.errors import RemoteUnavailable
+from lmdepth.hooks.capture import hooked_residuals
+from lmdepth.metrics.residual import residual_token_metrics
+from lmdepth.model.families import ModelAdapter
+from lmdepth.testing import FAMILY_CONFIGS, tiny_model, tiny_tokenizer
+from lmdepth.traces import server
+from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
+from lmdepth.traces.server import NotRemotable, StrictServer, foreign_modules, payload_modules
+
+FAMILIES = list(FAMILY_CONFIGS)
+
+
+def _wrap(model):
+    from nnsight.modeling.transformers import TransformersModel
+
+    return TransformersModel(model, tokenizer=tiny_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return tiny_tokenizer()("The cat sat on the mat, 12 + 7 = 19.", return_tensors="pt").input_ids
+
+
+def _reference(adapter: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
+    r = hooked_residuals(adapter, ids, logits_to_keep=1)
+    return torch.stack([residual_token_metrics(r["resid_pre"][l], r["attn_out"][l], r["mlp_out"][l],
+                                               r["resid_post"][l]) for l in range(adapter.n_layers)])
+
+
+# ---- the residual-metrics trace (chapters 01-02) --------------------------------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
+def test_residual_trace_survives_the_strict_server_and_equals_the_hook_reference(family, ids):
+    model = tiny_model(family)
+    adapter = ModelAdapter.for_model(model)
+    nn = _wrap(model)
+    ref = _reference(adapter, ids)
+    here = residual_metrics(nn, TapPaths.of(adapter), ids)
+    before = len(server.REQUESTS)
+    remote = residual_metrics(nn, TapPaths.of(adapter), ids, remote="local")
+    assert here.shape == (adapter.n_layers, 11, 1, ids.shape[1])
+    assert (here - ref).abs().max() <= 1e-5 and (remote - ref).abs().max() <= 1e-5
+    (record,) = server.REQUESTS[before:]
+    assert record.saved == ["values"] and record.payload_bytes < 50_000  # plain data only: no tensors shipped
+    assert record.result_bytes < 4 * here.numel() + 4_000  # only [layers × metrics × tokens] comes back
+    assert not [m for m in record.modules if m.split(".")[0] == "lmdepth"]
+
+
+@pytest.mark.integration
+def test_residual_analysis_under_the_strict_server_gives_the_local_table(tmp_path, jsonl):
+    from lmdepth.analyses import residual
+    from lmdepth.testing import save_tiny_model
+
+    texts = jsonl([json.dumps({"text": f"{i} apples and {i + 2} pears are on the table."}) for i in range(3)])
+    model_dir = save_tiny_model("gemma3", tmp_path / "model")
+    kw = dict(dataset=str(texts), n_examples=3, n_boot=10)
+    here = residual.run(str(model_dir), results_dir=tmp_path / "a", **kw)
+    before = len(server.REQUESTS)
+    sim = residual.run(str(model_dir), results_dir=tmp_path / "b", remote="local", **kw)
+    assert len(server.REQUESTS) - before == 3  # one request per problem
+    assert sim.meta["parameters"]["remote"] == "local"
+    cols = ["value", "ci_low", "ci_high"]
+    assert (here.table[cols].fillna(0) - sim.table[cols].fillna(0)).abs().max().max() <= 1e-5
+
+
+# ---- the simulation fails where a real server would -------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_the_strict_server_loses_a_list_made_before_the_trace_as_ndif_does(ids):
+    nn = _wrap(tiny_model("llama"))
+
+    def run(**kw):
+        out = []
+        with nn.trace(ids, **kw):
+            out.append(nn.model.layers[0].output.norm(dim=-1).save())
+        return out
+
+    assert len(run()) == 1 and len(run(remote="local")) == 1  # here, and nnsight's own simulation: looks fine
+    assert run(backend=StrictServer(nn)) == []  # the server sends back only saved names: the list stays empty
+
+
+@pytest.mark.integration
+def test_the_strict_server_refuses_library_code_inside_a_trace(ids):
+    nn = _wrap(tiny_model("llama"))
+    layer = nn.model.layers[0]
+    with pytest.raises(NotRemotable, match=r"lmdepth\.metrics\.residual"):
+        with nn.trace(ids, backend=StrictServer(nn)):
+            residual_token_metrics(layer.input, layer.self_attn.output[0], layer.mlp.output, layer.output).save()
+
+
+@pytest.mark.integration
+def test_the_strict_server_bounds_the_result_and_a_cloned_slice_fits(ids):
+    nn = _wrap(tiny_model("llama"))
+    with pytest.raises(NotRemotable, match="a view ships its whole storage"):
+        with nn.trace(ids, backend=StrictServer(nn, max_result=2_500)):
+            last = nn.lm_head.output[:, -1].save()  # a view of [1, T, vocab]
+    with nn.trace(ids, backend=StrictServer(nn, max_result=2_500)):
+        last = nn.lm_head.output[:, -1].clone().save()
+    assert last.shape == (1, 99)
+
+
+@pytest.mark.integration
+def test_the_strict_server_hides_the_library_while_it_executes(ids):
+    nn = _wrap(tiny_model("llama"))
+    with pytest.raises(ModuleNotFoundError, match="hidden"):
+        with nn.trace(ids, backend=StrictServer(nn)):
+            import lmdepth.metrics.residual  # noqa: F401  (an import inside the block, not a pickled reference)
+            x = nn.model.layers[0].output.save()
+    import lmdepth.metrics.residual  # noqa: F401  restored afterwards
+
+
+@pytest.mark.integration
+def test_the_loaded_models_wrapper_honours_remote(tmp_path, monkeypatch, ids):
+    """``LoadedModel.nn`` is remotable: ``remote=`` reaches a backend instead of being passed to ``forward``."""
+    from nnsight.intervention.backends.local import LocalSimulationBackend
+    from nnsight.modeling.mixins.remotable import Remotable
+
+    from lmdepth.model.registry import load_model
+    from lmdepth.testing import save_tiny_model
+
+    lm = load_model(str(save_tiny_model("llama", tmp_path / "m")))
+    assert isinstance(lm.nn, Remotable)
+    calls = []
+    real = LocalSimulationBackend.__call__
+    monkeypatch.setattr(LocalSimulationBackend, "__call__", lambda self, tracer: (calls.append(1), real(self, tracer)))
+    nn = lm.nn  # the block reads the wrapper, never the LoadedModel (a library object)
+    with nn.trace(ids, remote="local"):
+        x = nn.model.layers[0].output.save()
+    assert calls == [1] and x.shape[:2] == ids.shape
+
+
+# ---- the static check -------------------------------------------------------------------------------------------------
+
+@pytest.mark.unit
+def test_payload_modules_reads_every_module_without_importing():
+    import collections
+
+    blob = pickle.dumps((collections.OrderedDict(a=1), torch.Size([2]), Path("x")), protocol=4)
+    assert {"collections", "torch", "pathlib"} <= payload_modules(blob)
+    assert foreign_modules(blob) == []
+    from lmdepth.results import RunResult
+
+    assert foreign_modules(pickle.dumps(RunResult, protocol=4)) == ["lmdepth.results"]
+    import yaml
+
+    assert foreign_modules(pickle.dumps(yaml.SafeLoader, protocol=2)) == ["yaml.loader"]
+
+
+@pytest.mark.unit
+def test_the_nnsight_internals_the_simulation_uses_are_there_and_pinned():
+    import nnsight
+
+    from lmdepth.runtime import REPO_ROOT
+
+    server.check_nnsight_internals()
+    pins = dict(line.split("==") for line in (REPO_ROOT / "requirements.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    assert nnsight.__version__ == pins["nnsight"] == "0.8.1"
+    assert '"nnsight==0.8.1"' in (REPO_ROOT / "pyproject.toml").read_text()
+
+
+# ---- remote=true: checked in seconds, before anything loads ---------------------------------------------------------
+
+@pytest.mark.unit
+@pytest.mark.parametrize("case, message", [
+    ("no key", "needs an NDIF API key"),
+    ("no hub", "Hugging Face hub"),
+    ("no ndif", "cannot be reached"),
+    ("not hosted", "does not run"),
+    ("versions", "versions differ"),
+])
+def test_preflight_says_what_is_missing_in_one_line(case, message, monkeypatch):
+    from nnsight import ndif
+    from nnsight.schema.config import CONFIG
+
+    from lmdepth.model import ndif as pre
+
+    monkeypatch.setattr(CONFIG.API, "APIKEY", None)
+    monkeypatch.delenv("NDIF_API_KEY", raising=False)
+    if case != "no key":
+        monkeypatch.setenv("NDIF_API_KEY", "k")
+    monkeypatch.setattr(pre, "_reachable", lambda url, timeout: not ((case == "no hub" and "huggingface" in url)
+                                                                      or (case == "no ndif" and "ndif" in url)))
+    monkeypatch.setattr(ndif, "is_model_running", lambda name: case != "not hosted")
+
+    class Env:
+        packages = {"nnsight": {"local": "0.8.1", "remote": "0.8.2" if case == "versions" else "0.8.1",
+                                "match": case != "versions"}}
+
+    monkeypatch.setattr(ndif, "compare", lambda: Env())
+    with pytest.raises(RemoteUnavailable, match=message) as e:
+        pre.preflight("meta-llama/Llama-3.1-70B")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.unit
+def test_remote_true_fails_before_any_kernel_or_model(monkeypatch, capsys, tmp_path):
+    from nnsight.schema.config import CONFIG
+
+    from lmdepth.book import cli
+    from lmdepth.model import registry
+
+    monkeypatch.setattr(CONFIG.API, "APIKEY", None)
+    monkeypatch.delenv("NDIF_API_KEY", raising=False)
+    monkeypatch.setattr(registry, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    import papermill
+
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: pytest.fail("started a kernel"))
+    assert cli.main(["run", "norms", "--model", "meta-llama/Llama-3.1-70B", "-p", "remote", "true",
+                     "--results-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "NDIF API key" in err and err.count("error") == 1
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("value", ["yes", 1, "remote"])
+def test_remote_takes_three_values(value):
+    from lmdepth.errors import ParameterError
+    from lmdepth.params import CommonParams
+
+    for ok in (False, True, "local"):
+        CommonParams(model_name="org/model", remote=ok)
+    with pytest.raises(ParameterError, match="'remote'"):
+        CommonParams(remote=value)
