@@ -1,4 +1,4 @@
-"""Depth vs problem complexity (paper Fig. 7, METHOD §7.1): data with known difficulty, correctness, depth score.
+"""Depth vs problem complexity (paper Fig. 7; book/method.md#method-depth-score): data with known difficulty, correctness, depth score.
 
 Introduced in chapter 05. The items and their difficulty levels come from :mod:`lmdepth.data.difficulty`; the
 depth score and its statistics from :mod:`lmdepth.metrics.depth`.

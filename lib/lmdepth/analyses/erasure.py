@@ -22,9 +22,9 @@ from lmdepth.runtime import progress
 
 ANALYSIS = "erasure_ig"
 
-#: Case-study prompts (name, prompt, answer): the paper's manual prompts and a DM-math probe (METHOD §2), a short
+#: Case-study prompts (name, prompt, answer): the paper's manual prompts and a DM-math probe (book/method.md#method-data), a short
 #: synthetic variable chain (a=3, b=5, c=1, d=6) where a compositional model would show a staircase, and one more
-#: two-hop fact and one shorter sum, so that every model gets at least 5 prompts (EVIDENCE.md's smallest sample
+#: two-hop fact and one shorter sum, so that every model gets at least 5 prompts (book/method.md#method-verdicts: the smallest sample
 #: for a reading across prompts is 10 units; five maps are a case study, not a verdict).
 CASE_STUDIES: tuple[tuple[str, str, str], ...] = (
     ("two-hop fact", "The spouse of the performer of Imagine is", " Yoko Ono"),

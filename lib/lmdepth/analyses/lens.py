@@ -2,7 +2,7 @@
 
 The **logit lens** decodes the residual entering layer l (h_l, l = 0..L-1; h_0 = embeddings) with the model's own
 final norm and unembedding, ``P_l = softmax(unembed(h_l))``, and compares it with the model's output distribution
-``P_final = softmax(unembed(h_L))`` (METHOD §6):
+``P_final = softmax(unembed(h_L))`` (book/method.md#method-lens):
 
 - ``KL(P_l ‖ P_final)`` — the direction of the authors' code (also reported: ``KL(P_final ‖ P_l)``, the direction
   the tuned lens is trained on);
@@ -175,7 +175,7 @@ def tidy_table(per_prompt: np.ndarray, counts: np.ndarray, model: str, n_boot: i
 class LensParams(CommonParams):
     """Parameters of the lens run (chapter 04)."""
 
-    include_bos: bool = param(True, help="include position 0 (faithful default; METHOD §1.3)")
+    include_bos: bool = param(True, help="include position 0 (faithful default; book/method.md#method-positions)")
     positions_per_example: int = param(64, lo=0, hi=100_000,
                                        help="positions evaluated per problem, a seeded uniform sample (0 = all)")
     lens_dtype: str = param(DEFAULT_LENS_DTYPE, choices=DTYPE_NAMES,

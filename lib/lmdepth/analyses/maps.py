@@ -1,4 +1,4 @@
-"""Cross-model linear maps between residual streams (paper Fig. 8; METHOD §8; chapter 06).
+"""Cross-model linear maps between residual streams (paper Fig. 8; book/method.md#method-maps; chapter 06).
 
 For a source model A and a target model B read on the same text, fit for every pair of residual boundaries
 (m in A, l in B; m = 0 is the embedding output, m = L the last layer's output before the final norm) an affine map

@@ -1,7 +1,7 @@
 """Residual-stream statistics of paper Fig. 2: relative contributions, cosines and norms per layer.
 
 Introduced in chapters 01 (norms) and 02 (cosine similarity); both read the same cached run, since one forward
-pass per prompt yields every metric (METHOD §3–4).
+pass per prompt yields every metric (book/method.md#method-norms).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def units_table(ids: list[str], items: list[dict[str, np.ndarray]], model: str) 
 class ResidualParams(CommonParams):
     """Parameters of the residual-stream run (chapters 01 and 02)."""
 
-    include_bos: bool = param(True, help="include position 0 in the averages (faithful default; METHOD §1.3)")
+    include_bos: bool = param(True, help="include position 0 in the averages (faithful default; book/method.md#method-positions)")
 
 
 def run(params: ResidualParams | None = None, **kwargs: Any) -> RunResult:

@@ -1,4 +1,4 @@
-"""Analyses of the from-scratch runs of chapter 07 (paper Fig. 9, METHOD §9).
+"""Analyses of the from-scratch runs of chapter 07 (paper Fig. 9; book/method.md#method-moeut).
 
 Four runs — MoEUT and a dense Transformer, each trained with the question modelled (``lm``) or not
 (``answer_only``) — are loaded or trained (:mod:`lmdepth.scratch.training`), then compared on
@@ -188,7 +188,7 @@ def architecture_gaps(per_example: pd.DataFrame, splits: Sequence[str], n_boot: 
 def probe_erasure(run: TrainedRun, probes: Sequence[tuple[str, str]] = PROBES,
                   reference: tuple[str, str] = ERASURE_REFERENCE, batch_size: int = 64,
                   device: str = "cpu") -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Residual erasure maps of the probes, as the authors' script for these models (METHOD §9).
+    """Residual erasure maps of the probes, as the authors' script for these models (book/method.md#method-erasure).
 
     The erasure value at boundary b is the mean over positions of ``reference``'s residual at b; positions
     1 … T−2 of ``" Q: {q} A: {a}"`` (no EOS) are erased one at a time; the effect is the largest L2 change of the

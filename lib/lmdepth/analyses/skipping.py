@@ -1,6 +1,6 @@
 """The layer-skipping analysis of chapter 03: runs :mod:`lmdepth.hooks.skipping` over a data set, cached and resumable.
 
-Aggregation follows the paper (METHOD §5): per problem, the effect is the max over measured positions and cut
+Aggregation follows the paper (book/method.md#method-aggregation): per problem, the effect is the max over measured positions and cut
 points; over problems, the elementwise max. The mean over problems is kept too (less sensitive to one outlier).
 """
 
@@ -74,7 +74,7 @@ class SkipParams(CommonParams):
                           help="'future': intervene before a cut point, measure after it (Fig. 3b); "
                                "'current': intervene and measure at all tokens (Fig. 3a)")
     parts: list[str] = param(list(PARTS), choices=PARTS, help="which parts to skip: layer, attention, mlp")
-    local: bool = param(True, help="add the local (direct-effect) variant of the layer skip (METHOD §5.5)")
+    local: bool = param(True, help="add the local (direct-effect) variant of the layer skip (book/method.md#method-skipping)")
     n_cuts: int = param(4, lo=1, hi=64, help="future analysis: cut points per problem")
     cut_stride: int = param(8, lo=1, hi=1024, help="future analysis: cut points drawn from every k-th token")
     threshold: float = param(0.1, lo=0.0, hi=10.0,

@@ -1,5 +1,5 @@
 """The claims registry: every claim of the paper the book checks, with its statistic, rule, precondition and
-control (``shared/EVIDENCE.md``). Chapters and the findings page render from it; nothing else sets a threshold.
+control (book/method.md#method-verdicts). Chapters and the findings page render from it; nothing else sets a threshold.
 
 Claims not yet in the registry are still checked by their chapters as point estimates; the findings page lists
 them apart and does not count them.

@@ -2,10 +2,10 @@
 
 Unit: the item. Per (model, source) the statistic is the rise of the depth score over the source's whole range of
 levels, in relative depth: the depth score D of the mean layer-effect vector of each level's items (the future
-effect of skipping each layer, METHOD §7), over layers 2…L−1 (the book's convention on layers 0–1), divided by L;
+effect of skipping each layer, book/method.md#method-depth-score), over layers 2…L−1 (the book's convention on layers 0–1), divided by L;
 the least-squares slope over levels times the span of levels.
 
-Preconditions (EVIDENCE): at least 10 items on every level (a size requirement: a row short of it is shown but not
+Preconditions (book/method.md#method-verdicts): at least 10 items on every level (a size requirement: a row short of it is shown but not
 counted in the headline), and a model that does the task: its accuracy on the easiest level, with its 95 % Wilson
 interval, above the constant-answer baseline (the share of the most common reference answer among the items) —
 otherwise "difficulty" never engages the model's computation.

@@ -4,7 +4,7 @@ Transformer. Checked on the per-problem evaluation of the four runs (:func:`lmde
 Unit: the problem of the extrapolation split; all four runs answer the same problems, so the runs are paired within
 a problem and problems are resampled jointly. The verdict rows carry the subject ``MoEUT vs Transformer``.
 
-Precondition (EVIDENCE): the runs the claim compares do the task — each one's exact match on the interpolation split,
+Precondition (book/method.md#method-verdicts): the runs the claim compares do the task — each one's exact match on the interpolation split,
 with its 95 % Wilson interval, above the constant-answer baseline (the share of the most common answer there).
 Control: the same problems with each problem's two objectives swapped at random (seeded): what the gain looks like
 when the objective makes no difference.

@@ -1,4 +1,4 @@
-"""What a claim check is (``shared/EVIDENCE.md``): statistic over units, decision rule, precondition, control.
+"""What a claim check is (book/method.md#method-verdicts): statistic over units, decision rule, precondition, control.
 
 A :class:`ClaimSpec` is data: the chapters and the findings page render from it and nothing else sets a threshold.
 :func:`evaluate` turns a spec and the per-unit tables of a model and of its control into one verdict row.

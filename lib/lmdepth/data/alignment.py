@@ -4,7 +4,7 @@ Two models with different tokenizers have read *the same text* at a position whe
 at the same character offset: the residual of each model there summarises exactly the same prefix. Those are the
 positions the maps are fitted on (``return_offsets_mapping`` of the fast tokenizers gives the offsets).
 
-Rules (METHOD §8, adapted to different tokenizers):
+Rules (book/method.md#method-maps, adapted to different tokenizers):
 
 - special tokens (BOS, with an empty character span) never align;
 - position 0 of every model is dropped (BOS or, for tokenizers without one, the first text token: the attention

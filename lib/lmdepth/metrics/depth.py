@@ -1,4 +1,4 @@
-"""The depth score (paper Fig. 7, METHOD §7.1) and its per-level statistics: pure numpy functions.
+"""The depth score (paper Fig. 7; book/method.md#method-depth-score) and its per-level statistics: pure numpy functions.
 
 With E[s, j] the effect of skipping layer s on layer j and O[s] on the output:
 

@@ -1,6 +1,6 @@
 """Pure metric functions (fp32) and streaming, token-weighted dataset reductions.
 
-Formulas follow METHOD §3–4 (paper Fig. 2): relative denominators are clamped at 1e-6, cosines use eps 1e-8,
+Formulas of paper Fig. 2 (book/method.md#method-norms, book/method.md#method-numerics): relative denominators are clamped at 1e-6, cosines use eps 1e-8,
 and every activation is cast to fp32 *before* the norm, cosine or difference (the authors' code did these in
 bf16; see the chapters' "Differences from the paper").
 """
@@ -101,8 +101,8 @@ class PromptStats:
 class DatasetStats:
     """Token-weighted mean and max over a data set, from per-prompt :class:`PromptStats` (streamed).
 
-    The mean is Σ over all tokens of all prompts / total token count (METHOD §1.5), i.e. *not* a mean of
-    per-prompt means; the authors' accumulator bug (METHOD §3) is not reproduced.
+    The mean is Σ over all tokens of all prompts / total token count (book/method.md#method-aggregation), i.e. *not* a mean of
+    per-prompt means; the authors' accumulator bug (book/method.md#method-norms) is not reproduced.
     """
 
     prompts: list[PromptStats] = field(default_factory=list)

@@ -1,5 +1,5 @@
 """Verdicts of claim checks in four states, decided from bootstrap intervals, never from point estimates
-(``shared/EVIDENCE.md``).
+(book/method.md#method-verdicts).
 
 A check reduces the result tables to one value per unit (problem, text, item, position — whatever the data were
 drawn as) and states the paper's side of a threshold. The statistic is the mean over units (or a ratio of two
@@ -26,7 +26,7 @@ import numpy as np
 State = Literal["agrees", "disagrees", "inconclusive", "not testable"]
 STATES: tuple[State, ...] = ("agrees", "disagrees", "inconclusive", "not testable")
 MIN_UNITS = 10
-MIN_BOOT = 1000  # EVIDENCE: at least 1000 resamples
+MIN_BOOT = 1000  # at least 1000 resamples (book/method.md#method-intervals)
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
         values: [units] or [units, k] per-unit values (k columns for paired statistics such as a ratio of means).
         rule: the paper's side of the threshold.
         statistic: reduces a (resampled) array of units to one number (default: the mean of a 1-D array).
-        min_units: the precondition on the sample size (EVIDENCE: at least 10).
+        min_units: the precondition on the sample size (at least 10: book/method.md#method-verdicts).
         precondition: (holds, why not) of a check-specific precondition (competence over a baseline, …).
     """
     values = np.asarray(values, dtype=float)

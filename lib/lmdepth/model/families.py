@@ -5,7 +5,7 @@ residual taps, which modules write the attention and MLP contributions into the 
 the unembedding and the BOS policy. One explicit ladder maps ``config.model_type`` to a family and raises on
 anything unknown, so a new architecture fails loudly instead of producing silently wrong numbers.
 
-Notation (METHOD §1.1, pre-LN transformer), for layer l = 0..L-1::
+Notation (book/method.md#method-models, pre-LN transformer), for layer l = 0..L-1::
 
     a_l = attention contribution, m_l = MLP contribution, h_{l+1} = h_l + a_l + m_l
 

@@ -2,7 +2,7 @@
 
 ``random-init:smollm2-135m`` has SmolLM2-135M's config and tokenizer and weights drawn by the family's own
 initialiser (transformers' ``_init_weights``, seeded). A claim check that such a model also passes measures the
-architecture (a residual stream that accumulates), not what training made of it (``shared/EVIDENCE.md``).
+architecture (a residual stream that accumulates), not what training made of it (book/method.md#method-controls).
 """
 
 from __future__ import annotations

@@ -225,7 +225,7 @@ class LoadedModel:
         return getattr(self.model.config, "max_position_embeddings", None)
 
     def encode(self, text: str, label: str = "prompt") -> torch.Tensor:
-        """Tokenize with the tokenizer's own BOS policy (METHOD §1.3) and check the length.
+        """Tokenize with the tokenizer's own BOS policy (book/method.md#method-positions) and check the length.
 
         Returns:
             [1, tokens] token ids on the model's device.

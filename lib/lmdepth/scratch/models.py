@@ -1,4 +1,4 @@
-"""Models trained from scratch in chapter 07 (paper Fig. 9, METHOD §9): MoEUT and a dense pre-LN Transformer.
+"""Models trained from scratch in chapter 07 (paper Fig. 9; book/method.md#method-moeut): MoEUT and a dense pre-LN Transformer.
 
 Plain PyTorch, no custom kernels; CPU and GPU.
 

@@ -1,4 +1,4 @@
-"""Training MoEUT and the dense baseline from scratch on DeepMind Mathematics (paper Fig. 9, METHOD §9).
+"""Training MoEUT and the dense baseline from scratch on DeepMind Mathematics (paper Fig. 9; book/method.md#method-moeut).
 
 Introduced in chapter 07. One call trains one run (architecture × objective) or returns its cached checkpoint::
 
