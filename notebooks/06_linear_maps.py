@@ -75,7 +75,7 @@ seed: int = 0  # seed of the text order and of the shuffled pairs
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
 device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda" (models and the statistics)
 dtype: str = "float32"  # "float32", "bfloat16", "float16" (the models; residuals are stored as float32)
-remote: bool = False  # must be false: the maps need full residuals, which NDIF would have to send back
+remote: object = False  # residuals collected: false here; true on NDIF (hosted hub ids); "local" the offline simulation of NDIF
 use_cache: bool = True  # reuse a finished run; False recomputes
 results_dir: str = "results"  # where tidy tables and sidecars are written
 
@@ -92,14 +92,13 @@ from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
 announce_cost("maps", globals())  # before a long computation: its cost, and a smaller run
-lmaps.check_local(remote)
 run_kw = dict(model_name=model_name, compare_models=compare_models, all_pairs=all_pairs, self_map_model=self_map_model,
               shuffle_control=shuffle_control, dataset=dataset, general_text=general_text,
               general_fraction=general_fraction, n_train_tokens=n_train_tokens, n_val_tokens=n_val_tokens,
               n_test_tokens=n_test_tokens, max_doc_chars=max_doc_chars, ridge_alphas=ridge_alphas,
               layer_stride=layer_stride, control_stride=control_stride, product_dtype=product_dtype,
               max_stats_gb=max_stats_gb, seed=seed,
-              device=resolve_device(device), dtype=dtype, results_dir=results_dir, use_cache=use_cache)
+              device=resolve_device(device), dtype=dtype, remote=remote, results_dir=results_dir, use_cache=use_cache)
 
 # %% [markdown]
 # ## Aligning the tokenizers

@@ -352,9 +352,9 @@ def test_map_claims_of_a_synthetic_run():
 def test_chapter_checks_fail_clearly():
     from lmdepth.errors import DataError
 
-    with pytest.raises(ParameterError, match="remote=True"):
-        lmaps.check_local(True)
-    lmaps.check_local(False)
+    with pytest.raises(ParameterError, match="is not one"):  # NDIF runs hub ids
+        lmaps.MapsParams(remote=True)
+    assert lmaps.MapsParams(remote="local").remote == "local"  # the strict offline simulation of NDIF
     table, meta = _synthetic_run(coverage=0.4)
     with pytest.raises(DataError, match="a 40%"):
         maps_page.check_run(table, meta)

@@ -236,3 +236,43 @@ def test_remote_takes_three_values(value):
         CommonParams(model_name="org/model", remote=ok)
     with pytest.raises(ParameterError, match="'remote'"):
         CommonParams(remote=value)
+
+
+# ---- the residual collection of chapter 06 --------------------------------------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
+def test_boundary_residual_trace_equals_the_hook_reference(family):
+    from lmdepth.hooks.stack import AdapterStack, boundary_residuals
+    from lmdepth.traces.boundary_residuals import boundary_residuals_at
+
+    model = tiny_model(family)
+    adapter = ModelAdapter.for_model(model)
+    tok = tiny_tokenizer()
+    seqs = [tok(t).input_ids for t in ("A short one.", "A longer sentence, with 3 numbers: 4 5.")]
+    width = max(map(len, seqs))
+    ids = torch.tensor([q + [0] * (width - len(q)) for q in seqs])  # right-padded, as chapter 06 batches
+    rows = torch.tensor([0, 0, 1, 1, 1])
+    positions = torch.tensor([1, len(seqs[0]) - 1, 2, 7, len(seqs[1]) - 1])
+    ref = boundary_residuals(AdapterStack(adapter), ids).float()[:, rows, positions]  # [L+1, R, d]
+    nn = _wrap(model)
+    before = len(server.REQUESTS)
+    for remote in (False, "local"):
+        got = boundary_residuals_at(nn, TapPaths.of(adapter), ids, rows, positions, remote=remote)
+        assert got.shape == (adapter.n_layers + 1, 5, adapter.d_model)
+        assert (got - ref).abs().max() <= 1e-5, remote
+    (record,) = server.REQUESTS[before:]
+    assert record.result_bytes < 4 * ref.numel() + 4_000  # the kept rows only, not the whole activations
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("remote", [True, "local"])
+def test_analyses_that_are_not_traces_yet_refuse_remote_in_one_line(remote):
+    from lmdepth.analyses.lens import LensParams
+    from lmdepth.analyses.skipping import SkipParams
+    from lmdepth.errors import ParameterError
+
+    for cls in (SkipParams, LensParams):
+        with pytest.raises(ParameterError, match="not a remote-ready trace yet") as e:
+            cls(model_name="org/model", remote=remote)
+        assert "\n" not in str(e.value)

@@ -40,7 +40,6 @@ import torch
 
 from lmdepth.analyses.run import Job, require_tokens, concat_tables, per_unit, run_many as many
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
-from lmdepth.errors import ParameterError
 from lmdepth.hooks.lens import prompt_lens
 from lmdepth.metrics.distributions import LENS_METRICS as METRICS, TOP_K
 from lmdepth.metrics.residual import DatasetStats, PromptStats
@@ -49,6 +48,7 @@ from lmdepth.model.unembed import DEFAULT_LENS_DTYPE, Unembedding
 from lmdepth.params import DTYPE_NAMES, CommonParams, param
 from lmdepth.results import RunResult, RunStore, atomic_write
 from lmdepth.runtime import environment
+from lmdepth.traces.remote import refuse_remote
 from lmdepth.scratch.tuned_lens import TrainConfig, Translators, collect_residuals, train_translators
 
 ANALYSIS = "logit_lens"
@@ -185,8 +185,7 @@ class LensParams(CommonParams):
     train_epochs: int = param(TrainConfig.epochs, lo=1, hi=1000, help="tuned-lens training epochs")
 
     def check_consistency(self) -> None:
-        if self.tuned_lens and self.remote:
-            raise ParameterError("The tuned lens is trained locally: use remote=False, or tuned_lens=False on NDIF.")
+        refuse_remote("the logit and tuned lens (chapter 04)", self.remote)
 
 
 def run(params: LensParams | None = None, **kwargs: Any) -> RunResult:

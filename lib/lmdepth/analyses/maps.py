@@ -47,10 +47,11 @@ from lmdepth.data.alignment import GENERAL_TEXTS, general_text_id
 from lmdepth.data.corpus import CorpusPlan, corpus_docs, plan_corpus
 from lmdepth.data.datasets import dataset_id
 from lmdepth.errors import ParameterError
-from lmdepth.hooks.stack import AdapterStack, boundary_residuals
+from lmdepth.traces.boundary_residuals import boundary_residuals_at
+from lmdepth.traces.residual_metrics import TapPaths
 from lmdepth.metrics.ridge import DEFAULT_ALPHAS, PRODUCT_DTYPES, MapFit, boundary_layers, fit_maps
 from lmdepth.model.registry import load_model, resolve_model_path
-from lmdepth.params import ModelParams, param
+from lmdepth.params import ModelParams, check_remote, param
 from lmdepth.results import TMP_PREFIX, RunResult, RunStore
 from lmdepth.runtime import load_average, progress, resolve_device
 
@@ -84,16 +85,17 @@ def collect(lm: Any, plan: CorpusPlan, model_index: int, batch_tokens: int = 204
             cur = []
         cur.append(k)
     batches.append(cur)
-    r = 0
+    r, paths = 0, TapPaths.of(lm.adapter)
     for batch in progress(batches, desc=desc or f"{lm.name}: residuals"):
         seqs = [plan.ids[k][model_index] for k in batch]
         width = max(len(q) for q in seqs)
-        ids = torch.tensor([q + [pad] * (width - len(q)) for q in seqs], device=lm.device)
-        h = boundary_residuals(AdapterStack(lm.adapter), ids).float().cpu()  # [L+1, B, T, d]
-        for b, k in enumerate(batch):
-            p = torch.as_tensor(plan.positions[k][model_index])
-            out[r : r + len(p)] = h[:, b, p].transpose(0, 1).numpy()
-            r += len(p)
+        ids = torch.tensor([q + [pad] * (width - len(q)) for q in seqs])
+        ids = ids if lm.remote else ids.to(lm.device)
+        pos = [torch.as_tensor(plan.positions[k][model_index], dtype=torch.long) for k in batch]
+        rows = torch.cat([torch.full((len(p),), b, dtype=torch.long) for b, p in enumerate(pos)])
+        h = boundary_residuals_at(lm.nn, paths, ids, rows, torch.cat(pos), remote=lm.remote_mode)  # [L+1, R, d]
+        out[r : r + h.shape[1]] = h.transpose(0, 1).numpy()
+        r += h.shape[1]
     assert r == plan.n_rows
     if spool is not None:
         out.flush()
@@ -181,17 +183,6 @@ def summarize_map(table: pd.DataFrame, label: str) -> dict[str, Any]:
 
 # ---- what chapter 06 shows: tables, prose, claims and checks from a finished run ----------------------------------
 
-def check_local(remote: bool) -> None:
-    """Chapter 06 cannot run on NDIF.
-
-    Raises:
-        ParameterError: ``remote`` is True (the maps need every residual of both models at every aligned token).
-    """
-    if remote:
-        raise ParameterError("remote=True is not supported by this chapter: the maps need every residual of both "
-                             "models at every aligned token. Run on a GPU with device='cuda' instead.")
-
-
 def map_labels(meta: dict[str, Any], kind: str) -> list[str]:
     """Labels of the run's maps of one ``kind`` ("main", "self" or "shuffled"), in the order they were fitted."""
     return [lab for s in meta["maps"] if s["kind"] == kind for lab in s["labels"]]
@@ -270,8 +261,13 @@ class MapsParams(ModelParams):
     control_stride: int = param(2, lo=1, hi=1000, help="controls use every k-th boundary (and the last)")
     product_dtype: str = param("float32", choices=tuple(PRODUCT_DTYPES), help="dtype of the streamed products")
     max_stats_gb: float = param(6.0, lo=0.001, hi=1e6, help="memory budget of the cross-product statistics")
+    remote: bool | str = param(False, help="where the residuals are collected: false here, true on NDIF (hub ids; "
+                                            "they come back, [L+1, d] per aligned token), 'local' the offline "
+                                            "simulation of NDIF; the maps are fitted here")
 
     def check_consistency(self) -> None:
+        for m in {self.model_name, *self.compare_models, *([self.self_map_model] if self.self_map_model else [])}:
+            check_remote(m, self.remote)
         if not [m for m in self.compare_models if m != self.model_name]:
             raise ParameterError("compare_models must name at least one model other than model_name: the maps go "
                                  f"between two models (got model_name={self.model_name!r}, compare_models="
@@ -348,7 +344,7 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
     with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}residuals-", dir=p.results_dir) as spool:
         for i, m in enumerate(models):
             t1 = time.perf_counter()
-            lm = load_model(m, device=p.device, dtype=p.dtype)
+            lm = load_model(m, device=p.device, dtype=p.dtype, remote=p.remote)
             provenance[m] = lm.provenance()
             if m in needed:
                 residuals[m] = collect(lm, plan, i, spool=Path(spool) / f"{i}.npy")
@@ -383,7 +379,8 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
     cpu_total = time.process_time() - cpu0
     meta = {
         "analysis": ANALYSIS,
-        "parameters": {"model_name": p.model_name, **key, "device": p.device},
+        "parameters": {"model_name": p.model_name, **key, "device": p.device,
+                       **({"remote": p.remote} if p.remote is not False else {})},
         "models": provenance,
         "corpus": {"general_text": general_text_id() if p.general_text == "python-docs" else None,
                    "dataset": p.dataset, **plan.record()},
@@ -402,5 +399,5 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
 
 
 __all__ = ["ANALYSIS", "MapsParams", "MapSpec", "map_specs", "collect", "best_matches", "best_sources",
-           "diagonal_summary", "summarize_map", "error_matrix", "map_table", "run", "check_local",
+           "diagonal_summary", "summarize_map", "error_matrix", "map_table", "run",
            "map_labels", "mean_baseline", "error_over_baseline"]

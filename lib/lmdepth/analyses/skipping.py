@@ -23,6 +23,7 @@ from lmdepth.metrics.effects import cutoff_with_ci, later_effect
 from lmdepth.model.registry import load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
+from lmdepth.traces.remote import refuse_remote
 from lmdepth.runtime import load_average
 
 ANALYSIS = "layer_skipping"
@@ -79,6 +80,9 @@ class SkipParams(CommonParams):
     cut_stride: int = param(8, lo=1, hi=1024, help="future analysis: cut points drawn from every k-th token")
     threshold: float = param(0.1, lo=0.0, hi=10.0,
                              help="future-effect level below which a layer counts as not feeding later computation")
+
+    def check_consistency(self) -> None:
+        refuse_remote("layer skipping (chapter 03)", self.remote)
 
 
 @dataclass(frozen=True)

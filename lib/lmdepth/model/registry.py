@@ -51,7 +51,7 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def _fingerprint_cache() -> Path:
-    return cache_dir() / "fingerprints.json"
+    return cache_dir() / "fingerprints-v2.json"  # v2: size, mtime, inode, ctime, digest (v1 readers misread it)
 
 
 def dir_fingerprint(path: Path) -> str:
@@ -200,6 +200,7 @@ class LoadedModel:
     remote_model: Any = field(default=None, repr=False)
     weights_id: str | None = None
     remote_mode: bool | str = False
+    ndif: dict[str, Any] | None = None  # remote=True: nnsight's and the server's versions, from the preflight
 
     @cached_property
     def nn(self) -> Any:
@@ -262,6 +263,8 @@ class LoadedModel:
             "hub_id": PACKAGED[self.name].hub_id if self.name in PACKAGED else self.name,
             "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
             "bos_policy": f"tokenizer default: {bos}",
+            "remote": self.remote_mode,
+            **({"ndif": self.ndif} if self.ndif else {}),
             "additivity_error": self.additivity_error,
         }
 
@@ -442,8 +445,8 @@ def _load_remote(name: str) -> LoadedModel:
     """An NDIF-backed model: weights stay on the server; the local copy is a meta-device skeleton."""
     from nnsight import LanguageModel
 
-    preflight(name)  # key, network, hosting and versions, in seconds, before the hub is asked for anything
+    versions = preflight(name)  # key, network, hosting and versions, in seconds, before the hub is asked for anything
     lm = LanguageModel(name)  # meta weights: the config and tokenizer come from the hub
     adapter = ModelAdapter.for_model(lm._model)
     return LoadedModel(name, lm._model, lm.tokenizer, adapter, "ndif", remote_model=lm,
-                       weights_id=weights_id(name, name, "ndif", None), remote_mode=True)
+                       weights_id=weights_id(name, name, "ndif", None), remote_mode=True, ndif=versions)

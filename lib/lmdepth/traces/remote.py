@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmdepth.errors import ParameterError
 from lmdepth.params import check_remote_mode
+
+#: The chapters whose model-running analysis is a remote-ready trace today, and which trace; every other analysis
+#: refuses ``remote`` other than false in one line (:func:`refuse_remote`) instead of silently running here.
+REMOTE_READY = {"norms": "residual metrics (lmdepth.traces.residual_metrics)",
+                "cosine": "residual metrics (lmdepth.traces.residual_metrics)",
+                "maps": "residual collection (lmdepth.traces.boundary_residuals); the maps are fitted here"}
 
 def trace_kwargs(nn_model: Any, remote: bool | str) -> dict[str, Any]:
     """The keyword arguments that route one ``trace``/``session`` of ``nn_model`` (a remotable nnsight wrapper):
@@ -29,4 +36,16 @@ def trace_kwargs(nn_model: Any, remote: bool | str) -> dict[str, Any]:
     return {}
 
 
-__all__ = ["trace_kwargs"]
+def refuse_remote(what: str, remote: Any) -> None:
+    """One line, before any work, for an analysis that is not a remote-ready trace yet.
+
+    Raises:
+        ParameterError: ``remote`` is true or ``"local"``.
+    """
+    if remote is not False:
+        raise ParameterError(f"remote={remote!r}: {what} is not a remote-ready trace yet (it still runs plain hooks), "
+                             "so it cannot run on NDIF or under its offline simulation; use remote=false. Remote-ready "
+                             f"today: chapters {', '.join(REMOTE_READY)}.")
+
+
+__all__ = ["REMOTE_READY", "trace_kwargs", "refuse_remote"]

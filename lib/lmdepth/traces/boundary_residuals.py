@@ -1,0 +1,50 @@
+"""The residual-collection trace of chapter 06: the residual at every layer boundary, at chosen positions only.
+
+Boundary b = 0 is the input of layer 0 (the embeddings), b ≥ 1 the output of layer b − 1 (b = L: the final
+residual, before the final norm). Only the requested (sequence, position) rows leave the trace — [L + 1, rows, d]
+— here, under the strict simulation (``remote="local"``) and on NDIF. The block reads only torch, the model's
+envoys and plain data. Its reference twin is :func:`lmdepth.hooks.stack.boundary_residuals` (plain hooks, every
+position), which the tests hold it to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lmdepth.traces.remote import trace_kwargs
+from lmdepth.traces.residual_metrics import TapPaths
+
+
+def boundary_residuals_at(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, rows: torch.Tensor,
+                          positions: torch.Tensor, remote: bool | str = False) -> torch.Tensor:
+    """One traced forward pass → the residual at every boundary for the given (row, position) pairs.
+
+    Args:
+        nn_model: the remotable nnsight wrapper of the model (``LoadedModel.nn``).
+        paths: the family's taps (:meth:`TapPaths.of`).
+        input_ids: [batch, tokens] token ids (right-padded sequences: attention is causal, so padding changes no
+            earlier position).
+        rows, positions: [R] int64, the batch row and position of each residual to keep.
+        remote: ``False`` (here), ``True`` (NDIF) or ``"local"`` (strict simulation).
+
+    Returns:
+        [L + 1, R, d_model] float32, on CPU.
+    """
+    n_layers, layers_path = paths.n_layers, paths.layers  # plain data for the block
+    with torch.no_grad(), nn_model.trace(input_ids, logits_to_keep=1, **trace_kwargs(nn_model, remote)):
+        layers = nn_model
+        for name in layers_path:
+            layers = getattr(layers, name)
+        kept = []
+        for l in range(n_layers):
+            kept.append(layers[l].input[rows, positions].float())
+        last = layers[n_layers - 1].output
+        last = last[0] if isinstance(last, (tuple, list)) else last
+        kept.append(last[rows, positions].float())
+        values = torch.stack(kept).cpu().save()  # a gather copies: no view of the whole activation ships
+    return values
+
+
+__all__ = ["boundary_residuals_at"]
