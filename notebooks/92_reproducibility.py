@@ -106,8 +106,8 @@ show_table(record) if len(record) else md(f"*No executed chapter notebooks under
 known = pd.to_numeric(record["wall time (s)"], errors="coerce")
 md(f"{len(record)} pages; the times of their last executions add up to {known.sum() / 60:.1f} min "
    f"({int(known.isna().sum())} without a record). These are the times of *this* build's executions — a page whose "
-   "results were cached re-executes in seconds — not the cost of computing everything on a fresh machine (the "
-   f"README gives that, per page). Chapters: {', '.join(CHAPTERS)}.")
+   "results were cached re-executes in seconds — not the cost of computing everything on a fresh machine (see "
+   f"'Measured build times' below). Chapters: {', '.join(CHAPTERS)}.")
 
 # %% [markdown]
 # ## What each chapter costs to compute
@@ -139,6 +139,26 @@ show_table(cost_table(results_dir, profile))
 
 # %% tags=["hide-input"]
 md(fault_summary(REPO_ROOT / "tests" / "test_faults.py"))
+
+# %% [markdown]
+# ## Measured build times
+#
+# Measured on 2-core CPUs without a GPU, in fresh clones, with `/usr/bin/time -v` (2026-11; each at the commit named;
+# sessions of these machines have differed by up to 1.5× on the same code):
+#
+# - **From the stored results** (clean clone of 4c48d7f): `bash scripts/build_book.sh` 1 min 32 s, setup included,
+#   every page up to date so HTML only; then `--force`, every page re-executed from the stored runs with nothing
+#   recomputed, 3 min 52 s (the ten pages 213 s, chapter 07 124 of them), peak memory 1.2 GB. The packaged models'
+#   first conversion adds about 2.5 min once.
+# - **Cold**, every run computed at the default profile's sizes: 5 h 59.7 min in all, peak memory 15.0 GB, as a sum
+#   of page-by-page segments: chapter 03 7,171 s, chapter 05 5,678 s of ladders and 4,163 s of erasure and
+#   integrated gradients, chapter 04 2,720 s, chapter 06 1,307 s, chapter 01 138 s, chapter 07 149 s (its committed
+#   trained runs analysed, not retrained).
+# - **The `quick` profile, cold** (from an empty results folder): 13 min 33 s at 8060a55, 9 min 13 s at 70de727 with
+#   the same profile file (the difference is the machine's).
+#
+# The segments, the commits they were measured at, and earlier measurements are in the repository's
+# `CHANGELOG.md`.
 
 # %% [markdown]
 # ## Versions of this build
