@@ -1,9 +1,12 @@
-"""Benchmark: the fast layer-skipping path against the naive one-pass-per-intervention loop, in one process.
+"""Benchmark: the library's layer-skipping path against the naive one-pass-per-intervention loop, in one process.
 
-Both run on the same model and problems; the script checks that they agree (max abs difference of every effect
-≤ --tol) and prints wall times, the speed ratio and ``work_ratio_ceiling``: the ratio of the layer and unembedding
-work the two paths do on these inputs (counted, not timed), which is what the timed ratio approaches when matrix
-products dominate. Measured on a quiet 2-core CPU (2026-11-22): fast 91.7 s, naive 187.7 s, 2.05×, work ratio 2.05×.
+The library's path ("fast" below) is the nnsight session of :mod:`lmdepth.traces.skip_effects` — the same trace
+that runs on NDIF — which does the work of the fast algorithm (layers before the skipped one not recomputed, a cut
+point's prefix reused, the variants of one layer batched). Both run on the same model and problems; the script
+checks that they agree (max abs difference of every effect ≤ --tol) and prints wall times, the speed ratio and
+``work_ratio_ceiling``: the ratio of the layer and unembedding work the two paths do on these inputs (counted, not
+timed), which is what the timed ratio approaches when matrix products dominate. Measured on a quiet 2-core CPU
+(2026-11-22, the plain-hook fast path the trace replaced): fast 91.7 s, naive 187.7 s, 2.05×, work ratio 2.05×.
 Example (a 5× target was set for smollm2-135m, future; the counted work allows about 2× on this problem, 2.5× in
 the median over 200 problems: `--ceiling 200`):
 
@@ -19,6 +22,8 @@ import torch
 
 from lmdepth.data.datasets import load_examples
 from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
+from lmdepth.traces.residual_metrics import TapPaths
+from lmdepth.traces.skip_effects import skip_effects
 from lmdepth.hooks.skipping import PARTS, draw_cuts
 from lmdepth.model.registry import load_model
 
@@ -43,6 +48,11 @@ def main() -> None:
     if args.ceiling:
         print(json.dumps(ceiling_over_problems(lm, args)))
         return
+    paths = TapPaths.of(lm.adapter)
+
+    def trace(adapter, ids, **kw):  # the library's path: the session of chapter 03 (lmdepth.traces.skip_effects)
+        return skip_effects(lm.nn, paths, ids, config=lm.model.config, **kw)
+
     parts = tuple(args.parts.split(","))
     current = args.analysis in ("current", "both")
     future = args.analysis in ("future", "both")
@@ -55,7 +65,7 @@ def main() -> None:
     for ex in load_examples("gsm8k", n_examples=args.n_examples, seed=args.seed):
         ids = lm.encode(ex.text)
         cuts = draw_cuts(ids.shape[1], args.n_cuts, args.seed, ex.id) if future else []
-        t = time_paths(lm.adapter, ids, cuts=cuts, parts=parts, local=args.local, current=current)
+        t = time_paths(lm.adapter, ids, fast=trace, cuts=cuts, parts=parts, local=args.local, current=current)
         times["fast"] += t.fast_s
         times["naive"] += t.naive_s
         cpu["fast"] += t.fast_cpu_s

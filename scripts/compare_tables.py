@@ -27,7 +27,8 @@ def identity(table: Path, root: Path) -> str:
     """analysis/model plus the run's parameters: what makes two runs the same run."""
     meta = json.loads((table.parent / "meta.json").read_text())
     analysis_model = table.parent.parent.relative_to(root)
-    return f"{analysis_model}|{json.dumps(meta.get('parameters', {}), sort_keys=True, default=str)}"
+    params = {k: v for k, v in meta.get("parameters", {}).items() if k != "remote"}  # where it ran, not what
+    return f"{analysis_model}|{json.dumps(params, sort_keys=True, default=str)}"
 
 
 def compare(base: Path, new: Path, atol: float) -> tuple[list[str], list[str]]:

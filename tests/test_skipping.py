@@ -117,7 +117,7 @@ def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
     kw = dict(analysis="future", dataset=str(p), n_examples=3, selection="first", parts=["layer", "mlp"],
               local=False, n_cuts=2, results_dir=tmp_path, n_boot=20)
     calls = {"n": 0}
-    real = skip_analysis.prompt_effects
+    real = skip_analysis.skip_effects
 
     def flaky(*a, **k):
         calls["n"] += 1
@@ -125,7 +125,7 @@ def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(skip_analysis, "prompt_effects", flaky)
+    monkeypatch.setattr(skip_analysis, "skip_effects", flaky)
     with pytest.raises(KeyboardInterrupt):
         skip_analysis.run(str(tiny_dirs["llama"]), **kw)
     r = skip_analysis.run(str(tiny_dirs["llama"]), **kw)

@@ -269,10 +269,50 @@ def test_boundary_residual_trace_equals_the_hook_reference(family):
 @pytest.mark.parametrize("remote", [True, "local"])
 def test_analyses_that_are_not_traces_yet_refuse_remote_in_one_line(remote):
     from lmdepth.analyses.lens import LensParams
-    from lmdepth.analyses.skipping import SkipParams
     from lmdepth.errors import ParameterError
 
-    for cls in (SkipParams, LensParams):
+    for cls in (LensParams,):
         with pytest.raises(ParameterError, match="not a remote-ready trace yet") as e:
             cls(model_name="org/model", remote=remote)
         assert "\n" not in str(e.value)
+
+
+# ---- layer skipping (chapter 03) -----------------------------------------------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
+def test_skip_trace_equals_the_naive_reference_for_every_variant(family):
+    from lmdepth.hooks.skipping import prompt_effects_naive
+    from lmdepth.traces.skip_effects import skip_effects
+
+    model = tiny_model(family)
+    adapter = ModelAdapter.for_model(model)
+    ids = tiny_tokenizer()("Natalia sold 48 clips in April and half as many in May.", return_tensors="pt").input_ids
+    cuts = [9, 24, 40]
+    nn = _wrap(model)
+    for current in (True, False):
+        ref = prompt_effects_naive(adapter, ids, cuts=cuts, current=current)
+        got = skip_effects(nn, TapPaths.of(adapter), ids, cuts=cuts, current=current, config=model.config)
+        assert sorted(got) == sorted(ref)
+        for k in ref:
+            assert (got[k][0] - ref[k][0]).abs().max() <= 1e-5 and (got[k][1] - ref[k][1]).abs().max() <= 1e-5, k
+        assert any(ref[k][0].max() > 0.01 for k in ref)  # the effects are not all zero: the check can fail
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_one_prompt_of_skipping_is_one_request_to_the_strict_server(family):
+    from lmdepth.hooks.skipping import prompt_effects
+    from lmdepth.traces.skip_effects import skip_effects
+
+    model = tiny_model(family)
+    adapter = ModelAdapter.for_model(model)
+    ids = tiny_tokenizer()("Natalia sold 48 clips in April and half as many in May.", return_tensors="pt").input_ids
+    ref = prompt_effects(adapter, ids, cuts=[9, 24, 40], current=False)
+    before = len(server.REQUESTS)
+    got = skip_effects(_wrap(model), TapPaths.of(adapter), ids, cuts=[9, 24, 40], current=False, config=model.config,
+                       remote="local")
+    (record,) = server.REQUESTS[before:]  # the whole prompt: one session, one request
+    assert record.saved == ["E_all", "O_all"] and record.payload_bytes < 100_000
+    for k in ref:
+        assert (got[k][0] - ref[k][0]).abs().max() <= 1e-5 and (got[k][1] - ref[k][1]).abs().max() <= 1e-5, k

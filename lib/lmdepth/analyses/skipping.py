@@ -18,12 +18,13 @@ import torch
 from lmdepth.analyses.run import Job, per_unit
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
-from lmdepth.hooks.skipping import PARTS, draw_cuts, prompt_effects, variants
+from lmdepth.hooks.skipping import PARTS, draw_cuts, variants
 from lmdepth.metrics.effects import cutoff_with_ci, later_effect
 from lmdepth.model.registry import load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
-from lmdepth.traces.remote import refuse_remote
+from lmdepth.traces.residual_metrics import TapPaths
+from lmdepth.traces.skip_effects import skip_effects
 from lmdepth.runtime import load_average
 
 ANALYSIS = "layer_skipping"
@@ -81,9 +82,6 @@ class SkipParams(CommonParams):
     threshold: float = param(0.1, lo=0.0, hi=10.0,
                              help="future-effect level below which a layer counts as not feeding later computation")
 
-    def check_consistency(self) -> None:
-        refuse_remote("layer skipping (chapter 03)", self.remote)
-
 
 @dataclass(frozen=True)
 class Cutoff:
@@ -125,15 +123,18 @@ def run(params: SkipParams | None = None, **kwargs: Any) -> RunResult:
 
 def _compute(p: SkipParams, parts: list[str], key: dict[str, Any], examples: list[Example], store: RunStore
              ) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
-    lm = load_model(p.model_name, device=p.device, dtype=p.dtype)
+    lm = load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote)
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
+    paths = TapPaths.of(lm.adapter)
     names = [v.name for v in variants(parts, p.local)]
     future = p.analysis == "future"
     cuts_used = {uid: draw_cuts(ids.shape[1], p.n_cuts, p.seed, uid, p.cut_stride) if future else []
                  for uid, ids in encoded}
 
     def one(uid: str, ids: Any) -> dict[str, np.ndarray]:
-        res = prompt_effects(lm.adapter, ids, cuts=cuts_used[uid], parts=parts, local=p.local, current=not future)
+        # one session per problem (one request on NDIF): the clean pass, then one batched trace per (layer, cut)
+        res = skip_effects(lm.nn, paths, ids, cuts=cuts_used[uid], parts=parts, local=p.local, current=not future,
+                           config=lm.model.config, remote=lm.remote_mode)
         return {f"{v}_{x}": res[p.analysis, v][i].numpy() for v in names for i, x in enumerate("EO")}
 
     items = per_unit(store, encoded, one, desc=f"{p.model_name}: skip effects ({p.analysis})")
@@ -142,7 +143,8 @@ def _compute(p: SkipParams, parts: list[str], key: dict[str, Any], examples: lis
     table = _tidy(p.model_name, E, O)
     summary = {n: cutoff_with_ci(E[p.analysis, n], p.threshold, p.n_boot, p.seed) for n in names} if future else {}
     meta = {
-        "parameters": {"model_name": p.model_name, **key, "device": p.device},
+        "parameters": {"model_name": p.model_name, **key, "device": p.device,
+                       **({"remote": p.remote} if p.remote is not False else {})},
         "model": lm.provenance(),
         "data": {**selection_record(p.dataset, p.selection, p.seed, examples), "cuts": cuts_used},
         "summary": summary,
@@ -255,7 +257,7 @@ def benchmark(params: SkipParams | None = None, n_pool: int = 200, tol: float = 
     """
     p = SkipParams.of(params, **kwargs)
     key = dict(dataset=dataset_id(p.dataset), seed=p.seed, selection=p.selection, n_cuts=min(p.n_cuts, 2),
-               device=p.device, dtype=p.dtype, n_pool=n_pool, version=1)
+               device=p.device, dtype=p.dtype, n_pool=n_pool, version=2)  # 2: the trace is the timed path
     return Job(BENCHMARK, p, key).execute(lambda store: _benchmark(p, n_pool, tol))
 
 
@@ -266,7 +268,10 @@ def _benchmark(p: SkipParams, n_pool: int, tol: float) -> tuple[pd.DataFrame, di
     ids = lm.encode(ex.text)
     # two cut points keep the naive loop to 2 × L passes; scripts/bench_skipping.py runs the full setting
     cuts = draw_cuts(ids.shape[1], min(p.n_cuts, 2), p.seed, ex.id)
-    t = time_paths(lm.adapter, ids, cuts=cuts, parts=("layer",), local=False, current=False)
+    paths = TapPaths.of(lm.adapter)
+    t = time_paths(lm.adapter, ids, fast=lambda adapter, x, **kw: skip_effects(lm.nn, paths, x, config=lm.model.config,
+                                                                               **kw),
+                   cuts=cuts, parts=("layer",), local=False, current=False)
     if t.max_abs_diff > tol:
         raise AssertionError(f"fast and naive paths disagree: {t.max_abs_diff:.3g} > {tol}")
     u = work_units(lm.n_layers, ids.shape[1], cuts, False, 1, unembed_cost(lm.adapter))

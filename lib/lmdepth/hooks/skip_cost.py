@@ -5,7 +5,7 @@ algorithms (the ceiling of any exact speed-up), and both paths timed on one prom
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,15 +75,18 @@ class PathTiming:
     max_abs_diff: float
 
 
-def time_paths(adapter: ModelAdapter, ids: torch.Tensor, **kwargs: Any) -> PathTiming:
-    """Run :func:`lmdepth.hooks.skipping.prompt_effects` (fast), then :func:`~lmdepth.hooks.skipping.prompt_effects_naive`
+def time_paths(adapter: ModelAdapter, ids: torch.Tensor, fast: Callable[..., Any] = prompt_effects,
+               **kwargs: Any) -> PathTiming:
+    """Run ``fast(adapter, ids, **kwargs)`` — the library's path: by default the plain-hook
+    :func:`lmdepth.hooks.skipping.prompt_effects`; the analyses pass the trace
+    (:func:`lmdepth.traces.skip_effects.skip_effects`) — then :func:`~lmdepth.hooks.skipping.prompt_effects_naive`
     on one prompt with the same keyword arguments (``cuts, parts, local, current``), timed.
 
     Process CPU time is the fair measure on a shared machine (another job on the same cores slows whichever path
     happens to run beside it); wall time is returned too. Used by chapter 03 and ``scripts/bench_skipping.py``.
     """
     w0, c0 = time.perf_counter(), time.process_time()
-    fast = prompt_effects(adapter, ids, **kwargs)
+    fast = fast(adapter, ids, **kwargs)
     w1, c1 = time.perf_counter(), time.process_time()
     naive = prompt_effects_naive(adapter, ids, **kwargs)
     w2, c2 = time.perf_counter(), time.process_time()

@@ -20,6 +20,7 @@ from lmdepth.params import check_remote_mode
 #: refuses ``remote`` other than false in one line (:func:`refuse_remote`) instead of silently running here.
 REMOTE_READY = {"norms": "residual metrics (lmdepth.traces.residual_metrics)",
                 "cosine": "residual metrics (lmdepth.traces.residual_metrics)",
+                "skipping": "skip effects, one session per problem (lmdepth.traces.skip_effects)",
                 "maps": "residual collection (lmdepth.traces.boundary_residuals); the maps are fitted here"}
 
 def trace_kwargs(nn_model: Any, remote: bool | str) -> dict[str, Any]:

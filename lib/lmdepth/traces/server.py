@@ -94,6 +94,33 @@ def hidden_library() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
+@contextlib.contextmanager
+def fresh_process_sources(filename: str) -> Iterator[None]:
+    """While active, nnsight sees source files as a fresh server process would: its caches of parsed sources and
+    compiled ``with`` blocks are empty (the server knows the shipped block only, under the client's file name, so
+    an inner trace of a session must be found in that text, not in the client's file), and the file's
+    ``linecache`` entry is restored afterwards."""
+    import linecache
+
+    from nnsight.tracing import globals as nn_globals
+
+    saved = {name: dict(getattr(nn_globals, name)) for name in ("SOURCES", "BLOCKS")}
+    line = linecache.cache.get(filename)
+    for name in saved:
+        getattr(nn_globals, name).clear()
+    try:
+        yield
+    finally:
+        for name, entries in saved.items():
+            cache = getattr(nn_globals, name)
+            cache.clear()
+            cache.update(entries)
+        if line is not None:
+            linecache.cache[filename] = line
+        else:
+            linecache.cache.pop(filename, None)
+
+
 def payload_modules(blob: bytes) -> set[str]:
     """Every module the unpickling of a serialised request would import (read from the pickle's opcodes; nothing is
     imported or executed). Protocol-4 ``STACK_GLOBAL`` takes its module from the string pushed before it (memoised
@@ -166,7 +193,7 @@ class StrictServer(_backend_base()):  # type: ignore[misc]
         if len(blob) > self.max_payload:
             raise NotRemotable(f"the request is {len(blob):,} bytes (bound {self.max_payload:,}): it ships "
                                "client-side tensors; pass plain data and build tensors inside the trace")
-        with hidden_library():
+        with hidden_library(), fresh_process_sources(tracer.info.frame.f_code.co_filename):
             restored = RequestModel.deserialize(blob, self.model._remoteable_persistent_objects(),
                                                 unpickler=ServerUnpickler)
             restored.execute(restored.info.code)  # the copy only, in its own (deserialised) frame
@@ -207,6 +234,7 @@ def check_nnsight_internals() -> None:
     import inspect
 
     from nnsight.schema.request import RequestModel
+    from nnsight.tracing import globals as nn_globals
     from nnsight.tracing import tracer as tracer_module
     from nnsight.tracing import util
 
@@ -217,6 +245,8 @@ def check_nnsight_internals() -> None:
         ("nnsight.tracing.tracer.save", callable(getattr(tracer_module, "save", None))),
         ("nnsight.tracing.util.push", callable(getattr(util, "push", None))),
         ("CustomCloudUnpickler.persistent_load", hasattr(_unpickler_base(), "persistent_load")),
+        ("nnsight.tracing.globals.SOURCES and BLOCKS", all(isinstance(getattr(nn_globals, n, None), dict)
+                                                          for n in ("SOURCES", "BLOCKS"))),
     ) if not ok]
     if missing:
         raise RuntimeError(f"nnsight's internals moved ({', '.join(missing)}): the strict NDIF simulation "

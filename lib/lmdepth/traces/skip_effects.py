@@ -1,0 +1,181 @@
+"""The layer-skipping trace of chapter 03: every skip effect of one prompt in one nnsight session.
+
+The session holds one clean trace (residuals, keys/values, the output distribution — they stay where the model
+runs) and, per skipped layer s, one batched trace per cut point with one row per variant (whole layer, attention,
+MLP, local). Layers before s are skipped with the clean residual h_s (they cannot change); a cut point after the
+first reuses the lead trace's keys/values as its prefix, so it computes only positions ≥ t. Effects are reduced
+inside each trace — E[b, j] the max relative change of layer j's contribution, O[b] the output change — so only
+[variants × layers] numbers leave it: here, under the strict simulation (``remote="local"``) and on NDIF, one
+request per prompt.
+
+The block reads only torch, transformers' ``DynamicCache``, the model's envoys and plain data. Its reference twins
+are :func:`lmdepth.hooks.skipping.prompt_effects` (plain hooks, the same algorithm) and
+:func:`~lmdepth.hooks.skipping.prompt_effects_naive` (one full forward per intervention), which the tests hold it to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from lmdepth.traces.remote import trace_kwargs
+from lmdepth.traces.residual_metrics import TapPaths
+
+PARTS = ("layer", "attention", "mlp")
+LOGIT_CHUNK = 64  # positions unembedded at once: bounds memory at chunk × vocab floats
+
+
+def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: Sequence[int] = (),
+                 parts: Sequence[str] = PARTS, local: bool = True, current: bool = True, config: Any = None,
+                 remote: bool | str = False,
+                 rel_eps: float = 1e-6) -> dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]]:
+    """All skip effects of one prompt (the semantics of :func:`lmdepth.hooks.skipping.prompt_effects`).
+
+    Args:
+        nn_model: the remotable nnsight wrapper (``LoadedModel.nn``).
+        paths: the family's taps.
+        input_ids: [1, T] the prompt.
+        cuts: cut points t of the "future" analysis (intervene at 1..t−1, measure at ≥ t; max over cuts).
+        parts, local: the variants (a part skipped at the intervened positions; ``local``: the whole layer removed
+            with every later residual pinned to its clean value minus layer s's clean contribution there).
+        current: also the "all tokens" analysis (intervene at every position ≥ 1, measure everywhere).
+        config: the model's config (the keys/values cache of the cut points; a sliding window shorter than the
+            prompt turns the prefix reuse off, as its cache has already dropped positions).
+        remote: ``False``, ``True`` (NDIF) or ``"local"`` (strict simulation).
+
+    Returns:
+        ``{(analysis, variant): (E [L, L], O [L])}``: analysis "current" or "future", variant a part or "local".
+    """
+    L, T = paths.n_layers, int(input_ids.shape[1])
+    variants = [(p, False) for p in parts] + ([("layer", True)] if local else [])
+    names = ["local" if loc else p for p, loc in variants]
+    cuts = sorted({int(t) for t in cuts if t > 1}, reverse=True)  # t ≤ 1 intervenes nowhere: zero effect
+    analyses = (["current"] if current else []) + (["future"] if cuts else [])
+    # plain data for the block
+    layers_path, attn_path, attn_index = paths.layers, paths.attn, paths.attn_index
+    mlp_path, mlp_index, norm_path, head_path = paths.mlp, paths.mlp_index, paths.final_norm, paths.lm_head
+    B = len(variants)
+    kinds = torch.tensor([[p == "layer" and not loc, p == "attention", p == "mlp", loc] for p, loc in variants])
+    softcap = getattr(config, "final_logit_softcapping", None) or None  # Gemma: cap·tanh(z/cap) on the logits
+    window = getattr(config, "sliding_window", None)
+    reuse_prefix = window is None or T < window
+    lead_t = None if current else (cuts[0] if cuts else None)
+    rest = cuts if current else cuts[1:]
+    chunk = LOGIT_CHUNK
+    with torch.no_grad(), nn_model.session(**trace_kwargs(nn_model, remote)):
+        from transformers import DynamicCache
+
+        E_all = torch.zeros(len(analyses), B, L, L)
+        O_all = torch.zeros(len(analyses), B, L)
+        if analyses:
+            # the clean pass: residuals in and out of every layer, keys/values, output distribution
+            with nn_model.trace(input_ids, use_cache=True):
+                layers = nn_model
+                for name in layers_path:
+                    layers = getattr(layers, name)
+                ins, outs = [], []
+                for l in range(L):
+                    ins.append(layers[l].input[0].clone())
+                    o = layers[l].output
+                    outs.append((o[0] if isinstance(o, (tuple, list)) else o)[0].clone())
+                clean_out = nn_model.output
+                probs = clean_out.logits[0].float().softmax(-1)  # [T, V]: the model's own (soft-capped) logits
+                clean_kv = [(c.keys, c.values) for c in clean_out.past_key_values.layers]
+            resid_in, resid_out = torch.stack(ins), torch.stack(outs)  # [L, T, D]
+            contrib = resid_out.float() - resid_in.float()
+            norm, head = nn_model, nn_model
+            for name in norm_path:
+                norm = getattr(norm, name)
+            for name in head_path:
+                head = getattr(head, name)
+            for s in range(L):
+                lead_kv = None
+                for k, t in enumerate([lead_t, *rest]):
+                    start = 0 if (k == 0 or not reuse_prefix) else t
+                    positions = torch.arange(start, T)
+                    hi = T if t is None else t
+                    touched = (positions >= 1) & (positions < hi)  # [W]
+                    measured = positions >= (0 if t is None else t)  # [W]
+                    layer_m = touched[None, :] & kinds[:, 0:1]  # [B, W]
+                    attn_m = touched[None, :] & kinds[:, 1:2]
+                    mlp_m = touched[None, :] & kinds[:, 2:3]
+                    local_m = touched[None, :] & kinds[:, 3:4]
+                    cache = None
+                    if start > 0:  # positions < start: the lead trace's keys/values (the clean ones below s)
+                        prefix = []
+                        for j in range(L):
+                            kj, vj = clean_kv[j] if j < s else lead_kv[j]
+                            if j < s:
+                                kj, vj = kj.expand(B, -1, -1, -1), vj.expand(B, -1, -1, -1)
+                            prefix.append((kj[:, :, :start].contiguous(), vj[:, :, :start].contiguous()))
+                        cache = DynamicCache(ddp_cache_data=prefix, config=config)
+                    elif k == 0 and rest and reuse_prefix:
+                        cache = DynamicCache(config=config)
+                    ids_w = input_ids[:, start:].expand(B, -1).contiguous()
+                    h_s = resid_in[s][positions].unsqueeze(0).expand(B, -1, -1).contiguous()
+                    removed = contrib[s][positions]  # [W, D]
+                    with nn_model.trace(ids_w, past_key_values=cache, use_cache=cache is not None, logits_to_keep=1):
+                        layers = nn_model
+                        for name in layers_path:
+                            layers = getattr(layers, name)
+                        for j in range(s):  # cannot change: return the clean residual h_s without computing
+                            layers[j].skip(h_s)
+                        E = torch.zeros(B, L)
+                        final = None
+                        for j in range(s, L):
+                            layer = layers[j]
+                            h_in = layer.input
+                            if j == s and bool(attn_m.any()):
+                                attn = layer
+                                for name in attn_path:
+                                    attn = getattr(attn, name)
+                                a = attn.output
+                                a0 = a[attn_index] if attn_index >= 0 and isinstance(a, (tuple, list)) else a
+                                a0 = torch.where(attn_m.unsqueeze(-1), torch.zeros_like(a0), a0)
+                                attn.output = (a0, *a[1:]) if attn_index >= 0 and isinstance(a, (tuple, list)) else a0
+                            if j == s and bool(mlp_m.any()):
+                                mlp = layer
+                                for name in mlp_path:
+                                    mlp = getattr(mlp, name)
+                                m = mlp.output
+                                m0 = m[mlp_index] if mlp_index >= 0 and isinstance(m, (tuple, list)) else m
+                                m0 = torch.where(mlp_m.unsqueeze(-1), torch.zeros_like(m0), m0)
+                                mlp.output = (m0, *m[1:]) if mlp_index >= 0 and isinstance(m, (tuple, list)) else m0
+                            o = layer.output
+                            out = o[0] if isinstance(o, (tuple, list)) else o
+                            edited = False
+                            if j == s and bool(layer_m.any()):
+                                out, edited = torch.where(layer_m.unsqueeze(-1), h_in, out), True
+                            if bool(local_m.any()):
+                                pinned = (resid_out[j][positions].float() - removed).to(out.dtype)
+                                out, edited = torch.where(local_m.unsqueeze(-1), pinned.expand(B, -1, -1), out), True
+                            if edited:
+                                layer.output = (out, *o[1:]) if isinstance(o, (tuple, list)) else out
+                            ref = contrib[j][positions]  # [W, D]
+                            new = out.float() - h_in.float()
+                            rel = (new - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(rel_eps)  # [B, W]
+                            E[:, j] = rel.masked_fill(~measured[None, :], float("-inf")).amax(1).clamp_min(0)
+                            if j == L - 1:
+                                final = out
+                        O = torch.zeros(B)
+                        meas_pos = positions[measured]
+                        for i in range(0, len(meas_pos), chunk):
+                            p = meas_pos[i : i + chunk]
+                            z = head(norm(final[:, p - start])).float()  # [B, P, V]
+                            if softcap:
+                                z = torch.tanh(z / softcap) * softcap
+                            d = (z.softmax(-1) - probs[p].unsqueeze(0)).norm(dim=-1).amax(1)  # [B]
+                            O = torch.maximum(O, d)
+                        if k == 0 and cache is not None:
+                            lead_kv = [(c.keys, c.values) for c in nn_model.output.past_key_values.layers]
+                    a_i = 0 if (t is None) else analyses.index("future")
+                    E_all[a_i, :, s] = torch.maximum(E_all[a_i, :, s], E)
+                    O_all[a_i, :, s] = torch.maximum(O_all[a_i, :, s], O)
+        E_all, O_all = E_all.save(), O_all.save()
+    return {(a, n): (E_all[i, b].clone(), O_all[i, b].clone()) for i, a in enumerate(analyses)
+            for b, n in enumerate(names)}
+
+
+__all__ = ["skip_effects"]
