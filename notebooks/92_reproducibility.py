@@ -35,7 +35,7 @@
 # lmdepth list -v                                                     # chapters, parameters, packaged models
 # lmdepth run norms --model meta-llama/Llama-3.1-8B -p device cuda -p dtype bfloat16
 # lmdepth run skipping --profile default -p n_examples 10             # a profile, then overrides
-# lmdepth run lens --model meta-llama/Llama-3.1-70B -p remote true -p tuned_lens false   # on NDIF
+# lmdepth run skipping --model meta-llama/Llama-3.1-70B -p remote true -p n_examples 2   # on NDIF (see below)
 # ```
 
 # %% tags=["remove-cell"]
@@ -71,6 +71,8 @@ from lmdepth.book.cost import cost_table
 from lmdepth.book.faults import fault_summary
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.runtime import REPO_ROOT, environment
+from lmdepth.traces.remote import NOT_REMOTE, REMOTE_READY
+from lmdepth.traces.skip_effects import session_forwards
 
 setup(0)
 
@@ -124,6 +126,40 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
 
 # %% tags=["hide-input"]
 show_table(cost_table(results_dir, profile))
+
+# %% [markdown]
+# ## Where each chapter runs: here, on a GPU, on NDIF
+#
+# Every chapter runs here on a CPU and, with `device cuda`, on a GPU. A chapter runs on NDIF (`remote true`, a hub
+# id of a model NDIF hosts, an API key) when the code that touches its model is a *remote-ready trace*: an nnsight
+# trace or session whose block reads only torch, the model's envoys and plain data, and returns only what it
+# saves. `remote local` runs the same trace through a strict offline simulation of the NDIF server
+# (`lmdepth.traces.server`): the request is serialised as the remote backend does, anything the server could not
+# import is refused, only the deserialised copy runs, with the library hidden, and only saved values come back. The
+# tests run every trace that way on tiny models of all five families and require the numbers of the plain-hook
+# reference (to 1e-5). What is **not** verified here: a run against the real NDIF server — these machines have no
+# network. `remote true` first checks, in seconds and before loading anything, that an API key is set, the hub and
+# NDIF answer, NDIF runs the model and its nnsight, transformers and torch versions equal ours (one line per failure).
+# The smallest real check, where NDIF is reachable: `lmdepth run skipping --model <a hosted Llama or Qwen> -p remote
+# true -p n_examples 1 -p analysis current`, whose sidecar records the server's versions. NDIF computes in bf16:
+# compare with a local bf16 run.
+
+# %% tags=["hide-input"]
+paper = yaml.safe_load((profiles_dir() / "paper.yaml").read_text())
+n_layers_70b = 80  # Llama 3.1 70B's num_hidden_layers (its config), the paper profile's model
+skip = {**paper.get("common", {}), **(paper["chapters"].get("skipping") or {})}
+n_cuts = int(skip.get("n_cuts", 4))
+ndif_cost = {  # per problem, counted from the traces (lmdepth.traces.skip_effects.session_forwards is tested)
+    "norms": "1 request, 1 forward", "cosine": "1 request, 1 forward (the norms run)",
+    "skipping": f"1 request; {session_forwards(n_layers_70b, 0, True)} forwards (all tokens) or "
+                f"{session_forwards(n_layers_70b, n_cuts, False)} (future, {n_cuts} cut points), each batched over "
+                "the variants",
+    "maps": "1 request per batch of texts; the maps are fitted here"}
+show_table(pd.DataFrame([{"chapter": c, "here (CPU, GPU)": "yes",
+                          "NDIF (remote true) and its simulation (remote local)": (
+                              f"yes: {REMOTE_READY[c]}" if c in REMOTE_READY else f"no: {NOT_REMOTE.get(c, '')}"),
+                          f"NDIF cost, Llama 3.1 70B ({n_layers_70b} layers)": ndif_cost.get(c, "—")}
+                         for c in CHAPTERS]))
 
 # %% [markdown]
 # ## Results that defend themselves

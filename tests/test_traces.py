@@ -316,3 +316,17 @@ def test_one_prompt_of_skipping_is_one_request_to_the_strict_server(family):
     assert record.saved == ["E_all", "O_all"] and record.payload_bytes < 100_000
     for k in ref:
         assert (got[k][0] - ref[k][0]).abs().max() <= 1e-5 and (got[k][1] - ref[k][1]).abs().max() <= 1e-5, k
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("current", [True, False])
+def test_the_sessions_forward_count_is_what_the_cost_table_says(current):
+    from lmdepth.traces.skip_effects import session_forwards, skip_effects
+
+    model = tiny_model("llama")
+    adapter = ModelAdapter.for_model(model)
+    ids = tiny_tokenizer()("Natalia sold 48 clips in April and half as many in May.", return_tensors="pt").input_ids
+    calls = []
+    model.model.register_forward_pre_hook(lambda mod, args: calls.append(1))
+    skip_effects(_wrap(model), TapPaths.of(adapter), ids, cuts=[9, 24, 40], current=current, config=model.config)
+    assert len(calls) == session_forwards(adapter.n_layers, 3, current)

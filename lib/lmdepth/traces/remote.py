@@ -22,6 +22,14 @@ REMOTE_READY = {"norms": "residual metrics (lmdepth.traces.residual_metrics)",
                 "cosine": "residual metrics (lmdepth.traces.residual_metrics)",
                 "skipping": "skip effects, one session per problem (lmdepth.traces.skip_effects)",
                 "maps": "residual collection (lmdepth.traces.boundary_residuals); the maps are fitted here"}
+#: The chapters that do not run remotely, and why (the ones with a model refuse ``remote`` in one line).
+NOT_REMOTE = {"lens": "not a remote-ready trace yet (its trace calls library code); the tuned lens is trained here",
+              "complexity": "not a remote-ready trace yet (depth score, erasure and integrated gradients use plain "
+                            "hooks); it has no remote parameter",
+              "moeut": "its models are trained here, not hosted on NDIF",
+              "atlas": "runs no model (reads the other chapters' results)",
+              "explorer": "not a remote-ready trace yet (plain hooks)",
+              "reproducibility": "runs no model"}
 
 def trace_kwargs(nn_model: Any, remote: bool | str) -> dict[str, Any]:
     """The keyword arguments that route one ``trace``/``session`` of ``nn_model`` (a remotable nnsight wrapper):
@@ -49,4 +57,4 @@ def refuse_remote(what: str, remote: Any) -> None:
                              f"today: chapters {', '.join(REMOTE_READY)}.")
 
 
-__all__ = ["REMOTE_READY", "trace_kwargs", "refuse_remote"]
+__all__ = ["REMOTE_READY", "NOT_REMOTE", "trace_kwargs", "refuse_remote"]

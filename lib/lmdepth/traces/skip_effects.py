@@ -178,4 +178,10 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
             for b, n in enumerate(names)}
 
 
-__all__ = ["skip_effects"]
+def session_forwards(n_layers: int, n_cuts: int, current: bool) -> int:
+    """Forward passes of one problem's session: the clean pass, then per skipped layer one for "all tokens" (if
+    ``current``) and one per cut point (cut points ≤ 1 intervene nowhere and are not run). One request in all."""
+    return 1 + n_layers * (int(current) + n_cuts)
+
+
+__all__ = ["skip_effects", "session_forwards"]
