@@ -127,22 +127,17 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                         for j in range(s, L):
                             layer = layers[j]
                             h_in = layer.input
-                            if j == s and bool(attn_m.any()):
-                                attn = layer
-                                for name in attn_path:
-                                    attn = getattr(attn, name)
-                                a = attn.output
-                                a0 = a[attn_index] if attn_index >= 0 and isinstance(a, (tuple, list)) else a
-                                a0 = torch.where(attn_m.unsqueeze(-1), torch.zeros_like(a0), a0)
-                                attn.output = (a0, *a[1:]) if attn_index >= 0 and isinstance(a, (tuple, list)) else a0
-                            if j == s and bool(mlp_m.any()):
-                                mlp = layer
-                                for name in mlp_path:
-                                    mlp = getattr(mlp, name)
-                                m = mlp.output
-                                m0 = m[mlp_index] if mlp_index >= 0 and isinstance(m, (tuple, list)) else m
-                                m0 = torch.where(mlp_m.unsqueeze(-1), torch.zeros_like(m0), m0)
-                                mlp.output = (m0, *m[1:]) if mlp_index >= 0 and isinstance(m, (tuple, list)) else m0
+                            # attention, then MLP (execution order): that contribution := 0 at the intervened positions
+                            for path, index, mask in ((attn_path, attn_index, attn_m), (mlp_path, mlp_index, mlp_m)):
+                                if j == s and bool(mask.any()):
+                                    part = layer
+                                    for name in path:
+                                        part = getattr(part, name)
+                                    y = part.output
+                                    packed = index >= 0 and isinstance(y, (tuple, list))
+                                    y0 = y[index] if packed else y
+                                    y0 = torch.where(mask.unsqueeze(-1), torch.zeros_like(y0), y0)
+                                    part.output = tuple(y0 if i == index else v for i, v in enumerate(y)) if packed else y0
                             o = layer.output
                             out = o[0] if isinstance(o, (tuple, list)) else o
                             edited = False
