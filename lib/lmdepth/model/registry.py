@@ -58,7 +58,7 @@ def dir_fingerprint(path: Path) -> str:
     """sha256 over the name and content digest of every file of a model directory (weights, config, tokenizer).
 
     A file's digest is recomputed only when its size, modification time, inode or status-change time changed
-    (remembered in ``<cache>/fingerprints.json``), so checking a model on every load costs a few ``stat`` calls. The
+    (remembered in ``<cache>/fingerprints-v2.json``), so checking a model on every load costs a few ``stat`` calls. The
     status-change time cannot be set back (``os.utime`` and ``touch -r`` restore only the modification time), so a
     same-size edit with the old mtime restored is still seen.
     """
