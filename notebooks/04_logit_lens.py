@@ -69,7 +69,7 @@ train_epochs: int = 4  # passes over the training tokens
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
 device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda"
 dtype: str = "float32"  # "float32", "bfloat16", "float16"
-remote: bool = False  # must be false for now: the lens is not a remote-ready trace yet (see the Reproducibility page)
+remote: object = False  # false: here; true: on NDIF (a hosted hub id; NDIF_API_KEY; the tuned lens trained here first); "local": the offline simulation of NDIF
 use_cache: bool = True  # reuse finished runs and resume interrupted ones; False recomputes
 results_dir: str = "results"  # where tidy tables, sidecars and tuned-lens translators are written
 

@@ -144,7 +144,7 @@ def test_lens_at_the_last_layer_reproduces_the_models_logits(family, tiny_dirs):
         stats = lens_stats([hs[-1], hs[-1]], un)
     assert stats[0, 0].abs().max() < 1e-5 and stats[0, 1].abs().max() < 1e-5 and (stats[0, 2] == 1).all()
     # inside the nnsight trace, too: the self-check compares with the logits the model produced
-    _, check = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), Unembedding.of(lm, "float32"))
+    _, check = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), "float32")
     assert abs(check) < 1e-5
 
 
@@ -155,7 +155,7 @@ def test_traced_lens_equals_a_direct_computation(family, tiny_dirs):
     lm = load_model(str(tiny_dirs[family]))
     ids = lm.encode(TEXT)
     pos = torch.tensor([0, 5, 17, ids.shape[1] - 1])
-    vals, _ = lens.prompt_lens(lm, ids, pos, Unembedding.of(lm, "float32"))
+    vals, _ = lens.prompt_lens(lm, ids, pos, "float32")
     with torch.no_grad():
         hs = _residuals(lm, ids)
         final = lm.model(ids).logits[0, pos].float()
@@ -172,12 +172,12 @@ def test_identity_translators_equal_the_logit_lens(family, tiny_dirs):
     lm = load_model(str(tiny_dirs[family]))
     ids = lm.encode(TEXT)
     identity = Translators(lm.n_layers, lm.adapter.d_model, scale=torch.rand(lm.n_layers) + 0.5)
-    vals, _ = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), Unembedding.of(lm, "float32"), identity)
+    vals, _ = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), "float32", identity)
     torch.testing.assert_close(vals[1], vals[0])
     # and a non-identity translator changes the reading (so the comparison above can fail)
     with torch.no_grad():
         identity.b.add_(0.5)
-    moved, _ = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), Unembedding.of(lm, "float32"), identity)
+    moved, _ = lens.prompt_lens(lm, ids, torch.arange(ids.shape[1]), "float32", identity)
     assert not torch.allclose(moved[1], moved[0])
 
 
@@ -302,8 +302,8 @@ def test_packaged_smollm2_lens_matches_its_logits():
     lm = load_model("smollm2-135m")
     ids = lm.encode("The capital of France is Paris. The capital of Germany is")
     pos = torch.arange(ids.shape[1])
-    vals, check_bf16 = lens.prompt_lens(lm, ids, pos, Unembedding.of(lm, "bfloat16"))
-    _, check_fp32 = lens.prompt_lens(lm, ids, pos, Unembedding.of(lm, "float32"))
+    vals, check_bf16 = lens.prompt_lens(lm, ids, pos, "bfloat16")
+    _, check_fp32 = lens.prompt_lens(lm, ids, pos, "float32")
     assert check_fp32 < 1e-5 and check_bf16 < 1e-2
     kl, overlap = vals[0, 0].mean(-1), vals[0, 2].mean(-1)
     assert kl[-1] < kl[: lm.n_layers // 2].min()  # the prediction is closer to the output entering the last layer

@@ -265,16 +265,6 @@ def test_boundary_residual_trace_equals_the_hook_reference(family):
     assert record.result_bytes < 4 * ref.numel() + 4_000  # the kept rows only, not the whole activations
 
 
-@pytest.mark.unit
-@pytest.mark.parametrize("remote", [True, "local"])
-def test_analyses_that_are_not_traces_yet_refuse_remote_in_one_line(remote):
-    from lmdepth.analyses.lens import LensParams
-    from lmdepth.errors import ParameterError
-
-    for cls in (LensParams,):
-        with pytest.raises(ParameterError, match="not a remote-ready trace yet") as e:
-            cls(model_name="org/model", remote=remote)
-        assert "\n" not in str(e.value)
 
 
 # ---- layer skipping (chapter 03) -----------------------------------------------------------------------------------
@@ -330,3 +320,153 @@ def test_the_sessions_forward_count_is_what_the_cost_table_says(current):
     model.model.register_forward_pre_hook(lambda mod, args: calls.append(1))
     skip_effects(_wrap(model), TapPaths.of(adapter), ids, cuts=[9, 24, 40], current=current, config=model.config)
     assert len(calls) == session_forwards(adapter.n_layers, 3, current)
+
+
+# ---- the logit and tuned lens (chapter 04) --------------------------------------------------------------------------
+
+def _random_translators(adapter: ModelAdapter, seed: int = 0):
+    """Translators far from the identity, so the tuned lens differs from the logit lens (the check can fail)."""
+    from lmdepth.scratch.tuned_lens import Translators
+
+    g = torch.Generator().manual_seed(seed)
+    tr = Translators(adapter.n_layers, adapter.d_model, scale=torch.rand(adapter.n_layers, generator=g) + 0.5)
+    with torch.no_grad():
+        tr.A.copy_(0.05 * torch.randn(tr.A.shape, generator=g))
+        tr.b.copy_(0.3 * torch.randn(tr.b.shape, generator=g))
+    return tr
+
+
+def _lens_case(model, ids, positions, lens_dtype, translators, remote):
+    """The trace and its reference (:func:`lmdepth.hooks.lens.prompt_lens`) on one model."""
+    from lmdepth.hooks.lens import prompt_lens
+    from lmdepth.model.registry import LoadedModel
+    from lmdepth.model.unembed import Unembedding
+    from lmdepth.traces.lens import lens_readings
+
+    adapter = ModelAdapter.for_model(model)
+    lm = LoadedModel("tiny", model, tiny_tokenizer(), adapter, "local")
+    ref, ref_check = prompt_lens(lm, ids, positions, Unembedding.of(lm, lens_dtype), translators)
+    tensors = None if translators is None else (translators.A.detach(), translators.b.detach(), translators.scale)
+    softcap = getattr(model.config, "final_logit_softcapping", None) or None
+    got, check = lens_readings(lm.nn, TapPaths.of(adapter), ids, positions, lens_dtype, softcap, tensors,
+                               remote=remote)
+    return ref, ref_check, got, check
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES + ["gemma3-softcap"])
+def test_lens_trace_equals_the_reference_here_and_under_the_strict_server(family, ids):
+    model = tiny_model(family.removesuffix("-softcap"))
+    if family.endswith("softcap"):  # Gemma 2's logit soft-capping: the model's output and the lens both cap
+        model.config.final_logit_softcapping = 3.0
+    adapter = ModelAdapter.for_model(model)
+    tr = _random_translators(adapter)
+    positions = torch.tensor([0, 3, 7, ids.shape[1] - 1])
+    for lens_dtype in ("float32", "bfloat16"):
+        for remote in (False, "local"):
+            before = len(server.REQUESTS)
+            ref, ref_check, got, check = _lens_case(model, ids, positions, lens_dtype, tr, remote)
+            assert got.shape == (2, 3, adapter.n_layers, 4)
+            assert (got - ref).abs().max() <= 1e-5, (lens_dtype, remote)
+            assert abs(check - ref_check) <= 1e-6 and abs(check) < (1e-5 if lens_dtype == "float32" else 1e-2)
+            if remote == "local":
+                (record,) = server.REQUESTS[before:]
+                shipped = sum(t.numel() * 4 for t in (tr.A, tr.b, tr.scale))
+                assert record.saved == ["check", "values"]
+                assert record.payload_bytes < shipped + 50_000  # the translators and plain data, nothing else
+                assert record.result_bytes < 4 * got.numel() + 4_000
+                assert not [m for m in record.modules if m.split(".")[0] == "lmdepth"]
+    assert (got[1] - got[0]).abs().max() > 1e-3  # the translators change the reading: the comparison can fail
+
+
+@pytest.mark.integration
+def test_the_lens_trace_without_translators_ships_no_tensor_and_the_bound_grows_by_the_translators_only(ids,
+                                                                                                     monkeypatch):
+    from lmdepth.traces.remote import trace_kwargs
+
+    model = tiny_model("qwen3")
+    adapter = ModelAdapter.for_model(model)
+    ref, _, got, _ = _lens_case(model, ids, torch.arange(ids.shape[1]), "float32", None, "local")
+    assert got.shape == (1, 3, adapter.n_layers, ids.shape[1]) and (got - ref).abs().max() <= 1e-5
+    plain = server.REQUESTS[-1].payload_bytes
+    assert plain < 50_000
+    # a bound just above the plain request: the translators pass because their bytes are declared ...
+    monkeypatch.setattr(server, "MAX_PAYLOAD", plain + 2_000)
+    tr = _random_translators(adapter)
+    _lens_case(model, ids, torch.arange(ids.shape[1]), "float32", tr, "local")
+    nn = _wrap(model)
+    assert trace_kwargs(nn, "local", extra_payload=123)["backend"].max_payload == plain + 2_123
+    # ... while the same tensors read by a block that does not declare them exceed it
+    A = tr.A.detach().clone()
+    with pytest.raises(NotRemotable, match="ships client-side tensors"):
+        with torch.no_grad(), nn.trace(ids, **trace_kwargs(nn, "local")):
+            x = (nn.model.layers[0].output[0] @ A[0]).sum().save()
+
+
+@pytest.mark.integration
+def test_lens_analysis_under_the_strict_server_gives_the_local_table(tmp_path, jsonl, monkeypatch):
+    """Chapter 04 with remote='local': the translators are trained here (remote=false), then applied in the trace."""
+    import shutil
+
+    from lmdepth.analyses import lens
+    from lmdepth.errors import ParameterError
+    from lmdepth.model import registry
+    from lmdepth.testing import save_tiny_model
+
+    texts = jsonl([json.dumps({"text": f"Problem {i}: {i} apples plus {i + 1} pears make {2 * i + 1} fruits."})
+                   for i in range(3)])
+    model_dir = str(save_tiny_model("gemma3", tmp_path / "model"))
+    kw = dict(dataset=str(texts), n_examples=3, selection="first", n_boot=10, positions_per_example=0,
+              n_train_tokens=128, train_epochs=1)
+    here = lens.run(model_dir, results_dir=tmp_path / "a", **kw)
+    # training does not go remote: one line, before the model loads
+    real_load = registry.load_model
+    monkeypatch.setattr(lens, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    with pytest.raises(ParameterError, match="the tuned lens is trained here") as e:
+        lens.run(model_dir, results_dir=tmp_path / "b", remote="local", **kw)
+    assert "\n" not in str(e.value)
+    monkeypatch.setattr(lens, "load_model", real_load)
+    shutil.copytree(tmp_path / "a" / "tuned_lens", tmp_path / "b" / "tuned_lens")  # trained here, applied "there"
+    before = len(server.REQUESTS)
+    sim = lens.run(model_dir, results_dir=tmp_path / "b", remote="local", **kw)
+    assert len(server.REQUESTS) - before == 3  # one request per problem
+    assert sim.meta["parameters"]["remote"] == "local" and sim.meta["tuned_lens"]["from_cache"]
+    cols = ["value", "ci_low", "ci_high"]
+    assert set(here.table.component) == {"logit_lens", "tuned_lens"}
+    assert (here.table[cols] - sim.table[cols]).abs().max().max() <= 1e-5
+    assert sim.meta["last_layer_check_kl_max"] < 1e-5
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("remote", [True, "local"])
+def test_tuned_lens_training_refuses_remote_in_one_line(remote):
+    from lmdepth.analyses.lens import LensParams, refuse_remote_training
+    from lmdepth.errors import ParameterError
+
+    assert LensParams(model_name="org/model", remote=remote).remote == remote  # the lens itself goes remote
+    with pytest.raises(ParameterError, match="trained here, not on NDIF") as e:
+        refuse_remote_training(remote)
+    assert "\n" not in str(e.value)
+    refuse_remote_training(False)
+
+
+@pytest.mark.packaged
+def test_lens_trace_on_the_packaged_smollm2_equals_the_reference():
+    from lmdepth.model.registry import load_model
+
+    lm = load_model("smollm2-135m")
+    ids = lm.encode("Natalia sold clips to 48 of her friends in April, and then she sold half as many in May.")
+    positions = torch.tensor([0, 4, 9, 15, ids.shape[1] - 1])
+    tr = _random_translators(lm.adapter)
+    from lmdepth.hooks.lens import prompt_lens
+    from lmdepth.model.unembed import Unembedding
+    from lmdepth.traces.lens import lens_readings
+
+    ref, _ = prompt_lens(lm, ids, positions, Unembedding.of(lm, "float32"), tr)
+    before = len(server.REQUESTS)
+    got, check = lens_readings(lm.nn, TapPaths.of(lm.adapter), ids, positions, "float32", None,
+                               (tr.A.detach(), tr.b.detach(), tr.scale), remote="local")
+    assert (got - ref).abs().max() <= 1e-5 and check < 1e-5
+    (record,) = server.REQUESTS[before:]
+    assert record.payload_bytes < 4 * tr.A.numel() * 1.01 + 100_000  # SmolLM2's translators: 40 MB, and no more
+    assert record.result_bytes < 4 * got.numel() + 4_000

@@ -40,15 +40,16 @@ import torch
 
 from lmdepth.analyses.run import Job, require_tokens, concat_tables, per_unit, run_many as many
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
-from lmdepth.hooks.lens import prompt_lens
 from lmdepth.metrics.distributions import LENS_METRICS as METRICS, TOP_K
 from lmdepth.metrics.residual import DatasetStats, PromptStats
 from lmdepth.model.registry import LoadedModel, current_weights_id, load_model
-from lmdepth.model.unembed import DEFAULT_LENS_DTYPE, Unembedding
+from lmdepth.model.unembed import DEFAULT_LENS_DTYPE
+from lmdepth.errors import ParameterError
 from lmdepth.params import DTYPE_NAMES, CommonParams, param
 from lmdepth.results import RunResult, RunStore, atomic_write
 from lmdepth.runtime import environment
-from lmdepth.traces.remote import refuse_remote
+from lmdepth.traces.lens import lens_readings
+from lmdepth.traces.residual_metrics import TapPaths
 from lmdepth.scratch.tuned_lens import TrainConfig, Translators, collect_residuals, train_translators
 
 ANALYSIS = "logit_lens"
@@ -109,6 +110,7 @@ def fit_tuned_lens(
         except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
             print(f"lmdepth: the translators {state} cannot be read ({type(e).__name__}); training them again",
                   file=sys.stderr, flush=True)
+    refuse_remote_training(lm.remote_mode)
     exs = train_examples(dataset, cfg.n_tokens, cfg.seed)
     # Held-out problems are the last ones of the shuffled list: never read for training.
     n_val = max(1, int(cfg.n_tokens * cfg.val_fraction))
@@ -121,6 +123,27 @@ def fit_tuned_lens(
     result = store.finalize(curve, meta, replace=True)  # the old entry stays until this one is complete
     atomic_write(state, lambda tmp: np.savez(tmp, **translators.state_arrays()))
     return translators, result
+
+
+def refuse_remote_training(remote: bool | str) -> None:
+    """Tuned-lens training runs here only: one line, before any work, for a remote run that would need it.
+
+    Raises:
+        ParameterError: ``remote`` is true or ``"local"``.
+    """
+    if remote is not False:
+        raise ParameterError(
+            f"remote={remote!r}: the tuned lens is trained here, not on NDIF (its translators are L x d^2 floats, "
+            "~21 GB for a 70B model, fitted by thousands of optimiser steps); train them first with remote=false "
+            "(a GPU for a large model; same model_name, dataset, dtype, lens_dtype, n_train_tokens, train_epochs and "
+            "results_dir), then rerun: the stored translators are applied inside the trace. Or set tuned_lens=false.")
+
+
+def translators_stored(model_name: str, cfg: TrainConfig, dataset: str, dtype: str, lens_dtype: str,
+                       results_dir: str | Path) -> bool:
+    """Whether a finished, intact translators entry (its sidecar and ``translators.npz``) is in the results."""
+    store = tuned_store(model_name, cfg, dataset, dtype, lens_dtype, results_dir)
+    return store.load_verified() is not None and (store.dir / "translators.npz").exists()
 
 
 def tuned_store(model_name: str, cfg: TrainConfig, dataset: str, dtype: str, lens_dtype: str,
@@ -184,8 +207,29 @@ class LensParams(CommonParams):
     n_train_tokens: int = param(TrainConfig.n_tokens, lo=64, hi=10_000_000, help="tuned-lens training tokens")
     train_epochs: int = param(TrainConfig.epochs, lo=1, hi=1000, help="tuned-lens training epochs")
 
-    def check_consistency(self) -> None:
-        refuse_remote("the logit and tuned lens (chapter 04)", self.remote)
+
+
+@torch.no_grad()
+def prompt_lens(lm: LoadedModel, ids: torch.Tensor, positions: torch.Tensor, lens_dtype: str = DEFAULT_LENS_DTYPE,
+                translators: Translators | None = None) -> tuple[torch.Tensor, float]:
+    """One problem's logit and tuned lens through the remote-ready trace (:func:`lmdepth.traces.lens.lens_readings`),
+    here, on NDIF or under its offline simulation (``lm.remote_mode``).
+
+    Args:
+        lm: loaded model.
+        ids: [1, tokens] token ids.
+        positions: [P] positions to evaluate.
+        lens_dtype: dtype of the unembedding matmul.
+        translators: tuned-lens translators (applied inside the trace) or None for the logit lens alone.
+
+    Returns:
+        ([lenses, metrics, layers, P] fp32, KL(lens on h_L ‖ model output) at the last position: ≈0).
+    """
+    tensors = None if translators is None else (translators.A.detach(), translators.b.detach(),
+                                                 translators.scale.detach())
+    softcap = getattr(lm.model.config, "final_logit_softcapping", None) or None
+    return lens_readings(lm.nn, TapPaths.of(lm.adapter), ids, positions, lens_dtype, softcap, tensors, TOP_K,
+                         remote=lm.remote_mode)
 
 
 def run(params: LensParams | None = None, **kwargs: Any) -> RunResult:
@@ -216,6 +260,8 @@ def run(params: LensParams | None = None, **kwargs: Any) -> RunResult:
 
 def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: list[Example], store: RunStore
              ) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
+    if p.tuned_lens and not translators_stored(p.model_name, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir):
+        refuse_remote_training(p.remote)  # before the model loads
     lm = load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote)
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
     if not p.include_bos:
@@ -230,11 +276,10 @@ def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: lis
         return fitted["t"][0] if fitted else None
 
     t_eval = time.time()
-    unembed = Unembedding.of(lm, p.lens_dtype, traced=True)
 
     def one(uid: str, ids: Any) -> dict[str, np.ndarray]:
         pos = sample_positions(ids.shape[1], p.positions_per_example, f"{p.seed}:{uid}", p.include_bos)
-        vals, check = prompt_lens(lm, ids, pos.to(ids.device), unembed, translators())
+        vals, check = prompt_lens(lm, ids, pos.to(ids.device), p.lens_dtype, translators())
         return {"mean": vals.mean(-1).numpy(), "count": np.array(ids.shape[1] - (0 if p.include_bos else 1)),
                 "positions": pos.numpy(), "check": np.array(check)}
 
@@ -426,7 +471,8 @@ def settled_depth(summary: pd.DataFrame, model: str, lens: str, criterion: str) 
 
 
 __all__ = [
-    "ANALYSIS", "LENSES", "METRICS", "LensParams", "fit_tuned_lens", "run", "run_many", "training_curve", "select", "settling_layers", "settling_summary", "settled_depth", "summary_wide", "curve_ends", "tuned_convergence", "STATS", "KL_CRITERION", "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
+    "ANALYSIS", "LENSES", "METRICS", "LensParams", "fit_tuned_lens", "refuse_remote_training", "translators_stored",
+    "prompt_lens", "run", "run_many", "training_curve", "select", "settling_layers", "settling_summary", "settled_depth", "summary_wide", "curve_ends", "tuned_convergence", "STATS", "KL_CRITERION", "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
 ]
 
 

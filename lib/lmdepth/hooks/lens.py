@@ -1,5 +1,7 @@
-"""Both lenses inside one nnsight trace (chapter 04): only [lenses × metrics × layers × positions] numbers leave
-the trace, so the same code runs locally and on NDIF."""
+"""Both lenses of chapter 04 on library objects (:class:`~lmdepth.model.unembed.Unembedding`,
+:class:`~lmdepth.scratch.tuned_lens.Translators`, :func:`~lmdepth.metrics.distributions.lens_metrics`): the reference
+twin that the remote-ready lens trace (:func:`lmdepth.traces.lens.lens_readings`, what the chapter runs) is held to
+in the tests. It calls library code inside its trace, so it cannot run on NDIF."""
 
 from __future__ import annotations
 
@@ -68,9 +70,8 @@ def prompt_lens(
     translators: Translators | None = None,
     k: int = TOP_K,
 ) -> tuple[torch.Tensor, float]:
-    """One traced forward pass → lens metrics at the chosen positions, computed inside the trace.
-
-    Only [lenses × metrics × layers × positions] numbers leave the trace (so the same code can run on NDIF).
+    """One traced forward pass → lens metrics at the chosen positions, computed inside the trace with library code
+    (the reference of :func:`lmdepth.traces.lens.lens_readings`).
 
     Args:
         lm: loaded model.

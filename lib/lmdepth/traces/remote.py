@@ -21,27 +21,30 @@ from lmdepth.params import check_remote_mode
 REMOTE_READY = {"norms": "residual metrics (lmdepth.traces.residual_metrics)",
                 "cosine": "residual metrics (lmdepth.traces.residual_metrics)",
                 "skipping": "skip effects, one session per problem (lmdepth.traces.skip_effects)",
-                "maps": "residual collection (lmdepth.traces.boundary_residuals); the maps are fitted here"}
+                "maps": "residual collection (lmdepth.traces.boundary_residuals); the maps are fitted here",
+                "lens": "logit lens and tuned lens applied (lmdepth.traces.lens); the tuned lens is trained here"}
 #: The chapters that do not run remotely, and why (the ones with a model refuse ``remote`` in one line).
-NOT_REMOTE = {"lens": "not a remote-ready trace yet (its trace calls library code); the tuned lens is trained here",
-              "complexity": "not a remote-ready trace yet (depth score, erasure and integrated gradients use plain "
+NOT_REMOTE = {"complexity": "not a remote-ready trace yet (depth score, erasure and integrated gradients use plain "
                             "hooks); it has no remote parameter",
               "moeut": "its models are trained here, not hosted on NDIF",
               "atlas": "runs no model (reads the other chapters' results)",
               "explorer": "not a remote-ready trace yet (plain hooks)",
               "reproducibility": "runs no model"}
 
-def trace_kwargs(nn_model: Any, remote: bool | str) -> dict[str, Any]:
+def trace_kwargs(nn_model: Any, remote: bool | str, extra_payload: int = 0) -> dict[str, Any]:
     """The keyword arguments that route one ``trace``/``session`` of ``nn_model`` (a remotable nnsight wrapper):
     none (here), ``remote=True`` (NDIF), or a fresh strict-simulation backend (``"local"``; its request record
-    goes to :data:`lmdepth.traces.server.REQUESTS`)."""
+    goes to :data:`lmdepth.traces.server.REQUESTS`).
+
+    ``extra_payload``: bytes of client-side tensors the trace ships on purpose (the tuned lens' translators); the
+    simulation's payload bound grows by that much and no more, so anything else shipped by mistake still fails."""
     check_remote_mode(remote)
     if remote is True:
         return {"remote": True}
     if remote == "local":
-        from lmdepth.traces.server import StrictServer
+        from lmdepth.traces.server import MAX_PAYLOAD, StrictServer
 
-        return {"backend": StrictServer(nn_model)}
+        return {"backend": StrictServer(nn_model, max_payload=MAX_PAYLOAD + extra_payload)}
     return {}
 
 

@@ -1,0 +1,140 @@
+"""The lens trace of chapter 04: the logit lens and the tuned lens (its translators applied) of one problem, reduced
+inside one nnsight trace so that only [lenses × metrics × layers × positions] numbers leave it (here or on NDIF).
+
+The block reads only torch, the model's envoys and plain data: module paths as strings, the lens dtype's name, the
+soft-cap as a float, and the translators as three tensors (``A`` [L, d, d], ``b`` [L, d], ``scale`` [L]). The
+translators are trained here (:mod:`lmdepth.scratch.tuned_lens`) and travel with the request: L·d² floats
+(40 MB for SmolLM2-135M, ~21 GB for a 70B model, too large for a request), so on NDIF a large model runs the logit
+lens alone. The metrics are those of :func:`lmdepth.metrics.distributions.lens_metrics` on the unembedding of
+:class:`lmdepth.model.unembed.Unembedding` with the same block sizes and buffers, written out with torch inside the
+block; :func:`lmdepth.hooks.lens.prompt_lens` is the reference twin the tests hold it to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lmdepth.traces.remote import trace_kwargs
+from lmdepth.traces.residual_metrics import TapPaths
+
+#: Logits per block of lens readings: memory is O(this) (≈ 5 × 32 MB) whatever the depth and vocabulary.
+MAX_LOGITS = 1 << 23
+
+
+def lens_readings(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, positions: torch.Tensor,
+                  lens_dtype: str = "float32", softcap: float | None = None,
+                  translators: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, k: int = 5,
+                  remote: bool | str = False, max_logits: int = MAX_LOGITS) -> tuple[torch.Tensor, float]:
+    """One traced forward pass → both lenses' per-token metrics at the chosen positions.
+
+    Args:
+        nn_model: the remotable nnsight wrapper of the model (``LoadedModel.nn``).
+        paths: the family's taps (:meth:`TapPaths.of`).
+        input_ids: [1, tokens] token ids.
+        positions: [P] int64 positions to read.
+        lens_dtype: dtype name of the unembedding matmul (``"float32"``, ``"bfloat16"``, ``"float16"``);
+            log-softmax is always fp32.
+        softcap: the model's ``final_logit_softcapping`` (Gemma) or None.
+        translators: the tuned lens' ``(A [L, d, d], b [L, d], scale [L])``, or None for the logit lens alone.
+        k: top-k of the overlap.
+        remote: ``False`` (here), ``True`` (NDIF) or ``"local"`` (strict simulation).
+        max_logits: logits per block.
+
+    Returns:
+        ([lenses, 3, layers, P] fp32 on CPU — lenses: logit, then tuned if given; metrics: KL(P_lens‖P_final),
+        KL(P_final‖P_lens), top-k overlap —, KL(lens on h_L ‖ the model's own output) at the last position: a
+        self-check that the lens at the last layer reproduces the model's logits).
+    """
+    # plain data for the block (it must not read `paths`, a library object)
+    n_layers, layers_path, norm_path, head_path = paths.n_layers, paths.layers, paths.final_norm, paths.lm_head
+    A, b, scale = translators if translators is not None else (None, None, None)
+    n_lens = 1 if translators is None else 2
+    n_pos = int(positions.shape[0])
+    extra = 0 if translators is None else sum(t.numel() * t.element_size() for t in translators)
+    with torch.no_grad(), nn_model.trace(input_ids, logits_to_keep=1,
+                                         **trace_kwargs(nn_model, remote, extra_payload=extra)):
+        layers, norm, head = nn_model, nn_model, nn_model
+        for name in layers_path:
+            layers = getattr(layers, name)
+        for name in norm_path:
+            norm = getattr(norm, name)
+        for name in head_path:
+            head = getattr(head, name)
+        hs = [layers[l].input[0, positions] for l in range(n_layers)]  # a gather copies: [P, d] each
+        last = layers[n_layers - 1].output
+        h_last = (last[0] if isinstance(last, (tuple, list)) else last)[0]  # [T, d]
+        hs.append(h_last[positions])
+        model_logits = head.output[0, -1:].float()  # [1, V]: logits_to_keep=1
+        mm_dtype = getattr(torch, lens_dtype)
+        weight = head.weight.detach()
+        weight = weight if weight.dtype == mm_dtype else weight.to(mm_dtype)  # once per trace, not per block
+        bias = getattr(head, "bias", None)
+        bias = None if bias is None else bias.detach().float()
+        vocab = int(weight.shape[0])
+        if A is not None:  # shipped on the CPU: where the model runs (no copy when it is the CPU)
+            A, b, scale = A.to(weight.device), b.to(weight.device), scale.to(weight.device)
+
+        def logits_of(x):
+            # [n, d] raw residuals → [n, V] fp32 logits: final norm in the residual's dtype, matmul in the lens dtype
+            z = torch.nn.functional.linear(norm(x).to(weight.dtype), weight).float()
+            z = z + bias if bias is not None else z
+            return torch.tanh(z / softcap) * softcap if softcap else z
+
+        # the self-check: the lens at h_L against the model's own (soft-capped) output at the last position
+        lens_last = torch.log_softmax(logits_of(h_last[-1:]), -1)
+        model_last = torch.log_softmax(torch.tanh(model_logits / softcap) * softcap if softcap else model_logits, -1)
+        check = (lens_last.exp() * (lens_last - model_last)).nansum(-1).max().cpu().save()
+
+        readings = [(l, i) for l in range(n_layers) for i in range(n_lens)]  # (layer, lens)
+        pos_chunk = max(1, min(n_pos, max_logits // vocab))
+        per_block = max(1, max_logits // (pos_chunk * vocab))
+        # reusable [rows, V] buffers: a fresh tensor of tens of MB per block costs more in page faults than the maths
+        rows_max = per_block * pos_chunk
+        z_buf, logp_buf, p_buf, diff_buf = (torch.empty(rows_max, vocab, device=weight.device) for _ in range(4))
+        zmm_buf = z_buf if mm_dtype == torch.float32 else torch.empty(rows_max, vocab, dtype=mm_dtype,
+                                                                        device=weight.device)
+        values = torch.zeros(n_lens, 3, n_layers, n_pos)
+        for s in range(0, n_pos, pos_chunk):
+            rows = slice(s, s + pos_chunk)
+            final_z = logits_of(hs[-1][rows])  # [P', V]
+            final_logp = torch.log_softmax(final_z, dim=-1)
+            final_p = final_logp.exp()
+            final_top = final_z.topk(k, dim=-1).indices
+            for r in range(0, len(readings), per_block):
+                block = readings[r: r + per_block]
+                # [G, P', d]: the residuals themselves (logit lens) or translated (tuned lens)
+                xs = []
+                for l, i in block:
+                    h = hs[l][rows].float()
+                    xs.append(h if i == 0 else h + h @ A[l].T + scale[l] * b[l])
+                x = torch.stack(xs)
+                G, P = x.shape[0], x.shape[1]
+                n = G * P
+                normed = norm(x.flatten(0, 1))
+                torch.matmul(normed.to(mm_dtype), weight.T, out=zmm_buf[:n])
+                z = z_buf[:n]
+                if zmm_buf is not z_buf:
+                    z.copy_(zmm_buf[:n])
+                if bias is not None:
+                    z.add_(bias)
+                if softcap:
+                    z.div_(softcap).tanh_().mul_(softcap)
+                z = z.view(G, P, vocab)
+                logp, p, diff = (t[:n].view(G, P, vocab) for t in (logp_buf, p_buf, diff_buf))
+                torch.sub(z, torch.logsumexp(z, dim=-1, keepdim=True), out=logp)
+                torch.exp(logp, out=p)
+                torch.sub(logp, final_logp, out=diff)
+                kl = torch.bmm(p.view(n, 1, vocab), diff.view(n, vocab, 1)).view(G, P)
+                kl_final = -torch.mul(diff, final_p, out=p).sum(-1)
+                top = z.topk(k, dim=-1).indices
+                overlap = (top.unsqueeze(-1) == final_top.unsqueeze(-2)).any(-1).float().mean(-1)
+                m = torch.stack([kl, kl_final, overlap]).cpu()  # [3, G, P']
+                for j, (l, i) in enumerate(block):
+                    values[i, :, l, rows] = m[:, j]
+        values.save()
+    return values, float(check)
+
+
+__all__ = ["MAX_LOGITS", "lens_readings"]
