@@ -11,7 +11,7 @@ import torch
 from lmdepth.analyses import residual
 from lmdepth.claims import REGISTRY, for_chapter, report
 from lmdepth.claims.maps import units_of as maps_units
-from lmdepth.claims.scratch import RUNS, SUBJECT, shuffled_objectives, units_of
+from lmdepth.claims.scratch import RUNS, SUBJECT, swap_objectives, units_of
 from lmdepth.claims.findings import headline, saved_verdicts, state_counts, verdict_matrices, verdict_matrix
 from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.layer_curves import change_point, sign_change_margin
@@ -69,11 +69,6 @@ SCENARIOS = {  # claim id -> state -> (metric, {component: curve})
         "agrees": ("relative_contribution", rel(1.0, 0.3)),
         "disagrees": ("relative_contribution", rel(1.0, 1.5)),
         "inconclusive": ("relative_contribution", rel(1.0, 1.0, sd=0.5)),
-    },
-    "norms.sharp_drop": {
-        "agrees": ("relative_contribution", rel(1.0, 0.2)),
-        "disagrees": ("relative_contribution", rel(1.0, 0.9)),
-        "inconclusive": ("relative_contribution", rel(1.0, 0.5, sd=0.5)),
     },
     "norms.attention_drops_most": {
         "agrees": ("relative_contribution", {"attention": halves(1.0, 0.3), "mlp": halves(1.0, 0.8),
@@ -232,19 +227,23 @@ for source in LEVELS:
 
 
 def eval_units(extrapolate: dict[str, tuple[float, float]], n: int = 20, seed: int = 0,
-               interpolate_acc: float = 0.8) -> pd.DataFrame:
-    """A per-problem evaluation like :func:`lmdepth.analyses.scratch.evaluate_runs` of the four runs, as
-    :func:`lmdepth.claims.scratch.units_of` labels it: on extrapolation each run solves a problem with probability
-    ``extrapolate[run][0]`` and has answer loss ``extrapolate[run][1]`` ± 0.3; on interpolation every run solves
-    ``interpolate_acc`` of the problems, whose answers all differ (constant-answer baseline 1/n)."""
+               interpolate_acc: float = 1.0, seeds: tuple[int, ...] = (0, 1, 2),
+               lr: dict[str, float] | None = None) -> pd.DataFrame:
+    """A per-problem evaluation like :func:`lmdepth.analyses.scratch.evaluate_runs` of the four runs, each trained
+    with ``seeds``, as :func:`lmdepth.claims.scratch.units_of` labels it: on extrapolation each run solves a
+    problem with probability ``extrapolate[run][0]`` and has answer loss ``extrapolate[run][1]`` ± 0.3; on
+    interpolation every run solves ``interpolate_acc`` of the problems, whose answers all differ (constant-answer
+    baseline 1/n); learning rate 1e-3 unless ``lr`` says otherwise per run."""
     rng = np.random.default_rng(seed)
     rows = []
     for run in RUNS:
         p_ok, nll = extrapolate.get(run, (0.5, 1.0))
-        for split, acc in (("interpolate", interpolate_acc), ("extrapolate", p_ok)):
-            for i in range(n):
-                rows.append(dict(run=run, split=split, answer=f"{split}{i}", correct=int(rng.random() < acc),
-                                 answer_nll=float(nll + rng.normal(0, 0.3))))
+        for train_seed in seeds:
+            for split, acc in (("interpolate", interpolate_acc), ("extrapolate", p_ok)):
+                for i in range(n):
+                    rows.append(dict(run=run, split=split, answer=f"{split}{i}", correct=int(rng.random() < acc),
+                                     answer_nll=float(nll + rng.normal(0, 0.3)), train_seed=train_seed,
+                                     lr=(lr or {}).get(run, 1e-3)))
     return units_of(pd.DataFrame(rows))
 
 
@@ -294,11 +293,11 @@ def table_for(metric: str, curves, n: int = 20, model: str = "m", seed: int = 0)
 MO, MA, TO, TA = "moeut-lm", "moeut-answer_only", "transformer-lm", "transformer-answer_only"
 SCENARIOS["moeut.exact_match_gain"] = {
     "agrees": ("runs", {MO: (0.3, 1), MA: (0.7, 1)}), "disagrees": ("runs", {MO: (0.7, 1), MA: (0.3, 1)}),
-    "inconclusive": ("runs", {MO: (0.5, 1), MA: (0.5, 1)})}
+    "inconclusive": ("runs", {MO: (0.5, 1), MA: (0.48, 1)})}
 SCENARIOS["moeut.exact_match_gain_vs_transformer"] = {
     "agrees": ("runs", {MO: (0.2, 1), MA: (0.8, 1), TO: (0.5, 1), TA: (0.5, 1)}),
     "disagrees": ("runs", {MO: (0.5, 1), MA: (0.5, 1), TO: (0.2, 1), TA: (0.8, 1)}),
-    "inconclusive": ("runs", {MO: (0.5, 1), MA: (0.5, 1), TO: (0.5, 1), TA: (0.5, 1)})}
+    "inconclusive": ("runs", {MO: (0.5, 1), MA: (0.5, 1), TO: (0.45, 1), TA: (0.55, 1)})}
 SCENARIOS["moeut.answer_loss_gain"] = {
     "agrees": ("runs", {MO: (0.5, 1.5), MA: (0.5, 1.0)}), "disagrees": ("runs", {MO: (0.5, 1.0), MA: (0.5, 1.5)}),
     "inconclusive": ("runs", {MO: (0.5, 1.0), MA: (0.5, 1.0)})}
@@ -343,15 +342,63 @@ def test_a_transition_depth_needs_a_sign_change():
     assert row.state == "not testable" and "sustained sign change" not in row.reason and "cosine.sign_change" in row.reason
 
 
-def test_a_control_with_the_same_verdict_is_counted_as_non_discriminating():
-    metric, curves = SCENARIOS["norms.second_half_less"]["agrees"]
+def test_discrimination_is_paired_not_a_match_of_states():
+    """A control drawn like the model is not distinguishable; one in the same state ('agrees') but with a smaller
+    drop is (the paired interval of real − control excludes 0), and the row says on which side the model lies."""
+    metric, curves = SCENARIOS["norms.second_half_less"]["agrees"]  # ratio 0.3
     real = units("m", metric, curves)
     same = units(control_name("m"), metric, curves, seed=1)
-    other = units(control_name("m"), metric, SCENARIOS["norms.second_half_less"]["disagrees"][1], seed=1)
+    weaker = units(control_name("m"), metric, rel(1.0, 0.6), seed=1)  # also 'agrees' (0.6 < 1), drops less
+    stronger = units(control_name("m"), metric, rel(1.0, 0.1), seed=1)
     a = report.check("norms", real, ["m"], same).set_index("claim_id").loc["norms.second_half_less"]
-    b = report.check("norms", real, ["m"], other).set_index("claim_id").loc["norms.second_half_less"]
-    assert (a.state, a.control_state, a.counted_as) == ("agrees", "agrees", "non-discriminating")
-    assert (b.state, b.control_state, b.counted_as) == ("agrees", "disagrees", "agrees")
+    b = report.check("norms", real, ["m"], weaker).set_index("claim_id").loc["norms.second_half_less"]
+    c = report.check("norms", real, ["m"], stronger).set_index("claim_id").loc["norms.second_half_less"]
+    assert (a.state, a.control_state, a.counted_as) == ("agrees", "agrees", "not discriminating")
+    assert a.paired_low < 0 < a.paired_high
+    assert (b.state, b.control_state, b.counted_as) == ("agrees", "agrees", "agrees")
+    assert b.paired_high < 0 and b.side.startswith("beyond its control")
+    assert c.counted_as == "agrees" and c.paired_low > 0 and c.side.startswith("short of its control")
+
+
+def test_the_control_is_paired_on_the_units_both_share():
+    """A control run on other problems shares none of the model's units: no valid control, however it came out."""
+    metric, curves = SCENARIOS["norms.second_half_less"]["agrees"]
+    real = units("m", metric, curves)
+    other = units(control_name("m"), metric, rel(1.0, 1.5), seed=1).assign(unit=lambda d: "q" + d.unit)
+    row = report.check("norms", real, ["m"], other).set_index("claim_id").loc["norms.second_half_less"]
+    assert row.counted_as == "no valid control" and "shares 0 units" in row.control_note
+
+
+def _flat_control(claim_id: str) -> pd.DataFrame | None:
+    """The claim's per-unit table for a control whose every curve is flat over layers (e.g. a bigram baseline
+    entered as a curve), at a value that differs by problem."""
+    chapter = REGISTRY[claim_id].chapter
+    ctrl = control_name("m")
+    if chapter in ("norms", "cosine"):
+        metric = SCENARIOS[claim_id]["agrees"][0]
+        return units(ctrl, metric, {k: (lambda r: np.full(L, r.uniform(0.1, 0.9))) for k in ("attention", "mlp", "layer")})
+    if chapter == "lens":
+        flat = lambda r: np.full(L, r.uniform(0.1, 0.9))  # noqa: E731
+        return lens_units(ctrl, {(lens, m): flat for lens in ("logit_lens", "tuned_lens", "bigram")
+                                 for m in ("kl", "kl_final_lens", "top5_overlap")})
+    if chapter == "skipping":
+        flat = lambda r: np.full(L, r.uniform(0.1, 0.9))  # noqa: E731
+        return skip_units(ctrl, {(a, m): flat for a in ("current", "future") for m in ("later_effect", "output_change")})
+    return None
+
+
+@pytest.mark.parametrize("claim_id", [c for c, s in REGISTRY.items() if s.control_of is not None
+                                      and s.chapter in ("norms", "cosine", "lens", "skipping")])
+@pytest.mark.parametrize("state", ["agrees", "disagrees"])
+def test_a_flat_control_can_never_produce_a_verdict(claim_id, state):
+    """Any curve flat over depth fixes a depth statistic by construction: whatever the model does, the row has no
+    valid control (the old bigram control of the lens chapter was such a curve, and always 'disagreed')."""
+    metric, curves = SCENARIOS[claim_id][state]
+    row = report.check(REGISTRY[claim_id].chapter, table_for(metric, curves), ["m"],
+                       _flat_control(claim_id)).set_index("claim_id").loc[claim_id]
+    if row.state == "not testable":  # e.g. a transition depth without a sign change
+        return
+    assert row.counted_as == "no valid control" and "flat across layers" in row.control_note, row.control_note
 
 
 def test_the_statistic_on_all_problems_is_the_published_token_weighted_mean():
@@ -387,17 +434,17 @@ def test_findings_count_states_and_read_only_registered_claims(tmp_path):
     assert set(saved.claim_id) == {s.id for s in for_chapter("norms")}
     counts = state_counts(saved).set_index("model")
     assert counts.loc["all models"].sum() == len(for_chapter("norms"))
-    assert counts.loc["m", "non-discriminating"] == 2  # 'second half less' and 'sharp' agree for both
+    assert counts.loc["m", "not discriminating"] == 2  # the twin is drawn like the model: neither check tells them apart
     text = headline(saved)
-    assert "non-discriminating" in text and " of " not in text
+    assert "not discriminating" in text and "no valid control" in text and " of " not in text.split(" — ")[0]
     matrix = verdict_matrix(saved, ["m"])
-    assert matrix.shape[0] == 3 and all("n 20" in c for c in matrix["m"])
+    assert matrix.shape[0] == 2 and all("n 20" in c for c in matrix["m"])
     both = pd.concat([saved, saved.assign(model="a → b"), saved.assign(model="c → d"), saved.assign(model="moeut")])
     split = verdict_matrices(both, ["m"])
     assert list(split) == ["Per model", "Per model pair (source → target)", "From-scratch models"]
-    assert list(split["Per model"].columns[1:]) == ["m"] and split["From-scratch models"].shape == (3, 2)
+    assert list(split["Per model"].columns[1:]) == ["m"] and split["From-scratch models"].shape == (2, 2)
     pairs = split["Per model pair (source → target)"]  # transposed: one row per pair, one column per claim
-    assert list(pairs["model pair"]) == ["a → b", "c → d"] and pairs.shape[1] == 1 + 3
+    assert list(pairs["model pair"]) == ["a → b", "c → d"] and pairs.shape[1] == 1 + 2
     assert pairs.iloc[0, 1] == matrix.iloc[0, 1]
 
 
@@ -434,18 +481,25 @@ def test_a_lens_that_never_settles_is_not_a_late_settler():
     assert row.state == "disagrees" and row.estimate == 1.0
 
 
-def test_the_bigram_baseline_as_control_makes_an_early_tuned_lens_non_discriminating():
-    """A tuned lens whose overlap already exceeds 0.2 at layer 0 only because it is a bigram model: judged against
-    the baseline it does not 'settle' there, and the flat baseline itself never settles."""
-    curves = {("tuned_lens", "top5_overlap"): rises_at(7, 0.35, 0.9)}
-    real = lens_units("m", curves)
-    control = lens_units("bigram:m", {(lens, m): (lambda r: np.full(L, 0.3))
-                                      for lens in ("logit_lens", "tuned_lens", "bigram")
-                                      for m in ("top5_overlap",)})
-    v = report.check("lens", real, ["m"], control).set_index("claim_id")
-    assert v.loc["lens.tuned_over_bigram_mid", "state"] == "agrees"
-    assert v.loc["lens.tuned_over_bigram_mid", "control_state"] == "disagrees"  # flat: never settles
-    assert v.loc["lens.logit_overlap_mid", "control_state"] == "disagrees"  # flat at 0.3 > 0.2: 'settled' at layer 2
+def test_the_lens_control_is_the_twin_read_by_the_same_lens():
+    """A trained model that settles at mid-depth against a twin whose lens never settles: paired over problems,
+    the model settles earlier than its control; a twin that settles like the model does not discriminate."""
+    real = lens_units("m", {("logit_lens", "top5_overlap"): rises_at(7)})
+    never = lens_units(control_name("m"), {("logit_lens", "top5_overlap"):
+                                           lambda r: np.linspace(0, 0.15, L) + r.normal(0, 0.01, L)})
+    like = lens_units(control_name("m"), {("logit_lens", "top5_overlap"): rises_at(7, sd=0.02)}, seed=1)
+    a = report.check("lens", real, ["m"], never).set_index("claim_id").loc["lens.logit_overlap_mid"]
+    b = report.check("lens", real, ["m"], like).set_index("claim_id").loc["lens.logit_overlap_mid"]
+    assert (a.state, a.control_state, a.counted_as) == ("agrees", "disagrees", "agrees") and a.paired_diff < 0
+    assert (b.state, b.counted_as) == ("agrees", "not discriminating")
+
+
+def test_the_kl_level_ignores_the_layers_the_search_skips():
+    """A huge KL at layers 0–1 must not set the level: against the largest KL of layers 2…L−1 the curve settles
+    at layer 7, not at layer 2."""
+    kl = lambda r: np.r_[[500.0] * 2, [5.0] * 5, [0.1] * 5]  # noqa: E731
+    row = verdict_of("lens.logit_kl_mid", lens_units("m", {("logit_lens", "kl"): kl}))
+    assert row.estimate == pytest.approx(7 / L)
 
 
 def test_bigram_counts_back_off_to_the_unigram():
@@ -472,33 +526,76 @@ def test_depth_vs_difficulty_needs_competence_and_ten_items_per_level():
     both = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, n=8, correct=0))
     assert "4 items on level" in both.reason and "constant-answer baseline" in both.reason and not both.headline
     tiny = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, n=2, correct=0))
-    assert tiny.n == 5 and "5 units, at least 10" in tiny.reason and "constant-answer baseline" in tiny.reason
-    # a null claim, decided as a one-sided equivalence test: no separate control (a shuffled-level control would
-    # show "no rise" by construction and could only ever cancel an agreement)
+    # no level is solved, so no item enters the fit: n counts the units the statistic rests on
+    assert tiny.n == 0 and "1 items on level" in tiny.reason and "constant-answer baseline" in tiny.reason
+    # a null claim, decided as a one-sided equivalence test with a positive control: the same items' profiles
+    # shifted one layer per level must reach 'disagrees'
     t = item_units("m", "math", flat)
     row = report.check("complexity", t, ["m"], None, only=["complexity.math_depth_flat"]).iloc[0]
-    assert (row.state, row.control_state, row.counted_as) == ("agrees", "built into the statistic", "agrees")
+    assert (row.state, row.control_state, row.counted_as) == ("agrees", "positive control disagrees", "agrees")
+    assert row.control_estimate == pytest.approx(1.0, abs=0.05)  # one layer per level, as built
 
 
-def test_runs_at_the_constant_answer_baseline_are_not_testable():
-    weak = eval_units({MO: (0.3, 1), MA: (0.7, 1)}, n=100, interpolate_acc=0.0)
-    row = verdict_of("moeut.exact_match_gain", weak)
-    assert row.state == "not testable" and "constant-answer baseline" in row.reason
+def test_the_depth_fit_uses_only_levels_the_model_solves():
+    """Levels 4–5 unsolved: the fit runs over levels 1–3 (the rise there is flat); with only two solved levels the
+    check is not testable."""
+    def rising_late(level, rng, i):
+        return 6 if level <= 3 else 10  # a jump on the unsolved levels only
+
+    t = item_units("m", "math", rising_late)
+    t.loc[t.level >= 4, "correct"] = 0
+    row = verdict_of("complexity.math_depth_flat", t)
+    assert row.state == "agrees" and row.estimate == pytest.approx(0.0, abs=1e-9)
+    t.loc[t.level == 3, "correct"] = 0
+    two = verdict_of("complexity.math_depth_flat", t)
+    assert two.state == "not testable" and "competent on 2 levels (1, 2)" in two.reason
 
 
-def test_shuffling_the_objectives_removes_a_real_gain():
+def test_a_positive_control_that_cannot_be_detected_leaves_no_valid_control():
+    """Profiles all at the last layer: shifting them deeper moves nothing (they fall off the end), so the pipeline
+    could not have seen the alternative."""
+    t = item_units("m", "math", lambda level, rng, i: L - 1)
+    t.loc[t.layer < L - 1, "value"] = 0.0
+    row = report.check("complexity", t, ["m"], None, only=["complexity.math_depth_flat"]).iloc[0]
+    assert row.state == "agrees" and row.counted_as == "no valid control" and "positive control" in row.control_note
+
+
+def test_runs_that_are_not_comparable_are_not_testable():
+    one_seed = eval_units({MO: (0.3, 1), MA: (0.7, 1)}, n=100, seeds=(0,))
+    row = verdict_of("moeut.exact_match_gain", one_seed)
+    assert row.state == "not testable" and "1 training seed" in row.reason and "runs not comparable" in row.reason
+    learning = eval_units({MO: (0.3, 1), MA: (0.7, 1)}, n=100, interpolate_acc=0.6)
+    assert "below 95%" in verdict_of("moeut.exact_match_gain", learning).reason
+    other_lr = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100, lr={TA: 2e-3})
+    assert "learning rates differ" in verdict_of("moeut.exact_match_gain_vs_transformer", other_lr).reason
+    assert verdict_of("moeut.exact_match_gain", other_lr).state == "agrees"  # MoEUT's two runs share one rate
+
+
+def test_the_shuffled_objective_control_is_a_permutation_null():
     t = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100)
-    row = report.check("moeut", t, [SUBJECT], shuffled_objectives(t)).set_index("claim_id").loc["moeut.exact_match_gain"]
-    assert row.state == "agrees" and row.control_state != "agrees" and row.counted_as == "agrees"
+    row = report.check("moeut", t, [SUBJECT], None).set_index("claim_id").loc["moeut.exact_match_gain"]
+    assert row.state == "agrees" and row.control_kind == "permutation" and row.counted_as == "agrees"
+    assert row.control_ci_low < 0 < row.control_ci_high and row.p_value < 0.01  # the null is centred on no gain
+    none = eval_units({MO: (0.5, 1), MA: (0.5, 1)}, n=100, seed=1)
+    nrow = report.check("moeut", none, [SUBJECT], None).set_index("claim_id").loc["moeut.exact_match_gain"]
+    assert nrow.counted_as in ("not discriminating", "inconclusive") and nrow.p_value > 0.05
+    v = np.arange(40.0).reshape(10, 4)
+    draw = swap_objectives(v, np.random.default_rng(0))
+    assert not np.array_equal(draw, v) and np.array_equal(np.sort(draw, 1), v)  # a swap within each architecture
+    assert np.array_equal(np.sort(draw[:, :2], 1), v[:, :2]) and np.array_equal(np.sort(draw[:, 2:], 1), v[:, 2:])
 
 
-def test_maps_of_models_with_similar_depth_do_not_discriminate_relative_from_index():
-    """Maps on the relative-depth line between a 22- and a 24-layer model: the best sources also lie within 0.1 of
-    the absolute-index line, so 'on the equal-depth line' agrees for the control too."""
+def test_maps_of_models_with_similar_depth_are_told_apart_by_the_paired_offsets():
+    """Maps on the relative-depth line between a 22- and a 24-layer model: both alignments lie within 0.1 (both
+    'agree'), yet boundary by boundary the relative offset is the smaller one, and the paired interval says so; maps
+    on the index line are told apart the other way."""
     units, controls = map_units(lambda m, l, rng: relative_line(m, l, rng, 22, 24), n_src=22, n_tgt=24)
-    v = report.check("maps", units, ["m"], controls).set_index("claim_id")
-    assert v.loc["maps.best_near_equal_depth", "state"] == "agrees"
-    assert v.loc["maps.best_near_equal_depth", "counted_as"] == "non-discriminating"
+    row = report.check("maps", units, ["m"], controls).set_index("claim_id").loc["maps.best_near_equal_depth"]
+    assert (row.state, row.control_state, row.counted_as) == ("agrees", "agrees", "agrees")
+    assert row.paired_high < 0 and row.side.startswith("beyond its control")
+    units, controls = map_units(lambda m, l, rng: index_line(m, l, rng, 22), n_src=22, n_tgt=24)
+    row = report.check("maps", units, ["m"], controls).set_index("claim_id").loc["maps.best_near_equal_depth"]
+    assert row.state == "agrees" and row.paired_low > 0 and row.side.startswith("short of its control")
 
 
 def test_maps_between_models_of_equal_depth_are_not_testable():
@@ -507,13 +604,13 @@ def test_maps_between_models_of_equal_depth_are_not_testable():
     assert row.state == "not testable" and "same depth" in row.reason
 
 
-def test_a_control_without_enough_data_leaves_the_check_incomplete():
-    """A control that is itself not testable for lack of units does not make a check discriminating."""
+def test_a_control_without_enough_data_is_no_valid_control():
+    """A control on 5 problems: not enough shared units to pair; the row is shown, and not counted either way."""
     metric, curves = SCENARIOS["norms.second_half_less"]["agrees"]
     real = units("m", metric, curves)
     thin = units(control_name("m"), metric, curves, n=5)
     row = report.check("norms", real, ["m"], thin).set_index("claim_id").loc["norms.second_half_less"]
-    assert (row.state, row.control_state, row.counted_as) == ("agrees", "not testable", "not testable")
+    assert (row.state, row.control_state, row.counted_as) == ("agrees", "not testable", "no valid control")
 
 
 def test_missing_values_and_too_few_resamples_are_named():

@@ -201,7 +201,7 @@ def test_ad_hoc_runs_never_reach_the_findings(tmp_path, monkeypatch):
     from lmdepth.results import BOOK_RECORD_ENV
 
     def verdict(estimate: float, state: str) -> pd.DataFrame:
-        return pd.DataFrame([{"chapter": "norms", "claim_id": "norms.sharp_drop", "claim": "the drop is sharp",
+        return pd.DataFrame([{"chapter": "norms", "claim_id": "norms.second_half_less", "claim": "second half contributes less",
                               "model": "smollm2-135m", "estimate": estimate, "state": state}])
 
     results = tmp_path / "results"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lmdepth.metrics.verdicts import Rule, decide, discriminates, ratio_of_means
+from lmdepth.metrics.verdicts import Rule, at_bound, decide, paired_interval, permutation_null, ratio_of_means
 
 pytestmark = pytest.mark.unit
 BELOW = Rule(0.5, "below")
@@ -50,10 +50,30 @@ def test_paired_ratio_and_a_vanishing_denominator():
     assert decide(zero, BELOW, statistic=ratio_of_means).state == "not testable"
 
 
-def test_a_control_with_the_same_verdict_does_not_discriminate():
-    real, control = decide(units(0.2, 0.05), BELOW), decide(units(0.25, 0.05, seed=3), BELOW)
-    assert not discriminates(real, control)
-    assert discriminates(real, decide(units(0.9, 0.05), BELOW))
+def test_discrimination_is_a_paired_interval_not_a_match_of_states():
+    """Both 'agree' (0.2 and 0.25 < 0.5), yet the paired interval tells them apart; two draws of the same
+    distribution do not differ, whatever their states."""
+    real, control = units(0.2, 0.05), units(0.25, 0.05, seed=3)
+    assert decide(real, BELOW).state == decide(control, BELOW).state == "agrees"
+    p = paired_interval(real, control, np.mean)
+    assert p.excludes_zero and p.ci_high < 0 and p.n == 20
+    same = paired_interval(real, units(0.2, 0.05, seed=4), np.mean)
+    assert not same.excludes_zero
+    # pairing matters: a shared per-unit offset cancels in the difference and narrows the interval
+    offset = np.random.default_rng(5).normal(0, 1.0, 20)
+    a, b = real + offset, real + offset + 0.03
+    assert paired_interval(a, b, np.mean).excludes_zero
+    with pytest.raises(ValueError, match="same units"):
+        paired_interval(real, real[:5], np.mean)
+
+
+def test_a_permutation_null_and_a_bound():
+    draws = np.random.default_rng(0).normal(0, 1, 500)
+    assert permutation_null(3.5, draws).excludes_real and permutation_null(3.5, draws).p_value < 0.01
+    inside = permutation_null(0.1, draws)
+    assert not inside.excludes_real and inside.p_value > 0.5
+    assert at_bound(np.r_[1.0, 1.0, 0.5, np.nan], 1.0) == pytest.approx(2 / 3)
+    assert at_bound(np.r_[0.0, 0.2], 0.0, upper=False) == 0.5
 
 
 def test_above_rules_mirror_below_rules():

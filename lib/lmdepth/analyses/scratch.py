@@ -109,12 +109,15 @@ def trained_runs(profile: str, checkpoint_dir: str | Path, data_dir: str | Path,
 def evaluate_runs(runs: dict[str, TrainedRun], splits: dict[str, list[MathExample]], device: str = "cpu",
                   ) -> pd.DataFrame:
     """One row per (run, example): ``run, arch, objective, split, module, n_operations, question, answer, correct,
-    answer_nll``."""
+    answer_nll``, and the run's training ``lr`` and ``train_seed`` (a fair comparison needs one learning rate and
+    several seeds: :mod:`lmdepth.claims.scratch`)."""
     frames = []
     for name, r in runs.items():
+        cfg = r.meta.get("train_config", {})
         for split, examples in splits.items():
             df = evaluate(r.model, r.tok, examples, device=device)
-            frames.append(df.assign(run=name, arch=r.arch, objective=r.objective, split=split))
+            frames.append(df.assign(run=name, arch=r.arch, objective=r.objective, split=split,
+                                    lr=cfg.get("lr", float("nan")), train_seed=cfg.get("seed", -1)))
     return pd.concat(frames, ignore_index=True)
 
 

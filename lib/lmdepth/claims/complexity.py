@@ -1,18 +1,23 @@
 """Claims of paper Figs. 5–6 (chapter 05): the depth a model uses does not grow with problem difficulty.
 
-Unit: the item. Per (model, source) the statistic is the rise of the depth score over the source's whole range of
-levels, in relative depth: the depth score D of the mean layer-effect vector of each level's items (the future
-effect of skipping each layer, book/method.md#method-depth-score), over layers 2…L−1 (the book's convention on layers 0–1), divided by L;
-the least-squares slope over levels times the span of levels.
+Unit: the item. Per (model, source) the statistic is the slope, in layers per level, of the depth score D of the
+mean layer-effect vector of each level's items (the future effect of skipping each layer,
+book/method.md#method-depth-score), over layers 2…L−1 (the book's convention on layers 0–1), fitted by least squares
+over the levels the model is competent on.
 
-Preconditions (book/method.md#method-verdicts): at least 10 items on every level (a size requirement: a row short of it is shown but not
-counted in the headline), and a model that does the task: its accuracy on the easiest level, with its 95 % Wilson
-interval, above the constant-answer baseline (the share of the most common reference answer among the items) —
-otherwise "difficulty" never engages the model's computation.
+"Does not grow" is an equivalence claim, so the margin comes from the alternative: if each added operation used one
+more layer, D would rise by one layer per level. The margin is half of that, 0.5 layer per level: a rise below it is
+closer to "flat" than to "one layer per operation". It is the same in layers for every model (0.5 / L of its depth).
 
-No separate control: "does not grow" is a null claim, decided as a one-sided equivalence test (agrees only when
-the whole interval of the rise lies below the bound). A shuffled-level control would show "no rise" by construction
-and could only ever cancel an agreement.
+Preconditions (book/method.md#method-verdicts): a model that does the task *on every level the fit uses* — each
+level's exact match, with its 95 % Wilson interval, above that level's constant-answer baseline (the share of its
+most common reference answer); the fit uses only such levels and needs at least 3 of them; at least 10 items on
+every level (a size requirement: a row short of it is shown but not counted in the headline).
+
+Control (a positive one): the same pipeline on the model's own effect profiles shifted one layer deeper per level —
+the alternative made real. It must reach "disagrees"; otherwise the sample could not have detected the alternative
+and the row has no valid control. A shuffled-level control would show "no rise" by construction and could only
+ever cancel an agreement, so none is run.
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ from lmdepth.metrics.depth import depth_score, slope
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.metrics.verdicts import MIN_UNITS, Rule
 
-MAX_RISE = 0.05  # the claim: the depth score rises by less than this fraction of the depth over all levels
+#: The alternative: one more layer of depth per level (per added operation or step).
+ALTERNATIVE = 1.0
+#: The equivalence margin, in layers per level: half the alternative's rise (closer to flat than to the alternative).
+MARGIN = ALTERNATIVE / 2
+MIN_LEVELS = 3  # a slope over fewer competent levels says little about growth
 
 
 def _items(units: pd.DataFrame, model: str, source: str) -> pd.DataFrame:
@@ -39,22 +48,46 @@ def _items(units: pd.DataFrame, model: str, source: str) -> pd.DataFrame:
     return u
 
 
-def effects_by_item(source: str) -> Callable[[pd.DataFrame, str], np.ndarray]:
-    """Per item ``[items, L + 1]``: its layer-effect vector, then its level."""
+def competent_levels(units: pd.DataFrame, model: str, source: str) -> tuple[list[int], list[str]]:
+    """The levels whose exact match (Wilson 95 %) lies above their own constant-answer baseline, and a note per
+    level that does not (empty when correctness was not checked: then no level is competent)."""
+    items = _items(units, model, source).drop_duplicates("item")
+    if (items.correct < 0).any():
+        return [], ["correctness was not checked (gen_tokens = 0): competence unknown"]
+    ok, notes = [], []
+    for level in LEVELS[source]:
+        u = items[items.level == level]
+        if u.empty:
+            notes.append(f"no item on level {level}")
+            continue
+        em = exact_match(u.correct, u["answer"])
+        if em.above:
+            ok.append(level)
+        else:
+            notes.append(f"level {level} {em.accuracy:.0%} [{em.ci_low:.0%}, {em.ci_high:.0%}] vs baseline "
+                         f"{em.baseline:.0%}")
+    return ok, notes
 
-    def values(units: pd.DataFrame, model: str) -> np.ndarray:
+
+def effects_by_item(source: str) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
+    """Per item on a competent level (:func:`competent_levels`), indexed by item ``[items, L + 1]``: its
+    layer-effect vector, then its level."""
+
+    def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
         u = _items(units, model, source)
         u = u[u.metric == "layer_effect"]
+        keep, _ = competent_levels(units, model, source)
+        u = u[u.level.isin(keep)]
         wide = u.pivot_table(index="item", columns="layer", values="value", sort=False, dropna=False)
         level = u.groupby("item", sort=False)["level"].first().reindex(wide.index)
-        return np.column_stack([wide.to_numpy(dtype=float), level.to_numpy(dtype=float)])
+        return wide.assign(level=level.to_numpy(dtype=float))
 
     return values
 
 
-def rise(source: str, skip: int) -> Callable[[np.ndarray], float]:
-    """The fitted rise of D / L over the source's levels (NaN with fewer than two levels in the sample)."""
-    span = max(LEVELS[source]) - min(LEVELS[source])
+def rise(skip: int) -> Callable[[np.ndarray], float]:
+    """The least-squares slope of D (in layers, effects of layers < ``skip`` set to 0) over the levels present,
+    in layers per level (NaN with fewer than two levels in the sample)."""
 
     def reduce(v: np.ndarray) -> float:
         e, lv = v[:, :-1].copy(), v[:, -1]
@@ -62,10 +95,26 @@ def rise(source: str, skip: int) -> Callable[[np.ndarray], float]:
         levels = np.unique(lv)
         if len(levels) < 2:
             return float("nan")
-        d = [float(depth_score(e[lv == x].mean(0))) / e.shape[1] for x in levels]
-        return slope(levels, d) * span
+        return slope(levels, [float(depth_score(e[lv == x].mean(0))) for x in levels])
 
     return reduce
+
+
+def shifted(skip: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The positive control: each item's effect profile (layers < ``skip`` set to 0) moved r layers deeper, r the
+    rank of its level among the levels present (0 for the easiest): one more layer per level."""
+
+    def alternative(v: np.ndarray) -> np.ndarray:
+        e, lv = v[:, :-1].copy(), v[:, -1]
+        e[:, :skip] = 0.0
+        rank = {x: r for r, x in enumerate(np.unique(lv))}
+        out = np.zeros_like(e)
+        for i, x in enumerate(lv):
+            r = rank[x]
+            out[i, r:] = e[i, : e.shape[1] - r]
+        return np.column_stack([out, lv])
+
+    return alternative
 
 
 def per_level(source: str) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
@@ -83,43 +132,45 @@ def per_level(source: str) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
 
 
 def competent(source: str) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
-    """Accuracy on the easiest level above the constant-answer baseline (Wilson 95 %)."""
+    """At least :data:`MIN_LEVELS` levels solved above their constant-answer baseline."""
 
     def check(units: pd.DataFrame, model: str) -> tuple[bool, str]:
-        items = _items(units, model, source).drop_duplicates("item")
-        if (items.correct < 0).any():
-            return False, "correctness was not checked (gen_tokens = 0): competence unknown"
-        easy = items[items.level == min(LEVELS[source])]
-        if easy.empty:
-            return False, f"no item on level {min(LEVELS[source])}"
-        em = exact_match(easy.correct, easy["answer"])
-        if not em.above:
-            return False, (f"accuracy on level {min(LEVELS[source])} {em.accuracy:.0%} [{em.ci_low:.0%}, "
-                           f"{em.ci_high:.0%}] does not exceed the constant-answer baseline {em.baseline:.0%}")
+        ok, notes = competent_levels(units, model, source)
+        if len(ok) < MIN_LEVELS:
+            return False, (f"competent on {len(ok)} level{'' if len(ok) == 1 else 's'}"
+                           + (f" ({', '.join(map(str, ok))})" if ok else "")
+                           + f", at least {MIN_LEVELS} needed; not above the constant-answer baseline: "
+                           + "; ".join(notes))
         return True, ""
 
     return check
 
 
-CONTROL = ("none needed: a one-sided equivalence test — 'agrees' needs the whole interval of the rise below "
-           f"{MAX_RISE:g}, which a noisy or uninformative sample (e.g. shuffled levels) reaches only with enough items "
-           "to rule out a rise of that size")
+CONTROL = (f"a positive control: the same pipeline on the model's own effect profiles shifted one layer deeper per "
+           f"level (the alternative, {ALTERNATIVE:g} layer per level) must reach 'disagrees'; 'agrees' needs the whole "
+           f"interval of the rise below the margin {MARGIN:g} layer per level, half the alternative")
 
 CLAIMS: tuple[ClaimSpec, ...] = tuple(
     ClaimSpec(
         id=f"complexity.{source}_depth_flat", chapter="complexity", figure="Figs. 5–6",
         claim=f"{SOURCE_TITLES[source]}: depth does not grow with difficulty",
         statement="Harder problems do not use deeper layers: the depth score stays flat across difficulty levels.",
-        statistic=f"rise: fitted rise of the depth score D / L over levels {min(LEVELS[source])}–"
-                  f"{max(LEVELS[source])} (layer effects, layers 2…L−1)",
-        unit="item", rule=Rule(MAX_RISE, "below"), values=effects_by_item(source), reduce=rise(source, EARLY_LAYERS),
-        with_early=rise(source, 0), precondition=competent(source), sample_size=per_level(source), control=CONTROL,
-        control_of=None,
+        statistic=f"rise: slope of the depth score D in layers per level, over the levels of "
+                  f"{min(LEVELS[source])}–{max(LEVELS[source])} the model solves above the constant answer (layer "
+                  f"effects, layers 2…L−1); margin {MARGIN:g} = half of one layer per level",
+        unit="item", rule=Rule(MARGIN, "below"), values=effects_by_item(source), reduce=rise(EARLY_LAYERS),
+        with_early=rise(0), precondition=competent(source), sample_size=per_level(source), control=CONTROL,
+        control_of=None, positive=shifted(EARLY_LAYERS),
         history=("2026-11-23: decided from the interval over items with a competence gate and ≥ 10 items per "
                  "level (was: a point estimate on 1–2 items per level, whatever the model solved).",
                  "2026-11-24: a sample short of 10 items on some level is shown but no longer counted in the "
                  "headline (it was counted as 'not testable'): its size is the build's choice, not a finding "
-                 "about the model. At the default size this takes MATH and GSM8K out of the count."))
+                 "about the model. At the default size this takes MATH and GSM8K out of the count.",
+                 "2026-11-26: the competence gate covers every level the fit uses (was: the easiest level only), "
+                 "with at least 3 such levels; the statistic is the slope in layers per level over those levels "
+                 "(was: the rise of D / L over all levels) with the margin derived from the alternative, half of "
+                 "one layer per level (was: 0.05 of depth, not derived); a positive control (profiles shifted one "
+                 "layer per level) must reach 'disagrees'."))
     for source in LEVELS)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.claims import REGISTRY
-from lmdepth.claims.report import HEADLINE_STATES
+from lmdepth.claims.report import HEADLINE_STATES, control_cell
 
 
 def saved_verdicts(results_dir: str | Path, profile: str | None = None) -> pd.DataFrame:
@@ -55,15 +55,15 @@ def _cell(r) -> str:
     if r.state == "not testable":
         return f"not testable: {r.reason} (n {r.n}){counted}"
     ci = f" [{r.ci_low:.3g}, {r.ci_high:.3g}]" if np.isfinite(r.ci_low) else ""
-    tag = " ⊘" if r.counted_as == "non-discriminating" else ""
-    return f"{r.state}{tag} · {r.estimate:.3g}{ci} · n {r.n} · control {r.control_state}{counted}"
+    tag = {"not discriminating": " ⊘", "no valid control": " ∅"}.get(r.counted_as, "")
+    return f"{r.state}{tag} · {r.estimate:.3g}{ci} · n {r.n} · {control_cell(r)}{counted}"
 
 
 def verdict_matrix(verdicts: pd.DataFrame, models: list[str] | None = None) -> pd.DataFrame:
     """One row per claim (with its paper figure and the paper's side), one column per model or subject: the
-    verdict, the statistic with its 95 % interval, n, and the control's verdict by the same rule; ⊘ marks a check
-    whose control got the same verdict (non-discriminating), "not counted" a row outside the headline (a
-    chapter-only claim, or a sample below its size requirement). :func:`verdict_matrices` splits it into tables
+    verdict, the statistic with its 95 % interval, n, and the discrimination test against its control; ⊘ marks a
+    check that does not tell the model from its control (not discriminating), ∅ one without a valid control, "not
+    counted" a row outside the headline (a chapter-only claim, or a sample below its size requirement). :func:`verdict_matrices` splits it into tables
     that fit the book's text column."""
     if verdicts.empty:
         return pd.DataFrame()
@@ -109,8 +109,21 @@ def headline(verdicts: pd.DataFrame) -> str:
     c = state_counts(verdicts).set_index("model").loc["all models"]
     return ("Over the registered claims, (claim × model) verdicts: "
             + ", ".join(f"**{int(c[s])} {s}**" for s in HEADLINE_STATES)
-            + f" — {int(c.sum())} in all. Non-discriminating rows (the control reached the same verdict) "
-            "are shown but not counted as agreement or disagreement.")
+            + f" — {int(c.sum())} in all. Rows without a valid control, and rows whose paired interval (real − "
+            "control) contains 0, are shown but not counted as agreement or disagreement."
+            + _beyond(verdicts))
+
+
+def _beyond(verdicts: pd.DataFrame) -> str:
+    """How many counted agreements lie beyond their control on the paper's side (the rest: the control shows the
+    pattern at least as strongly, so the architecture or the data produce it, not training alone)."""
+    agree = verdicts[verdicts["headline"].astype(bool) & (verdicts["counted_as"] == "agrees")]
+    if agree.empty:
+        return ""
+    beyond = int(agree["side"].astype(str).str.startswith("beyond").sum())
+    short = int(agree["side"].astype(str).str.startswith("short").sum())
+    return (f" Of the {len(agree)} agreements, {beyond} lie beyond their control on the paper's side and {short} "
+            "short of it (the untrained control shows the pattern more strongly).")
 
 
 def _claims_by_state(verdicts: pd.DataFrame, state: str) -> str:
@@ -130,9 +143,11 @@ def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
     return (f"**What this build found** (`{profile}` profile, recomputed whenever the book is built). Of the "
             f"{len(v)} (claim × model) checks of the claims registry, **{c['agrees']} agree** with the paper, "
             f"**{c['disagrees']} disagree**, {c['inconclusive']} are inconclusive, {c['not testable']} are not "
-            f"testable here (a model that does not do the task, or a control or prerequisite that could not be "
-            f"decided; checks on fewer than 10 units are shown in their chapters but not counted), and "
-            f"{c['non-discriminating']} do not discriminate (their control reaches the same verdict, so they measure the architecture or the "
-            f"data rather than the trained model). Agree: {_claims_by_state(v, 'agrees')}. Disagree: "
+            f"testable here (a model that does not do the task, a saturated statistic or a prerequisite that could "
+            f"not be decided; checks on fewer than 10 units are shown in their chapters but not counted), "
+            f"{c['no valid control']} have no valid control (not run, or one that cannot vary), and "
+            f"{c['not discriminating']} do not discriminate (the paired interval of the trained model minus its "
+            f"control contains 0, so they measure the architecture or the data rather than training)."
+            f"{_beyond(verdicts)} Agree: {_claims_by_state(v, 'agrees')}. Disagree: "
             f"{_claims_by_state(v, 'disagrees')}. The [findings page](90_across_models.ipynb) shows every verdict "
             "with its interval, sample size and control.")

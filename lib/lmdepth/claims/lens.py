@@ -5,7 +5,10 @@ Unit: the problem (its mean over the evaluated positions). A *settling depth* is
 no layer before the output does. The paper's side is "at or after mid-depth, and before the output": a lens
 that never settles is not evidence that the prediction settles late.
 
-Control: the count-bigram baseline (:mod:`lmdepth.analyses.bigram`), entered as a flat curve at its own value.
+Control: the random-init twin (:func:`lmdepth.model.random_init.control_name`) read by the same lens on the same
+problems — a model run whose curves can vary. Discrimination is the paired interval of (trained − twin) settling
+depths over the shared problems. The count-bigram baseline stays on the chapter's charts as a reference line and in
+the tuned-lens statistic; it is no control: entered as a flat curve, any flat curve gives fixed settling depths.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from lmdepth.analyses.bigram import control_name as bigram_name
 from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 from lmdepth.errors import DataError
 from lmdepth.metrics.verdicts import Rule, ratio_of_means
@@ -24,15 +26,17 @@ OVERLAP = 0.2  # top-5 overlap level (arXiv 2512.14064)
 KL_FRACTION = 0.1  # KL below this fraction of its largest value (arXiv 2512.14064)
 MARGIN = 0.2  # tuned lens: top-5 overlap above the bigram baseline's by this much
 SETTLES = Rule(0.5, "between", 0.99)  # at or after mid-depth, before the output
-BIGRAM = ("the count-bigram baseline (next-token counts of the current token, from the tuned lens' training "
-          "text) on the same positions, as a curve that is flat over depth: what needs no layer at all")
+TWIN = ("the random-init twin (same architecture, weights never trained) read by the same lens on the same problems: "
+        "how early an untrained stack's lens 'agrees' with its own output")
+TWIN_TUNED = (TWIN + "; for the tuned lens, one trained on the twin (the book's default build does not train it, so "
+              "these rows have no valid control there)")
 
 
-def curve(lens: str, metric: str, with_bigram: bool = False) -> Callable[[pd.DataFrame, str], np.ndarray]:
-    """Per-problem values ``[problems, L]`` of one lens metric (with ``with_bigram``, a last column: the bigram
-    baseline's value on the same problem)."""
+def curve(lens: str, metric: str, with_bigram: bool = False) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
+    """Per-problem values ``[problems, L]`` of one lens metric, indexed by problem (with ``with_bigram``, a last
+    column: the bigram baseline's value on the same problem)."""
 
-    def values(units: pd.DataFrame, model: str) -> np.ndarray:
+    def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
         u = units[(units.model == model) & (units.metric == metric)]
         cols = [lens, "bigram"] if with_bigram else [lens]
         missing = [c for c in cols if not (u.lens == c).any()]
@@ -41,9 +45,9 @@ def curve(lens: str, metric: str, with_bigram: bool = False) -> Callable[[pd.Dat
                             "with tuned_lens=True, and its bigram baseline).")
         wide = u[u.lens == lens].pivot_table(index="unit", columns="layer", values="value", sort=False, dropna=False)
         if not with_bigram:
-            return wide.to_numpy(dtype=float)
+            return wide
         b = u[u.lens == "bigram"].groupby("unit", sort=False)["value"].first().reindex(wide.index)
-        return np.column_stack([wide.to_numpy(dtype=float), b.to_numpy(dtype=float)])
+        return wide.assign(bigram=b.to_numpy(dtype=float))
 
     return values
 
@@ -60,8 +64,8 @@ def _overlap_depth(skip: int) -> Callable[[np.ndarray], float]:
 
 def _kl_depth(skip: int) -> Callable[[np.ndarray], float]:
     def reduce(v: np.ndarray) -> float:
-        kl = v.mean(0)
-        return settling_depth(kl < KL_FRACTION * kl.max(), skip)
+        kl = v.mean(0)  # the largest KL over the layers the search covers: a huge layer-0 KL would lower the bar
+        return settling_depth(kl < KL_FRACTION * kl[skip:].max(), skip)
 
     return reduce
 
@@ -74,18 +78,23 @@ def _tuned_over_bigram(skip: int) -> Callable[[np.ndarray], float]:
     return reduce
 
 
-def _mid_over_start(skip: int) -> Callable[[pd.DataFrame, str], np.ndarray]:
+def _mid_over_start(skip: int) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
     klf = curve("tuned_lens", "kl_final_lens")
 
-    def values(units: pd.DataFrame, model: str) -> np.ndarray:
-        v = klf(units, model)
-        return np.column_stack([v[:, skip], v[:, v.shape[1] // 2]])
+    def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
+        w = klf(units, model)
+        return w.iloc[:, [skip, w.shape[1] // 2]]
 
     return values
 
 
 _HISTORY = ("2026-11-23: decided from the interval of a settling depth over problems, searched from layer 2, and "
-            "'never before the output' no longer counts as settling late (was: a point estimate from layer 0).",)
+            "'never before the output' no longer counts as settling late (was: a point estimate from layer 0).",
+            "2026-11-26: the control is the random-init twin read by the same lens, paired over problems (was: the "
+            "bigram baseline as a flat curve, which fixes every settling depth by construction and so always "
+            "'disagreed'); the bigram stays as a reference line.")
+_KL_HISTORY = ("2026-11-26: the KL level is a fraction of the largest KL over the layers searched (from layer 2; "
+               "was: over all layers, so a huge layer-0 KL set the bar).",)
 
 CLAIMS: tuple[ClaimSpec, ...] = (
     ClaimSpec(
@@ -93,16 +102,14 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         statement="The logit lens' prediction agrees with the output only from mid-depth on.",
         statistic=f"depth: l / L of the first layer where the mean top-5 overlap with the output exceeds {OVERLAP:g}",
         unit="problem", rule=SETTLES, values=curve("logit_lens", "top5_overlap"),
-        reduce=_overlap_depth(EARLY_LAYERS), with_early=_overlap_depth(0), control=BIGRAM, control_of=bigram_name,
-        history=_HISTORY),
+        reduce=_overlap_depth(EARLY_LAYERS), with_early=_overlap_depth(0), control=TWIN, history=_HISTORY),
     ClaimSpec(
         id="lens.logit_kl_mid", chapter="lens", figure="Fig. 4", claim="logit lens: KL falls from mid-depth",
         statement="The logit lens' KL to the output falls only from mid-depth on.",
-        statistic=f"depth: l / L of the first layer where the mean KL(P_lens ‖ P_final) is below {KL_FRACTION:g} × "
-                  "its largest value",
+        statistic=f"depth: l / L of the first layer (≥ 2) where the mean KL(P_lens ‖ P_final) is below "
+                  f"{KL_FRACTION:g} × its largest value over layers 2…L−1",
         unit="problem", rule=SETTLES, values=curve("logit_lens", "kl"),
-        reduce=_kl_depth(EARLY_LAYERS), with_early=_kl_depth(0), control=BIGRAM, control_of=bigram_name,
-        history=_HISTORY),
+        reduce=_kl_depth(EARLY_LAYERS), with_early=_kl_depth(0), control=TWIN, history=_HISTORY + _KL_HISTORY),
     ClaimSpec(
         id="lens.tuned_over_bigram_mid", chapter="lens", figure="Fig. 4 (tuned lens)",
         claim="tuned lens: beats the bigram baseline from mid-depth",
@@ -110,9 +117,8 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         statistic=f"depth: l / L of the first layer where the mean top-5 overlap exceeds the bigram baseline's by "
                   f"{MARGIN:g}",
         unit="problem", rule=SETTLES, values=curve("tuned_lens", "top5_overlap", with_bigram=True),
-        reduce=_tuned_over_bigram(EARLY_LAYERS), with_early=_tuned_over_bigram(0), control=BIGRAM,
-        control_of=bigram_name,
-        history=("2026-11-23: replaces 'the tuned lens' top-5 overlap first exceeds 0.2 at l/L ≥ 0.5', which could "
+        reduce=_tuned_over_bigram(EARLY_LAYERS), with_early=_tuned_over_bigram(0), control=TWIN_TUNED,
+        history=_HISTORY[1:] + ("2026-11-23: replaces 'the tuned lens' top-5 overlap first exceeds 0.2 at l/L ≥ 0.5', which could "
                  "not pass: at layer 0 the tuned lens is a bigram model, and a count-bigram table already exceeds "
                  "0.2.",)),
     ClaimSpec(
@@ -121,6 +127,5 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         statement="At mid-depth most of the distance to the output is still to go.",
         statistic="ratio: mean KL(P_final ‖ P_tuned) at layer ⌊L/2⌋ / at layer 2",
         unit="problem", rule=Rule(0.5, "above"), values=_mid_over_start(EARLY_LAYERS), reduce=ratio_of_means,
-        control=BIGRAM + " — any predictor flat over depth passes this check, so it cannot discriminate; reported "
-        "in the chapter, not counted", control_of=bigram_name, headline=False, history=_HISTORY),
+        control=TWIN_TUNED, headline=False, history=_HISTORY),
 )

@@ -60,11 +60,12 @@ def units_of(table: pd.DataFrame, labels: list[str]) -> tuple[pd.DataFrame, pd.D
     return units, swapped
 
 
-def _boundaries(units: pd.DataFrame, model: str, columns: list[str]) -> np.ndarray:
+def _boundaries(units: pd.DataFrame, model: str, columns: list[str]) -> pd.DataFrame:
+    """``columns`` per target boundary (2…L_B), indexed by boundary."""
     u = units[(units.model == model) & (units.unit >= EARLY_LAYERS)]
     if u.empty:
         raise DataError(f"No map {model!r} in the per-boundary table.")
-    return u[columns].to_numpy(dtype=float)
+    return u.set_index("unit")[columns].astype(float)
 
 
 def _depths_differ(units: pd.DataFrame, model: str) -> tuple[bool, str]:
@@ -100,5 +101,7 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         values=lambda u, m: _boundaries(u, m, ["offset_rel"]), reduce=lambda v: float(v.mean()),
         precondition=_depths_differ, control=CONTROL, control_of=control_name,
         history=("2026-11-23: decided from the interval over target boundaries 2…L_B, beside the absolute-index "
-                 "control (was: a point estimate over all boundaries).",)),
+                 "control (was: a point estimate over all boundaries).",
+                 "2026-11-26: discrimination is the paired interval of (relative − absolute-index offset) over the "
+                 "same target boundaries (was: the control reaching another state).")),
 )

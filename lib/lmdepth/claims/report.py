@@ -9,14 +9,16 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.claims import REGISTRY, for_chapter
-from lmdepth.claims.spec import BUILT_IN, control_undecided, evaluate
-from lmdepth.metrics.verdicts import MIN_UNITS, Verdict
+from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, evaluate
+from lmdepth.metrics.verdicts import MIN_UNITS, SATURATED, Verdict
 from lmdepth.model.random_init import control_name
 from lmdepth.results import atomic_write_text, book_record_dir, run_id, slug
 from lmdepth.runtime import REPO_ROOT
 
-#: Headline states of the findings page, in display order ("non-discriminating": the control got the same verdict).
-HEADLINE_STATES = ("agrees", "disagrees", "inconclusive", "not testable", "non-discriminating")
+#: Headline states of the findings page, in display order: a row's own state when its check discriminates; "no valid
+#: control" when its control was not run, shares too few units, cannot vary or is saturated; "not discriminating"
+#: when the paired interval of (real − control) contains 0 (or the real statistic lies inside its permutation null).
+HEADLINE_STATES = ("agrees", "disagrees", "inconclusive", "not testable", "no valid control", "not discriminating")
 
 
 def control_models(models: list[str], remote: bool = False, n_units: int = MIN_UNITS) -> list[str]:
@@ -53,14 +55,15 @@ def check(chapter: str, units: pd.DataFrame, models: list[str], control_units: p
 
 
 def headline_state(row) -> str:
-    """The state a verdict row is counted as: its own, unless a decided verdict's control reached the same one
-    ("non-discriminating"), or was not run or could not be decided for lack of data (then the check is incomplete:
-    "not testable")."""
-    if row.state != "not testable" and (row.control_state == "not run"
-                                        or control_undecided(row.control_state, row.control_reason)):
+    """The state a verdict row is counted as: "not testable" when the check is; "no valid control" when its
+    control is missing or invalid (``control_valid``); "not discriminating" when the model cannot be told from its
+    control (``discriminates``); otherwise its own state."""
+    if row.state == "not testable":
         return "not testable"
-    if row.state != "not testable" and not row.discriminates:
-        return "non-discriminating"
+    if not row.control_valid:
+        return "no valid control"
+    if not row.discriminates:
+        return "not discriminating"
     return row.state
 
 
@@ -68,9 +71,27 @@ def _fmt(est: float, lo: float, hi: float) -> str:
     return "—" if not np.isfinite(est) else (f"{est:.3g} [{lo:.3g}, {hi:.3g}]" if np.isfinite(lo) else f"{est:.3g}")
 
 
+def control_cell(r) -> str:
+    """The control column of a verdict row: the paired difference (real − control) with its interval and the side
+    the model lies on, the permutation null's range and p, or why there is no valid control."""
+    if r.state == "not testable":
+        return "—"
+    if not r.control_valid:
+        return f"no valid control: {r.control_note}"
+    if r.control_kind == PAIRED:
+        if not np.isfinite(r.paired_diff):
+            return r.side
+        return f"real − control {_fmt(r.paired_diff, r.paired_low, r.paired_high)}: {r.side}"
+    if r.control_kind == PERMUTATION:
+        return (f"null 95 % [{r.control_ci_low:.3g}, {r.control_ci_high:.3g}], p = {r.p_value:.3g}: {r.side}")
+    if np.isfinite(r.control_estimate):
+        return f"{r.control_state} ({_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)})"
+    return BUILT_IN
+
+
 def display(verdicts: pd.DataFrame) -> pd.DataFrame:
     """The compact table a chapter shows: claim, model, n, statistic with its 95 % interval, verdict, the control's
-    verdict by the same rule, and how the row is counted."""
+    own statistic by the same rule (shown, not deciding), the discrimination test, and how the row is counted."""
     out = pd.DataFrame({
         "claim": verdicts["claim"],
         "rule": verdicts["rule"],
@@ -79,9 +100,9 @@ def display(verdicts: pd.DataFrame) -> pd.DataFrame:
         "statistic [95 % CI]": [_fmt(r.estimate, r.ci_low, r.ci_high) for r in verdicts.itertuples()],
         "with layers 0–1": [f"{v:.3g}" if np.isfinite(v) else "—" for v in verdicts["with_layers_0_1"]],
         "verdict": [r.state + (f" ({r.reason})" if r.reason else "") for r in verdicts.itertuples()],
-        "control (same rule)": [f"{r.control_state}: {_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)}"
-                                if r.control_state not in ("not run", "not testable", BUILT_IN) else r.control_state
-                                for r in verdicts.itertuples()],
+        "control's statistic": [_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)
+                                if r.control_kind == PAIRED else "—" for r in verdicts.itertuples()],
+        "discrimination": [control_cell(r) for r in verdicts.itertuples()],
         "counted as": [r.counted_as if r.headline else "not counted" for r in verdicts.itertuples()],
     })
     return out
@@ -149,6 +170,13 @@ def describe(chapter: str) -> str:
             f"counted on the findings page —, or the one the verdict names). "
             f"Layers 0–1 are left out of every verdict statistic in this book (their writes are large relative to "
             f"the small embedding they start from); the column *with layers 0–1* shows the statistic with them. "
-            f"Control: {'; '.join(controls)} — judged by the same rule; a check whose control reaches the same "
-            f"verdict does not discriminate and is not counted on the findings page."
+            f"A statistic with {SATURATED:.0%} or more of its values at a bound (a clip, a ceiling) in either compared "
+            f"group cannot move and is not testable. Control: {'; '.join(controls)}. "
+            f"The control's own statistic is shown beside the verdict but does not decide; discrimination is a paired "
+            f"test: the statistic's difference real − control, with both resampled jointly over the {specs[0].unit}s "
+            f"they share, must have a 95 % interval that excludes 0 (a permutation null: the real statistic must lie "
+            f"outside the null's central 95 %). The column *discrimination* says on which side of its control the "
+            f"model lies. A row whose control was not run, cannot vary (flat over depth, identical in every unit), is "
+            f"saturated or is undefined counts as **no valid control**; one whose interval contains 0 as **not "
+            f"discriminating**; neither counts as agreement or disagreement on the findings page."
             + ("\n\nChanges to the criteria after their numbers were seen:\n" + "\n".join(history) if history else ""))

@@ -1,13 +1,18 @@
 """Claims of paper Fig. 9 (chapter 07): not modelling the question helps MoEUT extrapolate, more than it helps a
 Transformer. Checked on the per-problem evaluation of the four runs (:func:`lmdepth.analyses.scratch.evaluate_runs`).
 
-Unit: the problem of the extrapolation split; all four runs answer the same problems, so the runs are paired within
-a problem and problems are resampled jointly. The verdict rows carry the subject ``MoEUT vs Transformer``.
+Unit: the problem of the extrapolation split; all runs answer the same problems, so the runs are paired within a
+problem and problems are resampled jointly (a run trained with several seeds enters as its per-problem mean over
+seeds). The verdict rows carry the subject ``MoEUT vs Transformer``.
 
-Precondition (book/method.md#method-verdicts): the runs the claim compares do the task — each one's exact match on the interpolation split,
-with its 95 % Wilson interval, above the constant-answer baseline (the share of the most common answer there).
-Control: the same problems with each problem's two objectives swapped at random (seeded): what the gain looks like
-when the objective makes no difference.
+Preconditions (book/method.md#method-verdicts): the compared runs are comparable — one learning rate for all of
+them, at least :data:`MIN_SEEDS` training seeds per run, and matched competence: every seed's exact match on the
+interpolation split at least :data:`COMPETENT` (a run still learning the training distribution would turn a
+comparison of objectives into one of training progress). Otherwise the check is not testable (runs not comparable).
+
+Control: a permutation null — the same problems with each problem's two objectives swapped at random, over
+:data:`N_NULL` seeds: the gain when the objective makes no difference. The check discriminates when the real gain
+lies outside the null's central 95 %.
 """
 
 from __future__ import annotations
@@ -23,60 +28,73 @@ from lmdepth.metrics.intervals import exact_match
 from lmdepth.metrics.verdicts import Rule
 
 SUBJECT = "MoEUT vs Transformer"
-PREFIX = "shuffled-objectives:"
 RUNS = ("moeut-lm", "moeut-answer_only", "transformer-lm", "transformer-answer_only")
-SEED = 0
-
-
-def control_name(subject: str) -> str:
-    return f"{PREFIX}{subject}"
+MIN_SEEDS = 3  # training seeds per compared run
+COMPETENT = 0.95  # interpolation exact match every seed of a compared run must reach
+N_NULL = 200  # permutation draws of the shuffled-objective control
 
 
 def units_of(per_example: pd.DataFrame) -> pd.DataFrame:
     """The per-problem table of the claims: :func:`~lmdepth.analyses.scratch.evaluate_runs`' rows with the subject
-    as ``model`` and each problem's index within its split as ``unit`` (every run evaluates the same problems in the
-    same order)."""
+    as ``model`` and each problem's index within its split as ``unit`` (every run and training seed evaluates the
+    same problems in the same order)."""
     out = per_example.assign(model=SUBJECT)
-    out["unit"] = out.groupby(["run", "split"]).cumcount()
+    keys = ["run", "split"] + (["train_seed"] if "train_seed" in out else [])
+    out["unit"] = out.groupby(keys).cumcount()
     return out
 
 
-def shuffled_objectives(units: pd.DataFrame) -> pd.DataFrame:
-    """The control: within each problem and architecture, the two objectives' results swapped with probability ½."""
-    rng = np.random.default_rng(SEED)
-    out = units.copy()
-    for arch in ("moeut", "transformer"):
-        a, b = f"{arch}-lm", f"{arch}-answer_only"
-        for split, u in out[out.run.isin([a, b])].groupby("split"):
-            swap = set(np.nonzero(rng.random(int(u.unit.max()) + 1) < 0.5)[0])
-            rows = u.index[u.unit.isin(swap)]
-            out.loc[rows, "run"] = out.loc[rows, "run"].map({a: b, b: a})
-    return out.assign(model=control_name(SUBJECT))
+def swap_objectives(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One draw of the control on the per-problem values ``[problems, 4]`` (:data:`RUNS` order): within each
+    problem and architecture, the two objectives' results swapped with probability ½."""
+    out = np.array(values, dtype=float, copy=True)
+    for lm in (0, 2):  # columns (lm, answer-only) of MoEUT, then of the Transformer
+        swap = rng.random(len(out)) < 0.5
+        out[swap, lm], out[swap, lm + 1] = values[swap, lm + 1], values[swap, lm]
+    return out
 
 
-def paired(column: str) -> Callable[[pd.DataFrame, str], np.ndarray]:
-    """Per extrapolation problem: ``column`` of each run in :data:`RUNS` order, ``[problems, 4]``."""
+def paired(column: str) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
+    """Per extrapolation problem: ``column`` of each run in :data:`RUNS` order (its mean over training seeds),
+    ``[problems, 4]`` indexed by problem."""
 
-    def values(units: pd.DataFrame, model: str) -> np.ndarray:
+    def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
         u = units[(units.model == model) & (units.split == "extrapolate")]
         if u.empty:
             raise DataError(f"No extrapolation results for {model!r}: evaluate the four runs first.")
-        return u.pivot(index="unit", columns="run", values=column).reindex(columns=list(RUNS)).to_numpy(float)
+        return u.pivot_table(index="unit", columns="run", values=column, aggfunc="mean").reindex(columns=list(RUNS))
 
     return values
 
 
-def competent(runs: tuple[str, ...]) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
+def comparable(runs: tuple[str, ...]) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
+    """One learning rate, ≥ :data:`MIN_SEEDS` seeds per run, every seed at ≥ :data:`COMPETENT` interpolation exact
+    match (and above the constant-answer baseline)."""
+
     def check(units: pd.DataFrame, model: str) -> tuple[bool, str]:
-        u = units[(units.model == model) & (units.split == "interpolate")]
+        u = units[(units.model == model) & (units.split == "interpolate") & units.run.isin(runs)]
+        if u.empty:
+            return False, "no interpolation results for the compared runs"
+        problems = []
+        lrs = sorted({float(x) for x in u.get("lr", pd.Series([np.nan])).dropna().unique()})
+        if len(lrs) != 1:
+            per_run = u.groupby("run")["lr"].first().to_dict() if "lr" in u else {}
+            problems.append("learning rates differ or are unknown (" + ", ".join(
+                f"{r} {per_run.get(r, float('nan')):g}" for r in runs) + ")")
         weak = []
         for run in runs:
             r = u[u.run == run]
-            em = exact_match(r.correct, r["answer"])
-            if not em.above:
-                weak.append(f"{run} {em.accuracy:.1%} (95 % low {em.ci_low:.1%}) vs baseline {em.baseline:.1%}")
-        return (False, "interpolation exact match not above the constant-answer baseline: " + "; ".join(weak)) \
-            if weak else (True, "")
+            seeds = sorted(r["train_seed"].unique()) if "train_seed" in r else [-1]
+            if len(seeds) < MIN_SEEDS:
+                problems.append(f"{run}: {len(seeds)} training seed{'' if len(seeds) == 1 else 's'}, at least "
+                                f"{MIN_SEEDS} needed")
+            for sd, g in (r.groupby("train_seed") if "train_seed" in r else [(-1, r)]):
+                em = exact_match(g.correct, g["answer"])
+                if em.accuracy < COMPETENT or not em.above:
+                    weak.append(f"{run} seed {sd} {em.accuracy:.1%}")
+        if weak:
+            problems.append(f"interpolation exact match below {COMPETENT:.0%}: " + ", ".join(weak))
+        return (False, "runs not comparable: " + "; ".join(problems)) if problems else (True, "")
 
     return check
 
@@ -90,10 +108,14 @@ def _gain_difference(sign: float) -> Callable[[np.ndarray], float]:
     return lambda v: _gain(0, sign)(v) - _gain(1, sign)(v)
 
 
-CONTROL = ("the same problems with each problem's two objectives swapped at random: the gain when the objective "
-           "makes no difference")
+CONTROL = (f"a permutation null: each problem's two objectives swapped at random, over {N_NULL} seeds — the gain when "
+           "the objective makes no difference")
 _HISTORY = ("2026-11-23: a competence gate (exact match above the constant-answer baseline) and a shuffled-objective "
-            "control added (was: paired intervals only, on runs at the baseline).",)
+            "control added (was: paired intervals only, on runs at the baseline).",
+            "2026-11-26: comparable runs required (one learning rate, ≥ 3 training seeds per run, every seed ≥ 95 % "
+            "interpolation exact match; was: above the constant answer, one seed, the Transformer answer-only run "
+            "at 56.8 % and another learning rate); the shuffled-objective control is a permutation null over 200 "
+            "seeds (was: swap seed 0 alone, one of the few seeds that agreed).")
 
 CLAIMS: tuple[ClaimSpec, ...] = (
     ClaimSpec(
@@ -102,24 +124,24 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         statement="A MoEUT trained without a loss on the question extrapolates better.",
         statistic="gain: exact match on extrapolation, answer-only − all-token MoEUT (paired over problems)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("correct"), reduce=_gain(0, 1.0),
-        precondition=competent(RUNS[:2]), control=CONTROL, control_of=control_name, history=_HISTORY),
+        precondition=comparable(RUNS[:2]), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
     ClaimSpec(
         id="moeut.exact_match_gain_vs_transformer", chapter="moeut", figure="Fig. 9",
         claim="… more than the Transformer's", statement="The gain is larger for MoEUT than for a Transformer.",
         statistic="difference: MoEUT's exact-match gain − the Transformer's",
         unit="problem", rule=Rule(0.0, "above"), values=paired("correct"), reduce=_gain_difference(1.0),
-        precondition=competent(RUNS), control=CONTROL, control_of=control_name, history=_HISTORY),
+        precondition=comparable(RUNS), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
     ClaimSpec(
         id="moeut.answer_loss_gain", chapter="moeut", figure="Fig. 9 (finer measure)",
         claim="… MoEUT's answer loss improves", statement="Without the question's loss, MoEUT predicts extrapolated "
                                                            "answers better (a finer measure than exact match).",
         statistic="gain: mean answer cross-entropy, all-token − answer-only MoEUT (nats per token)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("answer_nll"), reduce=_gain(0, -1.0),
-        precondition=competent(RUNS[:2]), control=CONTROL, control_of=control_name, history=_HISTORY),
+        precondition=comparable(RUNS[:2]), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
     ClaimSpec(
         id="moeut.answer_loss_gain_vs_transformer", chapter="moeut", figure="Fig. 9 (finer measure)",
         claim="… more than the Transformer's (answer loss)", statement="The answer-loss gain is larger for MoEUT.",
         statistic="difference: MoEUT's answer-loss gain − the Transformer's",
         unit="problem", rule=Rule(0.0, "above"), values=paired("answer_nll"), reduce=_gain_difference(-1.0),
-        precondition=competent(RUNS), control=CONTROL, control_of=control_name, history=_HISTORY),
+        precondition=comparable(RUNS), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
 )

@@ -1,7 +1,10 @@
 """What a claim check is (book/method.md#method-verdicts): statistic over units, decision rule, precondition, control.
 
 A :class:`ClaimSpec` is data: the chapters and the findings page render from it and nothing else sets a threshold.
-:func:`evaluate` turns a spec and the per-unit tables of a model and of its control into one verdict row.
+:func:`evaluate` turns a spec and the per-unit tables of a model and of its control into one verdict row, and
+decides whether the check discriminates: by a paired interval of (real − control) over the units both share, by a
+permutation null, or — for a statistic that is itself a comparison with the alternative — by construction, with a
+positive control where the claim is an equivalence ("does not grow").
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ import pandas as pd
 
 from lmdepth.errors import DataError
 from lmdepth.model.random_init import control_name
-from lmdepth.metrics.verdicts import MIN_UNITS, Rule, Verdict, decide, discriminates
+from lmdepth.metrics.verdicts import (MIN_UNITS, SATURATED, Null, Paired, Rule, Verdict, decide, paired_interval,
+                                      permutation_null)
 
 #: Layers left out of every verdict statistic, in every chapter: layers 0–1 write a lot *relative* to the small
 #: embedding they start from (and hold the attention sinks), so they dwarf the mid-depth structure the paper's claims
 #: are about. Every verdict row also shows its statistic with them (``with_early``).
 EARLY_LAYERS = 2
 
-Values = Callable[[pd.DataFrame, str], np.ndarray]  # (per-unit table, model) -> [units, k] values
+#: (per-unit table, model) -> [units, k] values: a DataFrame indexed by unit id (so a control is paired with the
+#: model on the units both share), or an array whose rows are units in a fixed order.
+Values = Callable[[pd.DataFrame, str], "pd.DataFrame | np.ndarray"]
 Reduce = Callable[[np.ndarray], float]  # [units, k] (a resample) -> the statistic
 
 
@@ -43,8 +49,21 @@ class ClaimSpec:
         reduce: the statistic of a (resampled) [units, k] array.
         control: which control and what it rules out.
         control_of: the name the control's rows carry in per-unit tables, from the model's name (default: its
-            random-init twin, :func:`lmdepth.model.random_init.control_name`); None where the statistic already
-            compares against the alternative (``control`` says how) and no separate control is run.
+            random-init twin, :func:`lmdepth.model.random_init.control_name`); the check discriminates when the
+            paired interval of statistic(real) − statistic(control) over the shared units excludes 0. None where
+            the control is a permutation null (``null``) or the statistic already compares against the alternative
+            (``control`` says how).
+        null: a permutation control: (the model's [units, k] values, a seeded generator) -> one permuted copy of
+            them; the check discriminates when the real statistic lies outside the central 95 % of the statistic
+            over ``n_null`` draws.
+        positive: for an equivalence claim ("does not grow"), the alternative built from the model's own values
+            ([units, k] -> [units, k]); the same rule must reach "disagrees" on it, or the check could not have
+            detected the alternative and has no valid control.
+        saturation: the largest share of values at a bound (a clip, a ceiling) in any compared group of the
+            statistic, with what the bound is; at or above ``SATURATED`` the statistic cannot move and the row is
+            not testable (for the control: no valid control).
+        control_check: (real values, control values) -> why the control is degenerate ("" if it is not), e.g. a
+            ratio of two changes both negligible beside the model's.
         with_early: the same statistic with layers 0–1 kept, shown beside the verdict (None where it does not apply).
         requires: the id of a claim that must agree for this one to mean anything (e.g. a transition's depth needs
             a transition); otherwise "not testable".
@@ -69,6 +88,11 @@ class ClaimSpec:
     reduce: Reduce
     control: str
     control_of: Callable[[str], str] | None = control_name
+    null: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None
+    n_null: int = 200
+    positive: Callable[[np.ndarray], np.ndarray] | None = None
+    saturation: Callable[[np.ndarray], tuple[float, str]] | None = None
+    control_check: Callable[[np.ndarray, np.ndarray], str] | None = None
     with_early: Reduce | None = None
     requires: str | None = None
     precondition: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
@@ -78,44 +102,105 @@ class ClaimSpec:
 
 
 NAN = float("nan")
-BUILT_IN = "built into the statistic"  # the control state of a claim without a separate control
-_NEEDS = "needs '{}' to agree"  # how a verdict names the claim it depends on (see control_undecided)
+#: How a row's check discriminates (``control_kind``).
+PAIRED, PERMUTATION, BUILT_IN = "paired", "permutation", "built into the statistic"
+_NEEDS = "needs '{}' to agree"  # how a verdict names the claim it depends on
 
 
-def control_undecided(state: str, reason: str) -> bool:
-    """A control that could not be decided for lack of data (too few units, missing values …), as opposed to one
-    that is not testable because it lacks the pattern a ``requires`` claim needs — that control does discriminate."""
-    return state == "not testable" and not str(reason).startswith(_NEEDS.split("{")[0])
+def frame(values: "pd.DataFrame | np.ndarray") -> pd.DataFrame:
+    """Per-unit values as a DataFrame indexed by unit (an array's rows get their positions as unit ids)."""
+    return values if isinstance(values, pd.DataFrame) else pd.DataFrame(np.asarray(values, dtype=float))
+
+
+def degenerate(values: pd.DataFrame) -> str:
+    """Why per-unit control values cannot make a control ("" if they can): every layer curve in them (columns
+    labelled by an integer layer, or ``(component, layer)``) flat in every unit — a curve that does not change over
+    depth fixes any depth statistic by construction, whatever the units. (A control that is merely the same in
+    every unit, e.g. an alignment whose offset is always 0, is a measurement and stays valid.)"""
+    groups: dict[tuple, list] = {}
+    for c in values.columns:
+        key, layer = (c[:-1], c[-1]) if isinstance(c, tuple) else ((), c)
+        if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool):
+            groups.setdefault(key, []).append(c)
+    curves = [g for g in groups.values() if len(g) > 1]
+    if curves and all(np.all(np.ptp(values[g].to_numpy(dtype=float), axis=1) == 0) for g in curves):
+        return "the control is flat across layers in every unit, so its statistic is fixed by construction"
+    return ""
+
+
+def _saturated(spec: ClaimSpec, values: np.ndarray) -> tuple[float, str]:
+    if spec.saturation is None or not len(values):
+        return NAN, ""
+    share, what = spec.saturation(values)
+    return share, (f"saturated: {share:.0%} of the values in one compared group are {what} (≥ {SATURATED:.0%})"
+                   if share >= SATURATED else "")
 
 
 def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict | None,
-             n_boot: int, seed: int) -> tuple[Verdict, np.ndarray, bool]:
-    """The verdict, the per-unit values, and whether the sample meets the claim's size rules (``MIN_UNITS`` units
-    in all, and ``sample_size``): only then can the row count in the headline (no headline verdict on fewer than
-    10 units)."""
+             n_boot: int, seed: int) -> tuple[Verdict, pd.DataFrame, bool, float]:
+    """The verdict, the per-unit values, whether the sample meets the claim's size rules (``MIN_UNITS`` units in
+    all, and ``sample_size``: only then can the row count in the headline), and the saturation share."""
     try:
-        values = spec.values(units, model)
+        values = frame(spec.values(units, model))
     except DataError as e:  # e.g. a comparison model without an all-token run
-        return Verdict("not testable", NAN, NAN, NAN, 0, str(e)), np.empty((0, 0)), False
-    size = spec.sample_size(units, model) if spec.sample_size is not None and len(values) else (True, "")
-    sized = len(values) >= MIN_UNITS and size[0]
+        return Verdict("not testable", NAN, NAN, NAN, 0, str(e)), pd.DataFrame(), False, NAN
+    v = values.to_numpy(dtype=float)
+    size = spec.sample_size(units, model) if spec.sample_size is not None else (True, "")
+    # the claim's own size rule, where it has one, judges the sample as drawn (its values may keep only the
+    # units a precondition admits, e.g. the levels a model is competent on)
+    sized = size[0] if spec.sample_size is not None else len(v) >= MIN_UNITS
+    share, saturated = _saturated(spec, v)
     if spec.requires and (required is None or required.state != "agrees"):
         why = "it was not checked" if required is None else f"it is {required.state}"
-        return (Verdict("not testable", NAN, NAN, NAN, len(values), f"{_NEEDS.format(spec.requires)} ({why})"),
-                values, sized)
+        return (Verdict("not testable", NAN, NAN, NAN, len(v), f"{_NEEDS.format(spec.requires)} ({why})"),
+                values, sized, share)
     pre = spec.precondition(units, model) if spec.precondition is not None else (True, "")
-    if not size[0]:  # name every failed precondition: would more units alone make the check testable?
-        pre = (False, "; ".join(w for w in (size[1], "" if pre[0] else pre[1]) if w))
-    return decide(values, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
-                  precondition=pre), values, sized
+    failed = [w for w in (size[1] if not size[0] else "", "" if pre[0] else pre[1], saturated) if w]
+    return decide(v, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
+                  precondition=(not failed, "; ".join(failed))), values, sized, share
+
+
+def _paired(spec: ClaimSpec, real: pd.DataFrame, control: pd.DataFrame, n_boot: int, seed: int
+            ) -> tuple[Paired | None, str]:
+    """The paired interval of real − control on the units both share, or why there is no valid control."""
+    shared = real.index.intersection(control.index, sort=False)
+    if len(shared) < MIN_UNITS:
+        return None, f"the control shares {len(shared)} units with the model, at least {MIN_UNITS} needed"
+    r, c = real.loc[shared].to_numpy(dtype=float), control.loc[shared].to_numpy(dtype=float)
+    if r.shape[1] != c.shape[1]:
+        return None, f"the control has {c.shape[1]} values per unit, the model {r.shape[1]}"
+    why = degenerate(control.loc[shared]) or (spec.control_check(r, c) if spec.control_check is not None else "")
+    if why:
+        return None, why
+    p = paired_interval(r, c, spec.reduce, n_boot=n_boot, seed=seed)
+    if not (np.isfinite(p.ci_low) and np.isfinite(p.ci_high)):
+        return None, "the paired difference is undefined on some resamples (a denominator of the control vanishes)"
+    return p, ""
+
+
+def _side(spec: ClaimSpec, diff: float) -> str:
+    """Where the model lies relative to its control, in the terms of the rule."""
+    if spec.rule.side == "between":
+        return "later than its control" if diff > 0 else "earlier than its control"
+    paper = diff < 0 if spec.rule.side == "below" else diff > 0
+    return "beyond its control, on the paper's side" if paper else "short of its control (the control is further on the paper's side)"
 
 
 def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd.DataFrame | None,
              control_model: str | None, decided: dict[tuple[str, str], Verdict] | None = None,
              n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """One verdict row: the model's verdict, the statistic with layers 0–1, the control's verdict by the same rule,
-    and whether the check discriminates (a control that is itself not testable for lack of data leaves that open:
-    ``discriminates`` False; one that lacks the pattern a ``requires`` claim needs does discriminate).
+    """One verdict row: the model's verdict, the statistic with layers 0–1, the control's verdict by the same rule
+    (shown, not deciding), and the discrimination test of the row's ``control_kind``:
+
+    * ``paired`` — real − control on the shared units, resampled jointly: ``paired_diff`` [``paired_low``, ``paired_high``];
+      discriminates when the interval excludes 0; ``side`` says where the model lies relative to its control;
+    * ``permutation`` — the statistic over ``n_null`` permuted copies: ``control_estimate`` is the null's median,
+      [``control_ci_low``, ``control_ci_high``] its central 95 %, ``p_value`` two-sided;
+    * ``built into the statistic`` — the statistic is the comparison with the alternative; with ``positive`` the
+      alternative built from the model's own values must reach "disagrees".
+
+    ``control_valid`` False (with ``control_note``) when the control was not run, shares too few units, is flat
+    across layers, is saturated, or its difference is undefined: such a row is shown and not counted.
 
     Args:
         units, control_units: per-unit tables holding ``model`` / ``control_model`` (None: no control run).
@@ -123,23 +208,81 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
     """
     decided = {} if decided is None else decided
     required = decided.get((spec.requires, model)) if spec.requires else None
-    real, values, sized = _verdict(spec, units, model, required, n_boot, seed)
+    real, values, sized, share = _verdict(spec, units, model, required, n_boot, seed)
     decided[(spec.id, model)] = real
-    early = spec.with_early(values) if spec.with_early is not None and len(values) else float("nan")
+    v = values.to_numpy(dtype=float)
+    early = spec.with_early(v) if spec.with_early is not None and len(v) else NAN
     row = {"chapter": spec.chapter, "claim_id": spec.id, "figure": spec.figure, "claim": spec.claim,
            "rule": spec.rule.describe(spec.statistic.split(":")[0]), "unit": spec.unit, "model": model,
            "n": real.n, "estimate": real.estimate, "ci_low": real.ci_low, "ci_high": real.ci_high,
-           "state": real.state, "reason": real.reason, "with_layers_0_1": early, "control": spec.control,
-           "control_model": control_model, "headline": spec.headline and sized}
+           "state": real.state, "reason": real.reason, "with_layers_0_1": early, "at_bound": share,
+           "control": spec.control, "control_model": control_model, "headline": spec.headline and sized,
+           "control_state": "", "control_reason": "", "control_estimate": NAN, "control_ci_low": NAN,
+           "control_ci_high": NAN, "paired_diff": NAN, "paired_low": NAN, "paired_high": NAN, "p_value": NAN, "side": "",
+           "control_valid": False, "control_note": "", "discriminates": False}
+    if real.state == "not testable":  # nothing to discriminate; the control is still shown where it ran
+        row["control_note"] = "the check itself is not testable"
+    if spec.null is not None:
+        return {**row, **_permutation(spec, v, real, seed)}
     if spec.control_of is None:
-        return {**row, "control_state": BUILT_IN, "control_reason": "", "control_estimate": NAN,
-                "control_ci_low": NAN, "control_ci_high": NAN, "discriminates": True}
+        return {**row, **_built_in(spec, v, real, n_boot, seed)}
     if control_units is None or control_model is None:
-        return {**row, "control_state": "not run", "control_reason": "", "control_estimate": NAN,
-                "control_ci_low": NAN, "control_ci_high": NAN, "discriminates": False}
-    ctrl, _, _ = _verdict(spec, control_units, control_model,
-                       decided.get((spec.requires, control_model)) if spec.requires else None, n_boot, seed)
+        return {**row, "control_kind": PAIRED, "control_state": "not run",
+                "control_note": row["control_note"] or "the control was not run"}
+    ctrl, cvalues, _, _ = _verdict(spec, control_units, control_model,
+                                   decided.get((spec.requires, control_model)) if spec.requires else None,
+                                   n_boot, seed)
     decided[(spec.id, control_model)] = ctrl
-    return {**row, "control_state": ctrl.state, "control_reason": ctrl.reason, "control_estimate": ctrl.estimate,
-            "control_ci_low": ctrl.ci_low, "control_ci_high": ctrl.ci_high,
-            "discriminates": bool(discriminates(real, ctrl) and not control_undecided(ctrl.state, ctrl.reason))}
+    out = {**row, "control_kind": PAIRED, "control_state": ctrl.state, "control_reason": ctrl.reason,
+           "control_estimate": ctrl.estimate, "control_ci_low": ctrl.ci_low, "control_ci_high": ctrl.ci_high}
+    if real.state == "not testable":
+        return out
+    _, csat = _saturated(spec, cvalues.to_numpy(dtype=float)) if len(cvalues) else (NAN, "")
+    if csat or not len(cvalues):
+        return {**out, "control_note": f"the control is {csat}" if csat else (ctrl.reason or "no control values")}
+    flat = degenerate(cvalues)
+    if flat:
+        return {**out, "control_note": flat}
+    if spec.requires and ctrl.state == "not testable" and not ctrl.reason.startswith(_NEEDS.split("{")[0]):
+        return {**out, "control_note": f"the control could not be decided: {ctrl.reason}"}
+    if spec.requires and ctrl.state == "not testable":  # the control lacks the pattern the claim needs: it differs
+        return {**out, "control_valid": True, "discriminates": True,
+                "side": "the control lacks the pattern this claim needs"}
+    p, why = _paired(spec, values, cvalues, n_boot, seed)
+    if p is None:
+        return {**out, "control_note": why}
+    return {**out, "paired_diff": p.estimate, "paired_low": p.ci_low, "paired_high": p.ci_high, "control_valid": True,
+            "discriminates": p.excludes_zero,
+            "side": _side(spec, p.estimate) if p.excludes_zero else "not distinguishable from its control"}
+
+
+def _permutation(spec: ClaimSpec, v: np.ndarray, real: Verdict, seed: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"control_kind": PERMUTATION}
+    if real.state == "not testable":
+        return out
+    rng = np.random.default_rng(seed)
+    draws = [spec.reduce(spec.null(v, rng)) for _ in range(spec.n_null)]
+    null: Null = permutation_null(real.estimate, np.asarray(draws))
+    out.update(control_state=f"permutation null over {null.n} draws", control_estimate=float(np.median(draws)),
+               control_ci_low=null.low, control_ci_high=null.high, p_value=null.p_value,
+               paired_diff=real.estimate - float(np.median(draws)))
+    if null.n < spec.n_null or null.low == null.high:
+        return {**out, "control_note": f"the null is degenerate ({null.n} finite draws, range [{null.low:.3g}, "
+                                       f"{null.high:.3g}])"}
+    return {**out, "control_valid": True, "discriminates": null.excludes_real,
+            "side": ("outside its permutation null" if null.excludes_real else "inside its permutation null")}
+
+
+def _built_in(spec: ClaimSpec, v: np.ndarray, real: Verdict, n_boot: int, seed: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"control_kind": BUILT_IN, "control_state": BUILT_IN}
+    if real.state == "not testable":
+        return out
+    if spec.positive is None:
+        return {**out, "control_valid": True, "discriminates": True}
+    alt = decide(spec.positive(v), spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed)
+    out.update(control_state=f"positive control {alt.state}", control_estimate=alt.estimate,
+               control_ci_low=alt.ci_low, control_ci_high=alt.ci_high, paired_diff=real.estimate - alt.estimate)
+    if alt.state != "disagrees":
+        return {**out, "control_note": f"the positive control (the alternative built from this model's values) is "
+                                       f"{alt.state}, not 'disagrees': the check could not have detected it"}
+    return {**out, "control_valid": True, "discriminates": True, "side": "apart from its positive control"}

@@ -11,8 +11,12 @@ per-unit means, paired); its 95 % percentile bootstrap interval over units decid
 * **not testable** — a precondition failed (fewer units than the minimum, a competence gate, a denominator that
   can vanish); the verdict names which one and by how much.
 
-The control (a random-init model of the same architecture, a count-bigram predictor, an absolute-layer alignment,
-…) gets a verdict by the same rule; a check whose control gets the same verdict does not discriminate.
+A control (a random-init model of the same architecture, an absolute-layer alignment, a permutation null …) is
+measured on the same units. Discrimination is a paired test, never a match of states: the statistic's difference
+real − control, with real and control resampled jointly over their shared units (:func:`paired_interval`), must
+have a 95 % interval that excludes 0; a permutation null (:func:`permutation_null`) must leave the real statistic
+outside its central 95 %. A statistic with half its values or more at a bound (a clip, a ceiling) cannot move and
+decides nothing (:func:`at_bound`).
 """
 
 from __future__ import annotations
@@ -151,6 +155,83 @@ def ratio_of_means(values: np.ndarray) -> float:
     return float(np.mean(values[:, 1]) / den) if den != 0 else float("nan")
 
 
-def discriminates(real: Verdict, control: Verdict) -> bool:
-    """A check discriminates when its control, judged by the same rule, does not reach the same verdict."""
-    return real.state != control.state
+@dataclass(frozen=True)
+class Paired:
+    """real − control on shared units: the difference of the statistic, its 95 % interval from a joint resample of
+    the units, and how many units were shared. ``excludes_zero`` is the discrimination test."""
+
+    estimate: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+    @property
+    def excludes_zero(self) -> bool:
+        return bool(np.isfinite(self.ci_low) and np.isfinite(self.ci_high) and (self.ci_low > 0 or self.ci_high < 0))
+
+
+def paired_interval(real: np.ndarray, control: np.ndarray, statistic: Callable[[np.ndarray], float],
+                    n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> Paired:
+    """The 95 % percentile interval of statistic(real) − statistic(control), the same resample of unit rows applied
+    to both (row i of ``real`` and of ``control`` is the same unit, e.g. the same problem).
+
+    Args:
+        real, control: [units, k] per-unit values of the model and of its control, rows aligned.
+    """
+    real, control = np.asarray(real, dtype=float), np.asarray(control, dtype=float)
+    if len(real) != len(control):
+        raise ValueError(f"paired values need the same units: {len(real)} real rows, {len(control)} control rows")
+    rng = np.random.default_rng(seed)
+    n = len(real)
+    boots = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, n, n)
+        boots.append(statistic(real[idx]) - statistic(control[idx]))
+    b = np.asarray(boots, dtype=float)
+    b = b[np.isfinite(b)]
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(b, [alpha, 1 - alpha]) if len(b) == n_boot else (np.nan, np.nan)
+    return Paired(float(statistic(real) - statistic(control)), float(lo), float(hi), n)
+
+
+@dataclass(frozen=True)
+class Null:
+    """A permutation null: the real statistic, the central 95 % of the statistic over ``n`` permuted draws, and the
+    two-sided p-value (share of draws at least as far from the null's median as the real value, counting the real
+    one). ``excludes_real`` is the discrimination test."""
+
+    estimate: float
+    low: float
+    high: float
+    p_value: float
+    n: int
+
+    @property
+    def excludes_real(self) -> bool:
+        return bool(np.isfinite(self.estimate) and (self.estimate < self.low or self.estimate > self.high))
+
+
+def permutation_null(real: float, draws: np.ndarray, level: float = 0.95) -> Null:
+    """Summarise ``draws`` (the statistic on each permuted copy of the data) against the ``real`` statistic."""
+    d = np.asarray(draws, dtype=float)
+    d = d[np.isfinite(d)]
+    if not len(d):
+        return Null(real, float("nan"), float("nan"), float("nan"), 0)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(d, [alpha, 1 - alpha])
+    centre = float(np.median(d))
+    p = (1 + int((np.abs(d - centre) >= abs(real - centre)).sum())) / (len(d) + 1)
+    return Null(float(real), float(lo), float(hi), float(p), len(d))
+
+
+SATURATED = 0.5  # a group with at least this share of its values at a bound cannot move: not testable
+
+
+def at_bound(values: np.ndarray, bound: float, upper: bool = True) -> float:
+    """Share of ``values`` at (or beyond) ``bound`` — above it with ``upper``, below it otherwise; NaN values are
+    left out."""
+    v = np.asarray(values, dtype=float).ravel()
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return float("nan")
+    return float(np.mean(v >= bound if upper else v <= bound))
