@@ -172,7 +172,9 @@ for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.me
 # From the claims registry (`lmdepth.claims`), on per-problem effects clipped at 1. Each model's random-init
 # control (whole layers only, what the claims read) runs on the same problems and cut points where the model has at
 # least 10 problems in both analyses; with fewer, the checks are not testable and a control would have nothing to
-# discriminate.
+# discriminate. A check counts only when the paired interval of (model − control) over the shared problems excludes
+# 0. The column *at the bound* is the larger share, over the two halves, of per-problem values at the clip: from
+# 50 % on, the halves ratio measures the clip rather than the model, and the check is not testable (saturated).
 
 # %% tags=["hide-input"]
 md(report.describe("skipping"))
@@ -238,7 +240,10 @@ if benchmark and remote is False:  # a timing of this machine; CPU time is the f
 # - **Verdicts use means over problems of clipped effects**, not the paper's max over problems: a max over
 #   problems (and over ~200 positions within one) saturates near 1 for every layer and only grows with the sample,
 #   and one relative change that explodes (a layer whose clean contribution is near zero) would carry a ratio.
-#   The figures keep the paper's max.
+#   The figures keep the paper's max. Within a problem the statistic is still the paper's max over positions
+#   (and cut points), so it saturates at the clip too; rows where half a half's values sit there are not testable.
+#   A mean over positions with a floored denominator would not saturate, but needs every skip run recomputed with
+#   per-position values kept; this build has not done that yet.
 # - **The cutoff.** The figures' cutoff (max over problems, the chapter's `threshold`) cannot exceed L − 1, since
 #   the last layer has no later layer; the registry's cutoff leaves that layer out and is L ("none") when layer
 #   L − 2 still feeds forward. It moves with the threshold, so it is reported here and not counted on the findings

@@ -312,10 +312,19 @@ comparison_maps(concat_tables(case), list(case), method="ig")  # one titled row 
 # - **Claim aggregation.** The criterion uses the layer effect aggregated by the *mean* over items; the paper's
 #   figure probably shows the max-aggregated version (both are in the results table and the charts). The depth
 #   score of a verdict leaves layers 0–1 out (the book's convention; they carry 25–38 % of the score's weight).
+# - **The equivalence test.** "Depth does not grow" is decided against a margin derived from the alternative: if
+#   each added operation used one more layer, the depth score would rise by one layer per level; the margin is half
+#   of that, 0.5 layer per level (0.5 / L of the depth: 0.017 for SmolLM2's 30 layers), and "agrees" needs the whole
+#   interval of the fitted slope below it. The fit uses only levels the model solves above their own
+#   constant-answer baseline, at least three of them (on a level the model guesses, "difficulty" never engages its
+#   computation). A positive control shows the pipeline could see growth: the model's own effect profiles, shifted
+#   one layer deeper per level, must reach "disagrees"; otherwise the row has no valid control. The paper states no
+#   margin; the earlier criterion of this book (a rise below 0.05 of the depth over all levels) was not derived.
 # - **Length.** Harder levels come with longer prompts (MATH level-1 items are not even the shortest; the mean
 #   tokens per level are in the sizes table above), and a depth score can move with length alone. The verdicts do
-#   not yet compare levels at matched length; with the competence and sample-size gates they are mostly "not
-#   testable" at this profile's sizes anyway.
+#   not yet compare levels at matched length or regress length out: the per-item table the registry reads does not
+#   carry the prompt length yet. A slope that agrees is therefore flat *despite* growing length, not at matched
+#   length.
 # - **Truncated solutions and small generation budget.** Keeping only the first `max_answer_tokens` solution
 #   tokens means the skip effects are measured on the start of the solution only; a `gen_tokens` budget cuts off
 #   some long MATH answers before their `\boxed{}`, which then count as unsolved.

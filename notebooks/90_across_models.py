@@ -84,12 +84,17 @@ md(source.note if anything else
 # (straddling), **not testable** (a precondition failed: fewer than 10 units, a model that does not do the task, or a
 # claim it depends on). A row on fewer than 10 units (or short of its claim's own size rule, such as 10 items on
 # every difficulty level) is shown, marked "not counted", and left out of the counts below: its size is this build's
-# choice, not a finding about the model; so are the few claims a chapter reports for itself only. Beside each verdict stands its **control**, judged by the same rule: a random-init model of
-# the same architecture (chapters 01–03), the count-bigram baseline (04), alignment by layer index (06), shuffled
-# training objectives (07); where the statistic is itself the comparison with the alternative (chapter 05's one-sided
-# equivalence test, chapter 06's error difference) the control is "built into the statistic". Where the control
-# reaches the same verdict (⊘), the check
-# cannot tell the trained model from the trivial mechanism and is not counted. Layers 0–1 are left out of every
+# choice, not a finding about the model; so are the few claims a chapter reports for itself only. A statistic
+# with half its values or more at a bound (a clip) is not testable (saturated).
+#
+# Beside each verdict stands its **control**, measured on the same units: a random-init model of the same
+# architecture (chapters 01–04; in chapter 04 read by the same lens), alignment by layer index (06), a permutation
+# null of shuffled training objectives (07), a positive control (05: the alternative, one more layer per level,
+# built from the model's own data, must be detected). Discrimination is a **paired test**: the statistic's
+# difference model − control, resampled jointly over the shared units, must have a 95 % interval that excludes 0;
+# each cell says on which side of its control the model lies. Rows whose interval contains 0 (⊘, **not
+# discriminating**) and rows without a valid control (∅: not run, flat over depth, saturated, too few shared units)
+# are shown and not counted as agreement or disagreement. Layers 0–1 are left out of every
 # verdict statistic; each chapter shows the statistic with them too. A "disagrees" is a finding about that
 # model at this scale, not an error: the chapter behind the row discusses it.
 

@@ -248,6 +248,9 @@ def test_interval_verdict_and_findings():
     text = scratch_page.findings_md(summary, _gains((0.2, 0.1, 0.3), (0.0, -0.1, 0.1)), _rises((0.4, 0.2, 0.6), (0, 0, 0)), edepth)
     assert "b on extrapolate, 5.0% — too low" in text and "(no clear difference)" in text
     assert text.endswith("probes is a 0.30, b 0.50.")
+    apart = scratch_page.findings_md(summary, _gains((0.2, 0.1, 0.3), (0.0, -0.1, 0.1)), _rises((0.4, 0.2, 0.6), (0, 0, 0)),
+                                     edepth, not_comparable="runs not comparable: a: 1 training seed")
+    assert "direction the paper reports" not in apart and "descriptive only" in apart and "a: 1 training seed" in apart
 
 
 @pytest.mark.unit

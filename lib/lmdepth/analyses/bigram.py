@@ -30,14 +30,6 @@ from lmdepth.results import RunResult, RunStore
 
 ANALYSIS = "bigram_baseline"
 MU = 1.0  # Dirichlet smoothing towards the unigram distribution
-PREFIX = "bigram:"
-
-
-def control_name(model: str) -> str:
-    """The name the baseline's rows carry in per-unit tables (``bigram:<model>``)."""
-    return f"{PREFIX}{model}"
-
-
 class BigramCounts:
     """Next-token counts c(a, v) and unigram counts c(v) over a token stream."""
 
@@ -116,26 +108,23 @@ def _compute(p: LensParams, key: dict[str, Any], examples: list, store: RunStore
     return table, meta, units
 
 
-def with_baseline(lens_units: pd.DataFrame, models: list[str], **kwargs: Any
-                  ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """Add the baseline to chapter 04's per-problem lens table, for the claim checks.
+def with_baseline(lens_units: pd.DataFrame, models: list[str], **kwargs: Any) -> pd.DataFrame:
+    """Add the baseline to chapter 04's per-problem lens table, as a reference for the tuned-lens claim (which
+    compares the tuned lens' overlap with it) and the charts — never as a control: flat over depth, it fixes every
+    settling depth by construction.
 
     Returns:
-        (the lens table plus, per model, a ``bigram`` lens: the baseline's value on each problem, flat over the
-        layers; the control table: rows named ``bigram:<model>`` in which every lens is that flat curve — a lens
-        check the baseline also passes does not need depth). No baseline for remote runs (it runs locally): then
-        ``(lens_units, None)``.
+        the lens table plus, per model, a ``bigram`` lens: the baseline's value on each problem, flat over the
+        layers. No baseline for remote runs (it runs locally): then ``lens_units`` unchanged.
 
     Args:
         lens_units: the lens runs' per-problem table (:func:`lmdepth.analyses.lens.run_units`).
         kwargs: the lens run's parameters.
     """
     if kwargs.get("remote"):
-        return lens_units, None
-    flat, controls = [], []
+        return lens_units
+    flat = []
     for m, r in many(run, models, **kwargs).items():
         layers = pd.DataFrame({"layer": range(int(lens_units[lens_units.model == m]["layer"].max()) + 1)})
         flat.append(r.units.assign(lens="bigram").merge(layers, how="cross"))
-        for lens in ("logit_lens", "tuned_lens", "bigram"):
-            controls.append(r.units.assign(model=control_name(m), lens=lens).merge(layers, how="cross"))
-    return (pd.concat([lens_units, *flat], ignore_index=True), pd.concat(controls, ignore_index=True))
+    return pd.concat([lens_units, *flat], ignore_index=True)

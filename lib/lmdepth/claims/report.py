@@ -90,8 +90,9 @@ def control_cell(r) -> str:
 
 
 def display(verdicts: pd.DataFrame) -> pd.DataFrame:
-    """The compact table a chapter shows: claim, model, n, statistic with its 95 % interval, verdict, the control's
-    own statistic by the same rule (shown, not deciding), the discrimination test, and how the row is counted."""
+    """The compact table a chapter shows: claim, model, n, statistic with its 95 % interval, verdict, the share of
+    values at a bound (for statistics with a clip; ≥ 50 % in a compared group: not testable), the control's own
+    statistic by the same rule (shown, not deciding), the discrimination test, and how the row is counted."""
     out = pd.DataFrame({
         "claim": verdicts["claim"],
         "rule": verdicts["rule"],
@@ -100,6 +101,7 @@ def display(verdicts: pd.DataFrame) -> pd.DataFrame:
         "statistic [95 % CI]": [_fmt(r.estimate, r.ci_low, r.ci_high) for r in verdicts.itertuples()],
         "with layers 0–1": [f"{v:.3g}" if np.isfinite(v) else "—" for v in verdicts["with_layers_0_1"]],
         "verdict": [r.state + (f" ({r.reason})" if r.reason else "") for r in verdicts.itertuples()],
+        "at the bound": [f"{v:.0%}" if np.isfinite(v) else "—" for v in verdicts["at_bound"]],
         "control's statistic": [_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)
                                 if r.control_kind == PAIRED else "—" for r in verdicts.itertuples()],
         "discrimination": [control_cell(r) for r in verdicts.itertuples()],

@@ -201,10 +201,19 @@ def interval_verdict(r: pd.Series, better: str, worse: str | None = None) -> str
     return (worse or f"the opposite of {better}") if r.ci_high < 0 else "no clear difference"
 
 
-def findings_md(summary: pd.DataFrame, gains: pd.DataFrame, rises: pd.DataFrame, edepth: pd.DataFrame) -> str:
+def findings_md(summary: pd.DataFrame, gains: pd.DataFrame, rises: pd.DataFrame, edepth: pd.DataFrame,
+                not_comparable: str = "") -> str:
     """What the runs show, as one paragraph: the best exact match, the MoEUT − Transformer gains on extrapolation
-    (exact match, answer loss), the rise of the depth score and the mean erasure depth per run."""
+    (exact match, answer loss), the rise of the depth score and the mean erasure depth per run.
+
+    Args:
+        not_comparable: why the four runs cannot be compared (the registry's precondition,
+            :func:`lmdepth.claims.scratch.comparable`), "" when they can: then a gain's sign is read as a direction;
+            otherwise the differences are described, not read.
+    """
     gx = extrapolation_gains(gains)
+    read = (lambda r: interval_verdict(r, "the direction the paper reports")) if not not_comparable else (
+        lambda r: "descriptive only: the runs are not comparable")
     mo, tf = answer_only_rises(rises)
     best = summary.loc[summary.accuracy.idxmax()]
     lx = gx.loc[("answer loss reduction", "moeut − transformer")]
@@ -213,12 +222,13 @@ def findings_md(summary: pd.DataFrame, gains: pd.DataFrame, rises: pd.DataFrame,
             f"{best.accuracy:.1%}"
             + (" — too low for the paper's accuracy comparison to show at this scale" if summary.accuracy.max() < 0.1 else "")
             + f". MoEUT − Transformer gain in extrapolation exact match from not modelling the question: {ex.gain:+.1%} "
-            f"[{ex.ci_low:+.1%}, {ex.ci_high:+.1%}] ({interval_verdict(ex, 'the direction the paper reports')}). The "
+            f"[{ex.ci_low:+.1%}, {ex.ci_high:+.1%}] ({read(ex)}). The "
             f"answer loss is finer: on extrapolation, not modelling the question changes it by "
             f"{-gx.loc[('answer loss reduction', 'moeut')].gain:+.3f} nats per answer token for MoEUT and "
             f"{-gx.loc[('answer loss reduction', 'transformer')].gain:+.3f} for the Transformer (reduction MoEUT − "
             f"Transformer {lx.gain:+.3f} [{lx.ci_low:+.3f}, {lx.ci_high:+.3f}]: "
-            f"{interval_verdict(lx, 'the direction the paper reports')}). "
+            f"{read(lx)}). "
+            + (f"These differences are not evidence about the architectures: {not_comparable.removeprefix('runs not comparable: ')}. " if not_comparable else "")
             + f"The depth score of MoEUT with the question not modelled rises by {mo[RISE]:+.3f} of its depth from the "
             f"simplest to the longest problems (95% CI {mo['95% CI']}); the Transformer's by {tf[RISE]:+.3f}. "
             "Descriptively (not a criterion set in advance), the mean erasure depth of the question tokens over the "

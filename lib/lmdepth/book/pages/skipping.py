@@ -38,9 +38,12 @@ def later_effects_md(current: RunResult, future: RunResult, threshold: float) ->
     cur_later = later_effect(matrix(current.table, "current", "layer"))
     s = future.meta["summary"]["layer"]
     L = future.meta["model"]["n_layers"]
-    return (f"Largest effect of a skipped layer on any later layer, mean over the first vs the second half of the layers: "
-            f"all tokens {halves(cur_later)[0]:.2f} → {halves(cur_later)[1]:.2f}; future tokens "
-            f"{halves(fut_later)[0]:.2f} → {halves(fut_later)[1]:.2f}. **Cutoff** (the first layer from which skipping "
+    return (f"In the paper's aggregation — the largest relative change of any later layer, over positions and "
+            f"problems, unclipped — the mean over the first vs the second half of the layers is: all tokens "
+            f"{halves(cur_later)[0]:.3g} → {halves(cur_later)[1]:.3g}; future tokens {halves(fut_later)[0]:.3g} → "
+            f"{halves(fut_later)[1]:.3g}. A max of a relative change is carried by its few exploding values (a layer "
+            f"whose clean contribution is near zero), so these numbers decide nothing: the verdicts below use "
+            f"per-problem values clipped at 1 and report the share at the clip. **Cutoff** (the first layer from which skipping "
             f"changes no later layer's future contribution by ≥ {threshold:g}): layer {s['cutoff']} of {L} "
             f"(relative depth {s['rel_depth']:.2f}; 95 % bootstrap interval over problems: layers "
             f"{s['ci_low']:.0f}–{s['ci_high']:.0f}).")
