@@ -153,7 +153,7 @@ CONTROL = (f"a positive control: the same pipeline on the model's own effect pro
 CLAIMS: tuple[ClaimSpec, ...] = tuple(
     ClaimSpec(
         id=f"complexity.{source}_depth_flat", chapter="complexity", figure="Figs. 5–6",
-        claim=f"{SOURCE_TITLES[source]}: depth does not grow with difficulty",
+        claim=f"{SOURCE_TITLES[source]}: depth grows by less than half a layer per level",
         statement="Harder problems do not use deeper layers: the depth score stays flat across difficulty levels.",
         statistic=f"rise: slope of the depth score D in layers per level, over the levels of "
                   f"{min(LEVELS[source])}–{max(LEVELS[source])} the model solves above the constant answer (layer "

@@ -98,13 +98,13 @@ _KL_HISTORY = ("2026-11-26: the KL level is a fraction of the largest KL over th
 
 CLAIMS: tuple[ClaimSpec, ...] = (
     ClaimSpec(
-        id="lens.logit_overlap_mid", chapter="lens", figure="Fig. 4", claim="logit lens: overlap rises from mid-depth",
+        id="lens.logit_overlap_mid", chapter="lens", figure="Fig. 4", claim="logit lens: overlap first exceeds 0.2 at or after mid-depth",
         statement="The logit lens' prediction agrees with the output only from mid-depth on.",
         statistic=f"depth: l / L of the first layer where the mean top-5 overlap with the output exceeds {OVERLAP:g}",
         unit="problem", rule=SETTLES, values=curve("logit_lens", "top5_overlap"),
         reduce=_overlap_depth(EARLY_LAYERS), with_early=_overlap_depth(0), control=TWIN, history=_HISTORY),
     ClaimSpec(
-        id="lens.logit_kl_mid", chapter="lens", figure="Fig. 4", claim="logit lens: KL falls from mid-depth",
+        id="lens.logit_kl_mid", chapter="lens", figure="Fig. 4", claim="logit lens: KL first falls below 10 % of its maximum at or after mid-depth",
         statement="The logit lens' KL to the output falls only from mid-depth on.",
         statistic=f"depth: l / L of the first layer (≥ 2) where the mean KL(P_lens ‖ P_final) is below "
                   f"{KL_FRACTION:g} × its largest value over layers 2…L−1",
@@ -112,7 +112,7 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         reduce=_kl_depth(EARLY_LAYERS), with_early=_kl_depth(0), control=TWIN, history=_HISTORY + _KL_HISTORY),
     ClaimSpec(
         id="lens.tuned_over_bigram_mid", chapter="lens", figure="Fig. 4 (tuned lens)",
-        claim="tuned lens: beats the bigram baseline from mid-depth",
+        claim="tuned lens: first beats the bigram baseline by 0.2 at or after mid-depth",
         statement="Read with a tuned lens too, the prediction forms only from mid-depth on.",
         statistic=f"depth: l / L of the first layer where the mean top-5 overlap exceeds the bigram baseline's by "
                   f"{MARGIN:g}",

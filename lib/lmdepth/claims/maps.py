@@ -94,7 +94,7 @@ CLAIMS: tuple[ClaimSpec, ...] = (
                  "passes (absolute-index alignment: 0.94–1.00).",)),
     ClaimSpec(
         id="maps.best_near_equal_depth", chapter="maps", figure="Fig. 8",
-        claim="best sources lie on the equal-depth line",
+        claim="best sources lie within 0.1 of the equal-depth line",
         statement="Each layer of one model is best predicted by the layer of the other at the same relative depth.",
         statistic="offset: mean |m*/L_A − l/L_B| of the best source m* over target boundaries 2…L_B",
         unit="target boundary", rule=Rule(0.1, "below"),

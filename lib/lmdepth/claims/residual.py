@@ -83,7 +83,7 @@ CLAIMS: tuple[ClaimSpec, ...] = (
             "smooth decay passes it. Discrimination became a paired interval of (trained − twin) over the shared "
             "problems (was: the twin reaching another state).",)),
     ClaimSpec(
-        id="norms.attention_drops_most", chapter="norms", figure="Fig. 2a", claim="attention drops most",
+        id="norms.attention_drops_most", chapter="norms", figure="Fig. 2a", claim="attention drops more than the MLP",
         statement="The drop is largest for the attention sublayers.",
         statistic="difference: attention half-ratio − MLP half-ratio (without layers 0–1)",
         unit="problem", rule=Rule(0.0, "below"), values=token_weighted("relative_contribution", ("attention", "mlp")),

@@ -169,7 +169,7 @@ def _paired(spec: ClaimSpec, real: pd.DataFrame, control: pd.DataFrame, n_boot: 
     r, c = real.loc[shared].to_numpy(dtype=float), control.loc[shared].to_numpy(dtype=float)
     if r.shape[1] != c.shape[1]:
         return None, f"the control has {c.shape[1]} values per unit, the model {r.shape[1]}"
-    why = degenerate(control.loc[shared]) or (spec.control_check(r, c) if spec.control_check is not None else "")
+    why = spec.control_check(r, c) if spec.control_check is not None else ""
     if why:
         return None, why
     p = paired_interval(r, c, spec.reduce, n_boot=n_boot, seed=seed)
@@ -183,7 +183,8 @@ def _side(spec: ClaimSpec, diff: float) -> str:
     if spec.rule.side == "between":
         return "later than its control" if diff > 0 else "earlier than its control"
     paper = diff < 0 if spec.rule.side == "below" else diff > 0
-    return "beyond its control, on the paper's side" if paper else "short of its control (the control is further on the paper's side)"
+    return ("beyond its control, on the paper's side" if paper
+            else "short of its control (the control is further on the paper's side)")
 
 
 def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd.DataFrame | None,
@@ -192,8 +193,9 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
     """One verdict row: the model's verdict, the statistic with layers 0–1, the control's verdict by the same rule
     (shown, not deciding), and the discrimination test of the row's ``control_kind``:
 
-    * ``paired`` — real − control on the shared units, resampled jointly: ``paired_diff`` [``paired_low``, ``paired_high``];
-      discriminates when the interval excludes 0; ``side`` says where the model lies relative to its control;
+    * ``paired`` — real − control on the shared units, resampled jointly: ``paired_diff`` [``paired_low``,
+      ``paired_high``]; discriminates when the interval excludes 0; ``side`` says where the model lies relative to
+      its control;
     * ``permutation`` — the statistic over ``n_null`` permuted copies: ``control_estimate`` is the null's median,
       [``control_ci_low``, ``control_ci_high``] its central 95 %, ``p_value`` two-sided;
     * ``built into the statistic`` — the statistic is the comparison with the alternative; with ``positive`` the
@@ -218,8 +220,8 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
            "state": real.state, "reason": real.reason, "with_layers_0_1": early, "at_bound": share,
            "control": spec.control, "control_model": control_model, "headline": spec.headline and sized,
            "control_state": "", "control_reason": "", "control_estimate": NAN, "control_ci_low": NAN,
-           "control_ci_high": NAN, "paired_diff": NAN, "paired_low": NAN, "paired_high": NAN, "p_value": NAN, "side": "",
-           "control_valid": False, "control_note": "", "discriminates": False}
+           "control_ci_high": NAN, "paired_diff": NAN, "paired_low": NAN, "paired_high": NAN, "p_value": NAN,
+           "side": "", "control_valid": False, "control_note": "", "discriminates": False}
     if real.state == "not testable":  # nothing to discriminate; the control is still shown where it ran
         row["control_note"] = "the check itself is not testable"
     if spec.null is not None:
