@@ -190,6 +190,10 @@ verdicts = report.check("skipping", comparison.units, models, controls, n_boot=n
 report.save(verdicts, "skipping", results_dir)
 show_table(report.display(verdicts))
 
+# %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-skipping-claims"}}
+from lmdepth.charts.findings import claims_forest
+claims_forest(verdicts)
+
 # %% tags=["remove-cell"]
 # Identities that hold whatever the model (checks of the code, not of the claim).
 page.check_identities(comparison.table, models)

@@ -259,6 +259,10 @@ verdicts = report.check("lens", units, models, controls, n_boot=n_boot, seed=see
 report.save(verdicts, "lens", results_dir)
 show_table(report.display(verdicts))
 
+# %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-lens-claims"}}
+from lmdepth.charts.findings import claims_forest
+claims_forest(verdicts)
+
 # %% tags=["remove-cell"]
 # Invariants that must hold whatever the model (checks of the code, not of the paper's claim).
 page.check_invariants(all_tables, all_meta, curves, models, lens_dtype, tuned=tuned_lens)

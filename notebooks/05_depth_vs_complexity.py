@@ -231,6 +231,10 @@ verdicts = report.check("complexity", table, models, None, n_boot, seed, only=cc
 report.save(verdicts, "complexity", results_dir)
 show_table(report.display(verdicts))
 
+# %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-complexity-claims"}}
+from lmdepth.charts.findings import claims_forest
+claims_forest(verdicts)
+
 # %% [markdown]
 # ## Residual erasure (Fig. 6b)
 #

@@ -98,6 +98,13 @@ md(source.note if anything else
 # verdict statistic; each chapter shows the statistic with them too. A "disagrees" is a finding about that
 # model at this scale, not an error: the chapter behind the row discusses it.
 
+# %% mystnb={"figure": {"caption": "The headline as a picture: the counted (claim × model) verdicts per state, per model or model pair (the numbers of the table below).", "name": "fig-findings-headline"}}
+from lmdepth.charts.findings import claims_forest, headline_bar
+headline_bar(verdicts)
+
+# %% mystnb={"figure": {"caption": "Every verdict row, grouped by chapter. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show (a control built into the statistic, none valid, or a check that is not testable). Colour: how the row is counted; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-findings-forest"}}
+claims_forest(verdicts)
+
 # %% tags=["hide-input"]
 if len(verdicts):
     md(f"The registry's criteria were last changed in commit {report.registry_commit()}; every verdict below was "
