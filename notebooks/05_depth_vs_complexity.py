@@ -83,6 +83,7 @@ n_boot: int = 1000  # bootstrap resamples over items for the intervals
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
 device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda"
 dtype: str = "float32"  # "float32", "bfloat16", "float16"
+remote: object = False  # false: here; true: on NDIF (a hosted hub id; NDIF_API_KEY; with ig_steps 0); "local": the offline simulation of NDIF
 use_cache: bool = True  # reuse finished runs and resume interrupted ones; False recomputes
 results_dir: str = "results"  # where tidy tables and sidecars are written
 
@@ -106,7 +107,7 @@ complexity.check_chapter_parameters(sources=sources, n_per_level=n_per_level, n_
 case_kw = erasure.check_chapter_parameters(n_case_studies=n_case_studies, n_case_studies_compare=n_case_studies_compare,
     ig_steps=ig_steps, n_ig_prompts=n_ig_prompts, ig_rule=ig_rule, n_ig_prompts_compare=n_ig_prompts_compare)
 dev = resolve_device(device)
-loaders = complexity.model_loaders(models, device=dev, dtype=dtype)  # each model loads at most once
+loaders = complexity.model_loaders(models, device=dev, dtype=dtype, remote=remote)  # each model loads at most once
 
 # %% [markdown]
 # ## Data with known difficulty
@@ -152,7 +153,7 @@ loaders = complexity.model_loaders(models, device=dev, dtype=dtype)  # each mode
 results = complexity.run_grid(models, sources, n_per_level, n_synthetic, n_per_level_compare, n_synthetic_compare,
                               max_answer_tokens, loaders, seed=seed, n_cuts=n_cuts, hop_cut=hop_cut,
                               gen_tokens=gen_tokens, n_boot=n_boot, device=dev, dtype=dtype, results_dir=results_dir,
-                              use_cache=use_cache)
+                              use_cache=use_cache, remote=remote)
 levels, slopes, solved, items, table = complexity.grid_frames(results)
 md(page.runs_note(results))
 
@@ -248,7 +249,7 @@ claims_forest(verdicts)
 
 # %% tags=["hide-input"]
 case = erasure.run_case_studies(models, loaders=loaders, n_mean_examples=n_mean_examples, device=dev, dtype=dtype,
-                                results_dir=results_dir, use_cache=use_cache, **case_kw)
+                                results_dir=results_dir, use_cache=use_cache, remote=remote, **case_kw)
 show_table(page.case_table(case))
 
 # %% mystnb={"figure": {"caption": "Residual erasure for the main model: effect on the answer predictions of replacing the residual at (layer boundary, token) with the mean residual. Row 0 = embeddings, layer 0 at the bottom; the last token is not shown (it feeds no answer prediction). The colour scale is clipped at the largest effect outside position 0 (erasing the attention-sink token breaks everything; hover for values). A compositional computation would show a left-to-right staircase.", "name": "fig-erasure"}}

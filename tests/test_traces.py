@@ -470,3 +470,94 @@ def test_lens_trace_on_the_packaged_smollm2_equals_the_reference():
     (record,) = server.REQUESTS[before:]
     assert record.payload_bytes < 4 * tr.A.numel() * 1.01 + 100_000  # SmolLM2's translators: 40 MB, and no more
     assert record.result_bytes < 4 * got.numel() + 4_000
+
+
+# ---- chapter 05: depth score, correctness check, erasure ------------------------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
+def test_correctness_traces_equal_the_plain_reference(family):
+    from lmdepth.model.generate import generate_greedy, teacher_forced_correct
+    from lmdepth.model.registry import LoadedModel
+    from lmdepth.traces.generation import greedy_matches, greedy_texts
+
+    model, tok = tiny_model(family), tiny_tokenizer()
+    lm = LoadedModel("tiny", model, tok, ModelAdapter.for_model(model), "local")
+    prompts = ["Problem: 1+1=", "Problem: what is 12 times 3?\nSolution:", "abc"]
+    ref = generate_greedy(lm, prompts, 12)
+    ids = tok("12+7=19", return_tensors="pt").input_ids
+    with torch.no_grad():  # an answer the model does produce greedily, so a match can be found
+        greedy = model(ids[:, :5]).logits[0, -1].argmax()
+    own = torch.cat([ids[:, :5], greedy.view(1, 1)], 1)
+    for remote in (False, "local"):
+        before = len(server.REQUESTS)
+        assert greedy_texts(lm.nn, tok, prompts, 12, remote=remote, batch_size=2) == ref  # two batches
+        for x, a in ((ids, 5), (own, 5)):
+            assert greedy_matches(lm.nn, x, a, remote) == teacher_forced_correct(lm, x, a)
+        if remote == "local":
+            records = server.REQUESTS[before:]
+            assert len(records) == 4 and records[0].saved == ["new"] and records[2].saved == ["match"]
+            assert all(r.payload_bytes < 50_000 and r.result_bytes < 4_000 for r in records)
+    assert greedy_matches(lm.nn, own, 5) and not greedy_matches(lm.nn, ids, 5)  # both outcomes are exercised
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
+def test_erasure_session_and_means_equal_the_hook_reference(family):
+    from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
+    from lmdepth.traces.erasure import boundary_sums, erasure_effects
+
+    model, tok = tiny_model(family), tiny_tokenizer()
+    adapter = ModelAdapter.for_model(model)
+    stack, paths, nn = AdapterStack(adapter), TapPaths.of(adapter), _wrap(model)
+    texts = [tok(t, return_tensors="pt").input_ids for t in ("One text here.", "Another, longer text: 12 + 7.")]
+    mu = mean_residuals(stack, texts)
+    got_mu = sum(boundary_sums(nn, paths, t, remote="local") for t in texts) / sum(t.shape[1] for t in texts)
+    assert (got_mu - mu).abs().max() <= 1e-5
+    ids = tok("a=3\nb=a+2\nc=b-4\nd=6", return_tensors="pt").input_ids
+    a = ids.shape[1] - 1
+    ref = erasure_map(stack, ids, a, mu, batch_size=8)
+    assert ref.max() > 1e-3  # erasing moves the answer: the comparison can fail
+    for remote in (False, "local"):
+        before = len(server.REQUESTS)
+        got = erasure_effects(nn, paths, ids, a, mu, batch_size=8, remote=remote)
+        assert got.shape == (adapter.n_layers + 1, ids.shape[1]) and (got - ref).abs().max() <= 1e-5, remote
+        if remote == "local":
+            (record,) = server.REQUESTS[before:]  # the whole prompt: one session, one request
+            assert record.saved == ["effects"] and record.payload_bytes < 100_000
+            assert record.result_bytes < 4 * ref.numel() + 4_000
+
+
+@pytest.mark.integration
+def test_chapter_05_runs_under_the_strict_server_give_the_local_tables(tiny_dirs, tmp_path):
+    from lmdepth.analyses import complexity, erasure
+
+    model = str(tiny_dirs["qwen2"])
+    kw = dict(source="vars", n_per_level=2, levels=[1, 2], n_boot=20)
+    here = complexity.run(model, results_dir=tmp_path / "a", **kw)
+    before = len(server.REQUESTS)
+    sim = complexity.run(model, results_dir=tmp_path / "b", remote="local", **kw)
+    assert len(server.REQUESTS) - before == 2 * 4  # per item: the correctness check and the skip session
+    assert sim.meta["parameters"]["remote"] == "local"
+    assert (here.table["value"] - sim.table["value"]).abs().max() <= 1e-5
+    assert here.table.drop(columns="value").equals(sim.table.drop(columns="value"))
+    ekw = dict(n_case_studies=2, n_mean_examples=2, ig_steps=0, erasure_batch=16)
+    here = erasure.run(model, results_dir=tmp_path / "a", **ekw)
+    sim = erasure.run(model, results_dir=tmp_path / "b", remote="local", **ekw)
+    assert (here.table["value"] - sim.table["value"]).abs().max() <= 1e-5
+    assert here.meta["summary"] == sim.meta["summary"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("remote", [True, "local"])
+def test_integrated_gradients_refuse_remote_in_one_line(remote):
+    from lmdepth.analyses.erasure import ErasureParams
+    from lmdepth.analyses.complexity import ComplexityParams
+    from lmdepth.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="integrated gradients run here only") as e:
+        ErasureParams(model_name="org/model", remote=remote)
+    assert "\n" not in str(e.value)
+    assert ErasureParams(model_name="org/model", remote=remote, ig_steps=0).remote == remote
+    assert ErasureParams(model_name="org/model", remote=remote, ig_prompts=0).remote == remote
+    assert ComplexityParams(model_name="org/model", remote=remote).remote == remote

@@ -3,8 +3,8 @@
 Introduced in chapter 05. The items and their difficulty levels come from :mod:`lmdepth.data.difficulty`; the
 depth score and its statistics from :mod:`lmdepth.metrics.depth`.
 
-Per item the layer-skip effects come from the fast path of :mod:`lmdepth.hooks.skipping` (the paper's ``test_effect``
-with part "layer", future version): layer s is skipped at positions 1..t−1 and the effect measured at positions ≥ t,
+Per item the layer-skip effects come from chapter 03's remote-ready session (:func:`lmdepth.traces.skip_effects.skip_effects`,
+the paper's ``test_effect`` with part "layer", future version; one request per item on NDIF): layer s is skipped at positions 1..t−1 and the effect measured at positions ≥ t,
 max over the item's cut points. For MATH and GSM8K the cut points are ``a_start + o`` with o drawn from
 ``range(0, n_answer − 4, 4)`` (the first 4 after a seeded shuffle), as in the authors' script. For the one-token
 synthetic answers the default cut is the **answer-predicting** position ``t = a_start − 1`` on the prompt alone
@@ -30,13 +30,14 @@ from lmdepth.data.datasets import Example, content_digest, selection_record
 from lmdepth.data.difficulty import (LEVELS, SOURCE_TITLES, SOURCES, SYNTHETIC, analysis_input, answer_start,
                                      difficulty_examples, gsm8k_correct, last_boxed, math_correct)
 from lmdepth.errors import DataError, ParameterError
-from lmdepth.hooks.skipping import prompt_effects
 from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics
-from lmdepth.model.generate import generate_greedy, teacher_forced_correct
 from lmdepth.model.registry import LoadedModel, load_model
-from lmdepth.params import ModelParams, check_choice, check_range, check_type, param
+from lmdepth.params import ModelParams, check_choice, check_range, check_remote, check_type, param
 from lmdepth.results import RunResult, RunStore
 from lmdepth.runtime import progress
+from lmdepth.traces.generation import greedy_matches, greedy_texts
+from lmdepth.traces.residual_metrics import TapPaths
+from lmdepth.traces.skip_effects import skip_effects
 
 ANALYSIS = "depth_complexity"
 
@@ -55,8 +56,11 @@ class ComplexityParams(ModelParams):
     hop_cut: str = param("predict", choices=("predict", "answer"),
                          help="multi-hop cut: 'predict' (t = a_start − 1) or 'answer' (t = a_start, the code)")
     gen_tokens: int = param(256, lo=0, hi=4096, help="MATH / GSM8K correctness: greedy generation budget (0: off)")
+    remote: bool | str = param(False, help="false: here; true: on NDIF (hub ids only); 'local': the offline "
+                                            "simulation of NDIF")
 
     def check_consistency(self) -> None:
+        check_remote(self.model_name, self.remote)
         for lv in self.levels or ():
             if lv not in LEVELS[self.source]:
                 raise ParameterError(f"Parameter 'levels' of {self.source} must be within {list(LEVELS[self.source])}, "
@@ -67,13 +71,20 @@ def _correctness(lm: LoadedModel, source: str, todo: list[tuple[Example, torch.T
                  ) -> dict[str, tuple[int, str]]:
     """Item id → (1 solved / 0 not / −1 not checked, generated text)."""
     if source in SYNTHETIC:
-        return {e.id: (int(teacher_forced_correct(lm, ids, a)), "") for e, ids, a in todo}
+        return {e.id: (int(greedy_matches(lm.nn, ids, a, lm.remote_mode)), "") for e, ids, a in todo}
     if gen_tokens == 0:
         return {e.id: (-1, "") for e, _, _ in todo}
     texts = generate_greedy(lm, [e.prompt for e, _, _ in todo], gen_tokens)
     check = (lambda e, g: gsm8k_correct(g, e.meta["final_answer"])) if source == "gsm8k" else \
         (lambda e, g: math_correct(g, e.answer))
     return {e.id: (int(check(e, g)), g) for (e, _, _), g in zip(todo, texts)}
+
+
+def generate_greedy(lm: LoadedModel, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """Greedy solutions of ``prompts`` through the remote-ready generation trace (here, on NDIF or under its
+    simulation, as ``lm.remote_mode`` says)."""
+    return greedy_texts(lm.nn, lm.tokenizer, prompts, max_new_tokens, None if lm.remote else lm.device,
+                        lm.remote_mode)
 
 
 def run(params: ComplexityParams | str | None = None,
@@ -107,7 +118,7 @@ def run(params: ComplexityParams | str | None = None,
 
 def _compute(p: ComplexityParams, lm: LoadedModel | Callable[[], LoadedModel] | None, key: dict[str, Any],
              examples: list[Example], store: RunStore) -> tuple[pd.DataFrame, dict[str, Any]]:
-    lm = lm() if callable(lm) else (lm or load_model(p.model_name, device=p.device, dtype=p.dtype))
+    lm = lm() if callable(lm) else (lm or load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote))
     tok, source = lm.tokenizer, p.source
     if source in SYNTHETIC:
         bad = multihop.one_token_answers(tok, examples)
@@ -119,7 +130,8 @@ def _compute(p: ComplexityParams, lm: LoadedModel | Callable[[], LoadedModel] | 
     for ex in examples:
         item = store.load_item(ex.content_name)  # by content: a checkpoint never serves another text
         if item is None:
-            full = tok(ex.text, return_tensors="pt").input_ids.to(lm.device)  # length checked after truncation
+            full = tok(ex.text, return_tensors="pt").input_ids  # length checked after truncation
+            full = full if lm.remote else full.to(lm.device)  # NDIF: the ids travel from the CPU
             todo.append((ex, full))
         else:
             items[ex.id] = item
@@ -135,7 +147,8 @@ def _compute(p: ComplexityParams, lm: LoadedModel | Callable[[], LoadedModel] | 
         if lm.max_tokens and ids.shape[1] > lm.max_tokens:
             raise DataError(f"Example {ex.id} has {ids.shape[1]} tokens, more than {p.model_name}'s context of "
                             f"{lm.max_tokens}: set max_answer_tokens to keep only the start of long solutions.")
-        E, O = prompt_effects(lm.adapter, ids, cuts=cuts, parts=("layer",), local=False, current=False)["future", "layer"]
+        E, O = skip_effects(lm.nn, TapPaths.of(lm.adapter), ids, cuts=cuts, parts=("layer",), local=False,
+                            current=False, config=lm.model.config, remote=lm.remote_mode)["future", "layer"]
         ok, text = correct[ex.id]
         item = {"E": E.numpy(), "O": O.numpy(), "correct": np.array(ok), "n_tokens": np.array(ids.shape[1]),
                 "a_start": np.array(a_start), "cuts": np.array(cuts), "generated": np.array(text),
@@ -156,7 +169,7 @@ def _compute(p: ComplexityParams, lm: LoadedModel | Callable[[], LoadedModel] | 
                         "n_tokens": [int(items[e.id]["n_tokens"]) for e in examples],
                         "layer_effect": depth_score(layer_effect(E)), "logit_effect": depth_score(O)})
     meta = {
-        "parameters": {"model_name": p.model_name, **key, "device": p.device},
+        "parameters": {"model_name": p.model_name, **key, "device": p.device, "remote": p.remote},
         "model": lm.provenance(),
         "data": {**selection_record(source, "random", p.seed, examples),
                  "levels": [int(x) for x in lv], "cuts": {e.id: items[e.id]["cuts"].tolist() for e in examples}},
@@ -168,10 +181,11 @@ def _compute(p: ComplexityParams, lm: LoadedModel | Callable[[], LoadedModel] | 
     return table, meta
 
 
-def model_loader(model_name: str, device: str = "cpu", dtype: str = "float32") -> Callable[[], LoadedModel]:
+def model_loader(model_name: str, device: str = "cpu", dtype: str = "float32",
+                 remote: bool | str = False) -> Callable[[], LoadedModel]:
     """A function that loads the model on its first call and returns the same object afterwards (so several
     cached runs of one model load it at most once, and not at all when every run is cached)."""
-    return cache(lambda: load_model(model_name, device=device, dtype=dtype))
+    return cache(lambda: load_model(model_name, device=device, dtype=dtype, remote=remote))
 
 
 def reference_answer(source: str, ex: Example) -> str:
@@ -250,10 +264,10 @@ def check_chapter_parameters(*, sources: list[str], n_per_level: int, n_syntheti
     ComplexityParams(n_cuts=n_cuts, hop_cut=hop_cut, gen_tokens=gen_tokens, n_boot=n_boot)
 
 
-def model_loaders(models: list[str], device: str = "cpu", dtype: str = "float32",
+def model_loaders(models: list[str], device: str = "cpu", dtype: str = "float32", remote: bool | str = False,
                   ) -> dict[str, Callable[[], LoadedModel]]:
     """One :func:`model_loader` per model: each model loads at most once however many runs use it."""
-    return {m: model_loader(m, device=device, dtype=dtype) for m in models}
+    return {m: model_loader(m, device=device, dtype=dtype, remote=remote) for m in models}
 
 
 def run_grid(models: list[str], sources: list[str], n_per_level: int, n_synthetic: int, n_per_level_compare: int,
@@ -276,7 +290,8 @@ def run_grid(models: list[str], sources: list[str], n_per_level: int, n_syntheti
         ``{(model, source): RunResult}``.
     """
     if loaders is None:
-        loaders = model_loaders(models, kwargs.get("device", "cpu"), kwargs.get("dtype", "float32"))
+        loaders = model_loaders(models, kwargs.get("device", "cpu"), kwargs.get("dtype", "float32"),
+                                kwargs.get("remote", False))
     results: dict[tuple[str, str], RunResult] = {}
     for m in models:
         main = m == models[0]

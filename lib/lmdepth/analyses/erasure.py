@@ -1,6 +1,8 @@
 """Residual erasure and integrated gradients of chapter 05's case-study prompts (paper Figs. 6a/6b): the cached run.
 
-The interventions themselves are in :mod:`lmdepth.hooks.stack`.
+The erasure is a remote-ready session (:mod:`lmdepth.traces.erasure`: here, on NDIF or under its offline
+simulation); integrated gradients take gradients through plain hooks (:mod:`lmdepth.hooks.stack`), so they run here
+only.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ import torch
 
 from lmdepth.analyses.run import Job
 from lmdepth.data.datasets import Example, load_examples
-from lmdepth.hooks.stack import AdapterStack, IGResult, erasure_map, integrated_gradients, mean_residuals
+from lmdepth.errors import ParameterError
+from lmdepth.hooks.stack import AdapterStack, IGResult, integrated_gradients
 from lmdepth.model.registry import LoadedModel, load_model
-from lmdepth.params import ModelParams, check_range, check_type, param
+from lmdepth.params import ModelParams, check_range, check_remote, check_type, param
 from lmdepth.results import RunResult, RunStore
 from lmdepth.runtime import progress
+from lmdepth.traces.erasure import boundary_sums, erasure_effects
+from lmdepth.traces.generation import greedy_matches
+from lmdepth.traces.residual_metrics import TapPaths
 
 ANALYSIS = "erasure_ig"
 
@@ -60,6 +66,16 @@ class ErasureParams(ModelParams):
                          help="'left' (the paper's left Riemann sum) or 'midpoint' (more accurate for few steps)")
     ig_batch: int = param(16, lo=1, hi=1024, help="interpolation steps per forward/backward pass")
     erasure_batch: int = param(32, lo=2, hi=4096, help="erased positions per forward pass (+ the clean copy)")
+    remote: bool | str = param(False, help="false: here; true: on NDIF (hub ids only; erasure only, ig_steps=0); "
+                                            "'local': the offline simulation of NDIF")
+
+    def check_consistency(self) -> None:
+        check_remote(self.model_name, self.remote)
+        if self.remote is not False and self.ig_steps and self.ig_prompts != 0:
+            raise ParameterError(
+                f"remote={self.remote!r}: integrated gradients run here only (they backpropagate through the model "
+                "with plain hooks, not an nnsight trace, so NDIF cannot run them); set ig_steps=0 (or ig_prompts=0) "
+                "for the erasure alone, or remote=false.")
 
 
 def run(params: ErasureParams | str | None = None, lm: LoadedModel | Any = None, **kwargs: Any) -> RunResult:
@@ -85,14 +101,16 @@ def run(params: ErasureParams | str | None = None, lm: LoadedModel | Any = None,
 
 def _compute(p: ErasureParams, lm: Any, studies: tuple[tuple[str, str, str], ...], n_ig: int, key: dict[str, Any],
              store: RunStore) -> tuple[pd.DataFrame, dict[str, Any]]:
-    lm = lm() if callable(lm) else (lm or load_model(p.model_name, device=p.device, dtype=p.dtype))
-    stack = AdapterStack(lm.adapter)
+    lm = lm() if callable(lm) else (lm or load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote))
+    stack, paths = AdapterStack(lm.adapter), TapPaths.of(lm.adapter)
+    softcap = getattr(lm.model.config, "final_logit_softcapping", None) or None
     means = store.load_item("means")
-    if means is None:
-        texts = load_examples("gsm8k", n_examples=p.n_mean_examples, selection="first")
-        means = {"mu": mean_residuals(stack, [lm.encode(e.text) for e in texts]).numpy()}
+    if means is None:  # token-weighted mean residual per boundary over the texts (BOS included)
+        encoded = [lm.encode(e.text) for e in load_examples("gsm8k", n_examples=p.n_mean_examples, selection="first")]
+        total = sum(boundary_sums(lm.nn, paths, ids, lm.remote_mode) for ids in encoded)
+        means = {"mu": (total / sum(ids.shape[0] * ids.shape[1] for ids in encoded)).numpy()}
         store.save_item("means", means)
-    mu = torch.from_numpy(means["mu"]).to(lm.device)
+    mu = torch.from_numpy(means["mu"])
     rows, summary = [], {}
     for k, (name, prompt, answer) in enumerate(progress(studies, desc=f"{p.model_name}: erasure and IG")):
         want_ig = bool(p.ig_steps) and k < n_ig
@@ -105,10 +123,8 @@ def _compute(p: ErasureParams, lm: Any, studies: tuple[tuple[str, str, str], ...
         if item is not None and want_ig and "ig" not in item:
             item = None  # computed earlier without integrated gradients
         if item is None:
-            er = erasure_map(stack, ids, a, mu, batch_size=p.erasure_batch)
-            with torch.no_grad():
-                logits = lm.model(ids, logits_to_keep=ids.shape[1] - a + 1).logits[0, :-1]
-            item = {"erasure": er.numpy(), "correct": np.array(int((logits.argmax(-1) == ids[0, a:]).all()))}
+            er = erasure_effects(lm.nn, paths, ids, a, mu, p.erasure_batch, softcap, lm.remote_mode)
+            item = {"erasure": er.numpy(), "correct": np.array(int(greedy_matches(lm.nn, ids, a, lm.remote_mode)))}
             if want_ig:
                 ig = integrated_gradients(stack, ids, a, n_steps=p.ig_steps, batch_size=p.ig_batch, rule=p.ig_rule)
                 item |= {"ig": ig.ig, "f_x": np.array(ig.f_x), "f_baseline": ig.f_baseline}
@@ -127,7 +143,7 @@ def _compute(p: ErasureParams, lm: Any, studies: tuple[tuple[str, str, str], ...
             info |= {"f_x": res.f_x, "f_baseline": res.f_baseline.tolist(),
                      "ig_sum": res.ig.sum(1).tolist(), "completeness_error": res.completeness_error.tolist()}
         summary[name] = info
-    meta = {"parameters": {"model_name": p.model_name, **key, "device": p.device},
+    meta = {"parameters": {"model_name": p.model_name, **key, "device": p.device, "remote": p.remote},
             "model": lm.provenance(), "summary": {"n_layers": lm.n_layers, "prompts": summary}}
     return pd.DataFrame(rows), meta
 

@@ -13,20 +13,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmdepth.errors import ParameterError
 from lmdepth.params import check_remote_mode
 
-#: The chapters whose model-running analysis is a remote-ready trace today, and which trace; every other analysis
-#: refuses ``remote`` other than false in one line (:func:`refuse_remote`) instead of silently running here.
+#: The chapters whose model-running analysis is a remote-ready trace today, and which trace; what cannot go remote
+#: (tuned-lens training, integrated gradients) refuses ``remote`` other than false in one line before any work.
 REMOTE_READY = {"norms": "residual metrics (lmdepth.traces.residual_metrics)",
                 "cosine": "residual metrics (lmdepth.traces.residual_metrics)",
                 "skipping": "skip effects, one session per problem (lmdepth.traces.skip_effects)",
                 "maps": "residual collection (lmdepth.traces.boundary_residuals); the maps are fitted here",
-                "lens": "logit lens and tuned lens applied (lmdepth.traces.lens); the tuned lens is trained here"}
+                "lens": "logit lens and tuned lens applied (lmdepth.traces.lens); the tuned lens is trained here",
+                "complexity": "depth score (lmdepth.traces.skip_effects), correctness check (lmdepth.traces.generation) "
+                              "and erasure (lmdepth.traces.erasure); integrated gradients run here (ig_steps=0)"}
 #: The chapters that do not run remotely, and why (the ones with a model refuse ``remote`` in one line).
-NOT_REMOTE = {"complexity": "not a remote-ready trace yet (depth score, erasure and integrated gradients use plain "
-                            "hooks); it has no remote parameter",
-              "moeut": "its models are trained here, not hosted on NDIF",
+NOT_REMOTE = {"moeut": "its models are trained here, not hosted on NDIF",
               "atlas": "runs no model (reads the other chapters' results)",
               "explorer": "not a remote-ready trace yet (plain hooks)",
               "reproducibility": "runs no model"}
@@ -48,16 +47,4 @@ def trace_kwargs(nn_model: Any, remote: bool | str, extra_payload: int = 0) -> d
     return {}
 
 
-def refuse_remote(what: str, remote: Any) -> None:
-    """One line, before any work, for an analysis that is not a remote-ready trace yet.
-
-    Raises:
-        ParameterError: ``remote`` is true or ``"local"``.
-    """
-    if remote is not False:
-        raise ParameterError(f"remote={remote!r}: {what} is not a remote-ready trace yet (it still runs plain hooks), "
-                             "so it cannot run on NDIF or under its offline simulation; use remote=false. Remote-ready "
-                             f"today: chapters {', '.join(REMOTE_READY)}.")
-
-
-__all__ = ["REMOTE_READY", "NOT_REMOTE", "trace_kwargs", "refuse_remote"]
+__all__ = ["REMOTE_READY", "NOT_REMOTE", "trace_kwargs"]
