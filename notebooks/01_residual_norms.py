@@ -154,9 +154,12 @@ across_models(all_tables, "relative_contribution", "Mean relative contribution",
 # ## Does the claim hold here?
 #
 # The claim checks come from the book's claims registry (`lmdepth.claims`); nothing in this page sets a threshold.
-# Each model is checked beside a random-init model of its own architecture, run on the same problems: a check the
-# untrained model also passes measures the architecture, not the training. A "disagrees" is a finding about that
-# model at this scale, not an error.
+# Each model is checked beside a random-init model of its own architecture, run on the same problems, and a check
+# counts only when the paired interval of (model − twin) over the problems excludes 0: a pattern the untrained model
+# shows just as strongly measures the architecture, not the training. The *discrimination* column says on which
+# side of its twin the model lies — an "agrees" whose twin drops *more* ("short of its control") says the drop comes
+# with the architecture, and training weakens it. A "disagrees" is a finding about that model at this scale, not an
+# error.
 
 # %% tags=["hide-input"]
 md(report.describe("norms"))

@@ -128,7 +128,8 @@ across_models(all_tables, "cosine", "Mean cosine similarity", ["attention", "mlp
 # ## Does the claim hold here?
 #
 # From the claims registry (`lmdepth.claims`), each model beside a random-init model of its own architecture on the
-# same problems.
+# same problems; a check counts only when the paired interval of (model − twin) excludes 0. For the transition's
+# depth, a twin without a sustained sign change lacks the pattern altogether, which tells the model from it.
 
 # %% tags=["hide-input"]
 md(report.describe("cosine"))

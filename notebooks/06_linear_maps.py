@@ -197,7 +197,8 @@ show_table(page.controls_table(table, meta))
 # ## Does the claim hold here?
 #
 # From the claims registry (`lmdepth.claims`), for each direction of each pair, over the target boundaries. The
-# control aligns the models by absolute layer index instead of relative depth. The self-map and the shuffled pairs
+# control aligns the models by absolute layer index instead of relative depth; for the best sources' offset the two
+# alignments are compared boundary by boundary (a paired interval that must exclude 0). The self-map and the shuffled pairs
 # check the method, not the paper; they are reported below the verdicts.
 
 # %% tags=["hide-input"]

@@ -115,15 +115,23 @@ def headline(verdicts: pd.DataFrame) -> str:
 
 
 def _beyond(verdicts: pd.DataFrame) -> str:
-    """How many counted agreements lie beyond their control on the paper's side (the rest: the control shows the
-    pattern at least as strongly, so the architecture or the data produce it, not training alone)."""
+    """Where the counted agreements lie relative to their controls: beyond them on the paper's side, short of them
+    (the untrained control shows the pattern more strongly, so training alone does not produce it), earlier or
+    later (a window rule), or decided against an alternative inside the statistic."""
     agree = verdicts[verdicts["headline"].astype(bool) & (verdicts["counted_as"] == "agrees")]
     if agree.empty:
         return ""
-    beyond = int(agree["side"].astype(str).str.startswith("beyond").sum())
-    short = int(agree["side"].astype(str).str.startswith("short").sum())
-    return (f" Of the {len(agree)} agreements, {beyond} lie beyond their control on the paper's side and {short} "
-            "short of it (the untrained control shows the pattern more strongly).")
+    side = agree["side"].fillna("").astype(str)
+    groups = [(side.str.startswith("beyond").sum(), "lie beyond their control on the paper's side"),
+              (side.str.startswith("short").sum(), "short of it (the untrained control shows the pattern more "
+                                                     "strongly)"),
+              (side.str.match(r"(earlier|later) than").sum(), "settle earlier or later than their control "
+                                                                "(a window rule)")]
+    rest = len(agree) - sum(int(n) for n, _ in groups)
+    parts = [f"{int(n)} {what}" for n, what in groups if n] + (
+        [f"{rest} rest on a statistic that is itself the comparison with its alternative, or on a control that "
+         "lacks the pattern the claim needs"] if rest else [])
+    return f" Of the {len(agree)} agreements, " + ", ".join(parts) + "."
 
 
 def _claims_by_state(verdicts: pd.DataFrame, state: str) -> str:

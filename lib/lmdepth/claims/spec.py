@@ -156,6 +156,8 @@ def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict
                 values, sized, share)
     pre = spec.precondition(units, model) if spec.precondition is not None else (True, "")
     failed = [w for w in (size[1] if not size[0] else "", "" if pre[0] else pre[1], saturated) if w]
+    if failed and not len(v):  # the values kept no unit because of a failed precondition: name it, not "0 units"
+        return Verdict("not testable", NAN, NAN, NAN, 0, "; ".join(failed)), values, sized, share
     return decide(v, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
                   precondition=(not failed, "; ".join(failed))), values, sized, share
 
