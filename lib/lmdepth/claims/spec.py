@@ -185,8 +185,7 @@ def _side(spec: ClaimSpec, diff: float) -> str:
     if spec.rule.side == "between":
         return "later than its control" if diff > 0 else "earlier than its control"
     paper = diff < 0 if spec.rule.side == "below" else diff > 0
-    return ("beyond its control, on the paper's side" if paper
-            else "short of its control (the control is further on the paper's side)")
+    return "beyond its control (the paper's side)" if paper else "short of its control"
 
 
 def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd.DataFrame | None,
