@@ -13,22 +13,9 @@
 # %% [markdown]
 # # Across models: the findings and an atlas on relative depth
 #
-# This page runs no model. It reads what the chapters saved — the tidy result tables under `results/` and each
-# chapter's check of the paper's claims — for **every model that has results**, and puts them side by side:
-#
-# 1. **Findings**: each claim of the paper, the figure that makes it, the chapter that reproduces it, and each
-#    model's verdict with its interval, sample size and control.
-# 2. **Atlas**: the depth at which each chapter says "the computation is done", per model, on one relative-depth
-#    axis, so that models of 18, 24 and 30 layers (and yours) can be compared.
-#
-# **Add a model.** Run the chapters for it, then rebuild this page:
-#
-# ```bash
-# source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
-# lmdepth run norms  --model Qwen/Qwen2.5-1.5B -p device cuda
-# lmdepth run lens   --model Qwen/Qwen2.5-1.5B -p device cuda
-# lmdepth run atlas                           # or: lmdepth book
-# ```
+# Every claim of the paper, checked on every model that has results, against its control; then where each
+# chapter says the computation ends, on one relative-depth axis. This page runs no model: it reads what the chapters
+# saved under `results/`.
 
 # %% tags=["remove-cell"]
 # Colab only. Fetches the repository (a shallow clone: the library, the stored results/ and the trained checkpoints),
@@ -71,32 +58,12 @@ shown = atlas.shown_models(table, models)
 table = table[table.model.isin(shown)]
 verdicts = findings.shown(findings.saved_verdicts(results_dir, profile=source.profile), shown)
 anything = bool(len(table) or len(verdicts))
-md(source.note if anything else
-   f"*Nothing has been run under `{results_dir}` yet, so there is nothing to summarise: run a chapter first (e.g. "
-   "01 residual norms, a few minutes on a CPU), or `lmdepth book` for all of them, then this page.*")
+if not anything:
+    md(f"*Nothing has been run under `{results_dir}` yet, so there is nothing to summarise: run a chapter first "
+       "(e.g. 01 residual norms, a few minutes on a CPU), or `lmdepth book` for all of them, then this page.*")
 
 # %% [markdown]
-# ## Findings: the paper's claims as verdicts
-#
-# Each claim in the book's claims registry (`lmdepth.claims`) is checked per model by a statistic over the units
-# the data were drawn as (problems, items, target boundaries), and decided from its 95 % bootstrap interval:
-# **agrees** (the whole interval on the paper's side), **disagrees** (on the other side), **inconclusive**
-# (straddling), **not testable** (a precondition failed: fewer than 10 units, a model that does not do the task, or a
-# claim it depends on). A row on fewer than 10 units (or short of its claim's own size rule, such as 10 items on
-# every difficulty level) is shown, marked "not counted", and left out of the counts below: its size is this build's
-# choice, not a finding about the model; so are the few claims a chapter reports for itself only. A statistic
-# with half its values or more at a bound (a clip) is not testable (saturated).
-#
-# Beside each verdict stands its **control**, measured on the same units: a random-init model of the same
-# architecture (chapters 01–04; in chapter 04 read by the same lens), alignment by layer index (06), a permutation
-# null of shuffled training objectives (07), a positive control (05: the alternative, one more layer per level,
-# built from the model's own data, must be detected). Discrimination is a **paired test**: the statistic's
-# difference model − control, resampled jointly over the shared units, must have a 95 % interval that excludes 0;
-# each cell says on which side of its control the model lies. Rows whose interval contains 0 (⊘, **not
-# discriminating**) and rows without a valid control (∅: not run, flat over depth, saturated, too few shared units)
-# are shown and not counted as agreement or disagreement. Layers 0–1 are left out of every
-# verdict statistic; each chapter shows the statistic with them too. A "disagrees" is a finding about that
-# model at this scale, not an error: the chapter behind the row discusses it.
+# ## Findings: the paper's claims against their controls
 
 # %% mystnb={"figure": {"caption": "The headline as a picture: the counted (claim × model) verdicts per state, per model or model pair (the numbers of the table below).", "name": "fig-findings-headline"}}
 from lmdepth.charts.findings import claims_forest, headline_bar
@@ -105,19 +72,37 @@ headline_bar(verdicts)
 # %% mystnb={"figure": {"caption": "Every verdict row, grouped by chapter. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show (a control built into the statistic, none valid, or a check that is not testable). Colour: how the row is counted; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-findings-forest"}}
 claims_forest(verdicts)
 
-# %% tags=["hide-input"]
-if len(verdicts):
-    md(f"The registry's criteria were last changed in commit {report.registry_commit()}; every verdict below was "
-       + ("executed by this build." if source.profile else "saved by the chapters' runs under this results directory.")
-       + " Criteria changed after their numbers were seen carry a dated note in their chapter.")
-    for title, matrix in findings.verdict_matrices(verdicts, shown).items():
-        md(f"**{title}**")
-        show_table(matrix)
+# %% [markdown]
+# **Reading the verdicts** (the whole rule: {ref}`Method: verdicts <method-verdicts>`). Each check is decided
+# from its 95 % interval, and counted as:
+#
+# - **agrees** / **disagrees**: the whole interval on the paper's side / on the other side;
+# - **inconclusive**: the interval straddles the paper's threshold;
+# - **not testable**: a precondition failed (fewer than 10 units, a saturated statistic, a model that does not do
+#   the task, a claim it depends on); the row says which;
+# - **no valid control**: the control was not run, or cannot vary;
+# - **not discriminating**: the paired interval of model − control contains 0 (or the statistic lies inside its
+#   permutation null);
+# - **not counted**: a chapter-only claim, or a sample below its claim's size rule: shown, left out of the counts.
+#
+# Each control is measured on the model's own units: a random-init twin (chapters 01–04), the alignment by layer
+# index (06), a permutation null (07), or an alternative built into the statistic (05, 06). Layers 0–1 are left out
+# of every statistic. A "disagrees" is a finding about that model at this scale: the chapter behind it discusses it.
 
 # %% tags=["hide-input"]
 if len(verdicts):
     md(findings.headline(verdicts))
     show_table(findings.state_counts(verdicts))
+
+# %% tags=["hide-input"]
+if anything and source.note:
+    md(source.note)
+if len(verdicts):
+    md(f"**Every verdict row**, one per (claim × model). The registry's criteria were last changed in commit "
+       f"{report.registry_commit()}; every verdict here was "
+       + ("executed by this build." if source.profile else "saved by the chapters' runs under this results directory.")
+       + " Criteria changed after their numbers were seen carry a dated note in their chapter.")
+    show_table(findings.row_table(verdicts, shown))
 
 # %% tags=["hide-input"]
 links = {f.chapter: f"[{f.chapter.split('_', 1)[1].replace('_', ' ')}]({f.chapter}.html)" for f in atlas.FINDINGS}
@@ -172,3 +157,15 @@ if len(depths):
 
 # %% tags=["hide-input"]
 show_table(atlas.display_table(table)) if len(table) else None
+
+# %% [markdown]
+# ## Add a model
+#
+# Run the chapters for it, then rebuild this page:
+#
+# ```bash
+# source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
+# lmdepth run norms  --model Qwen/Qwen2.5-1.5B -p device cuda
+# lmdepth run lens   --model Qwen/Qwen2.5-1.5B -p device cuda
+# lmdepth run atlas                           # or: lmdepth book
+# ```

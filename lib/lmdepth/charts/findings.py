@@ -21,7 +21,7 @@ import lmdepth.charts.theme  # noqa: F401  (registers and enables the book's the
 from lmdepth.analyses.atlas import CHAPTER_KEYS
 from lmdepth.charts.erasure import TEXT_WIDTH
 from lmdepth.claims import REGISTRY
-from lmdepth.claims.findings import state_counts
+from lmdepth.claims.findings import interval, normalized, state_counts
 from lmdepth.claims.report import HEADLINE_STATES
 from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION
 
@@ -43,54 +43,12 @@ GAP = 0.14  # between the two panels, in panel widths
 TICKS = " "  # the blank y category under each claim's rows that carries its tick labels
 CHAPTER_TITLES = {key: nb.replace("_", " ") for nb, key in CHAPTER_KEYS.items()}
 
-# Columns a verdict row may lack (a CSV from before the paired test): what they read as.
-_DEFAULTS: dict[str, object] = {
-    "figure": "", "rule": "", "n": np.nan, "estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "reason": "",
-    "control": "", "headline": True, "counted_as": "", "control_kind": "", "control_note": "", "control_state": "",
-    "control_estimate": np.nan, "control_ci_low": np.nan, "control_ci_high": np.nan, "paired_diff": np.nan,
-    "paired_low": np.nan, "paired_high": np.nan, "p_value": np.nan, "side": "",
-}
-_NUMERIC = ("n", "estimate", "ci_low", "ci_high", "control_estimate", "control_ci_low", "control_ci_high",
-            "paired_diff", "paired_low", "paired_high", "p_value")
-
-
-def _text(v: object) -> str:
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
-
-
-def _interval(est: float, lo: float, hi: float) -> str:
-    if not np.isfinite(est):
-        return "—"
-    return f"{est:.3g} [{lo:.3g}, {hi:.3g}]" if np.isfinite(lo) and np.isfinite(hi) else f"{est:.3g}"
-
-
-def _flag(v: object) -> bool:
-    return str(v).strip().lower() in ("true", "1", "1.0")
-
-
-def normalized(verdicts: pd.DataFrame) -> pd.DataFrame:
-    """The verdict rows with every column the charts read (a missing one filled as "not recorded"), numbers as
-    floats, ``headline`` as a bool and ``counted_as`` set (an old row without it: its own state)."""
-    v = verdicts.reset_index(drop=True).copy()
-    for col, default in _DEFAULTS.items():
-        if col not in v.columns:
-            v[col] = default
-    for col in _NUMERIC:
-        v[col] = pd.to_numeric(v[col], errors="coerce").astype(float)
-    for col in ("figure", "rule", "reason", "control", "counted_as", "control_kind", "control_note",
-                "control_state", "side"):
-        v[col] = v[col].map(_text)
-    v["headline"] = v["headline"].map(_flag)
-    v["counted_as"] = [c or s for c, s in zip(v["counted_as"], v["state"])]
-    return v
-
-
 def _test(r) -> str:
     """The discrimination test in one line, for the tooltip."""
     if r.control_kind == PAIRED:
-        return f"model − control {_interval(r.paired_diff, r.paired_low, r.paired_high)}"
+        return f"model − control {interval(r.paired_diff, r.paired_low, r.paired_high)}"
     if r.control_kind == PERMUTATION:
-        return (f"real − null median {_interval(r.paired_diff, np.nan, np.nan)}; null 95 % "
+        return (f"real − null median {interval(r.paired_diff, np.nan, np.nan)}; null 95 % "
                 f"[{r.control_ci_low:.3g}, {r.control_ci_high:.3g}], p = {r.p_value:.3g}")
     if r.control_kind == BUILT_IN:
         return r.control_state or BUILT_IN
@@ -157,7 +115,7 @@ def forest_table(verdicts: pd.DataFrame) -> pd.DataFrame:
         "cell": _cells(v),
         "counted_as": v["counted_as"], "solid": v["headline"] & ~v["counted_as"].isin(HOLLOW_STATES),
         # tooltip text, preformatted
-        "claim": v["claim"], "statistic": [_interval(*x) for x in zip(v["estimate"], v["ci_low"], v["ci_high"])],
+        "claim": v["claim"], "statistic": [interval(*x) for x in zip(v["estimate"], v["ci_low"], v["ci_high"])],
         "n": v["n"].fillna(0).astype(int), "rule": v["rule"],
         "verdict": v["state"] + np.where(v["headline"], "", " (not counted)"),
         "test": [_test(r) for r in v.itertuples()], "side": v["side"],

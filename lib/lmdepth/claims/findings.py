@@ -1,4 +1,5 @@
-"""The findings page's view of the verdicts: what the book build saved, as a claim × model matrix and counts.
+"""The findings page's view of the verdicts: what the book build saved, as a table of rows, a claim × model matrix
+and counts.
 
 Nothing here decides anything: the chapters decided and saved their verdict rows (:func:`lmdepth.claims.report.save`);
 this module reads them back and arranges them.
@@ -6,6 +7,8 @@ this module reads them back and arranges them.
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +16,53 @@ import pandas as pd
 
 from lmdepth.claims import REGISTRY
 from lmdepth.claims.report import HEADLINE_STATES, control_cell
+from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION
+
+# Columns a verdict row may lack (a CSV from before the paired test): what they read as.
+_DEFAULTS: dict[str, object] = {
+    "figure": "", "rule": "", "n": np.nan, "estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "reason": "",
+    "control": "", "control_model": "", "headline": True, "counted_as": "", "control_kind": "", "control_note": "",
+    "control_state": "", "control_valid": False, "control_estimate": np.nan, "control_ci_low": np.nan,
+    "control_ci_high": np.nan, "paired_diff": np.nan, "paired_low": np.nan, "paired_high": np.nan, "p_value": np.nan,
+    "side": "",
+}
+_NUMERIC = ("n", "estimate", "ci_low", "ci_high", "control_estimate", "control_ci_low", "control_ci_high",
+            "paired_diff", "paired_low", "paired_high", "p_value")
+_TEXT = ("figure", "rule", "reason", "control", "control_model", "counted_as", "control_kind", "control_note",
+         "control_state", "side")
+
+
+def _text(v: object) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
+def _flag(v: object) -> bool:
+    return str(v).strip().lower() in ("true", "1", "1.0")
+
+
+def interval(est: float, lo: float, hi: float) -> str:
+    """``est [lo, hi]`` to 3 significant digits; ``est`` alone without an interval, "—" without an estimate."""
+    if not np.isfinite(est):
+        return "—"
+    return f"{est:.3g} [{lo:.3g}, {hi:.3g}]" if np.isfinite(lo) and np.isfinite(hi) else f"{est:.3g}"
+
+
+def normalized(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """The verdict rows with every column the findings views read (a missing one filled as "not recorded"),
+    numbers as floats, ``headline`` and ``control_valid`` as bools and ``counted_as`` set (an old row without it:
+    its own state). A verdict CSV written before the paired test reads this way too."""
+    v = verdicts.reset_index(drop=True).copy()
+    for col, default in _DEFAULTS.items():
+        if col not in v.columns:
+            v[col] = default
+    for col in _NUMERIC:
+        v[col] = pd.to_numeric(v[col], errors="coerce").astype(float)
+    for col in _TEXT:
+        v[col] = v[col].map(_text)
+    for col in ("headline", "control_valid"):
+        v[col] = v[col].map(_flag)
+    v["counted_as"] = [c or s for c, s in zip(v["counted_as"], v["state"])]
+    return v
 
 
 def saved_verdicts(results_dir: str | Path, profile: str | None = None) -> pd.DataFrame:
@@ -94,6 +144,109 @@ def verdict_matrices(verdicts: pd.DataFrame, models: list[str] | None = None) ->
             m = m.set_index(m.columns[0]).T.rename_axis("model pair").reset_index().rename_axis(columns=None)
         out[title] = m
     return out
+
+
+#: The columns of :func:`row_table`: six, so the table fits the text column (lmdepth.book.defects: a table of more
+#: than six columns must not be wider than the column).
+ROW_COLUMNS = ("claim (paper figure; the paper's side)", "model", "verdict", "statistic [95 % CI], n", "control",
+               "model − control [95 % CI]")
+#: The controls' names in :func:`row_table`, by the prefix of ``control_model``
+#: (:func:`lmdepth.model.random_init.control_name`).
+CONTROL_NAMES = {"random-init": "random-init twin", "absolute-index": "alignment by layer index"}
+#: Shorter forms of the paired test's ``side`` (:func:`lmdepth.claims.spec.evaluate`) under the column's title.
+SIDES = {"beyond its control (the paper's side)": "beyond it, on the paper's side",
+         "short of its control": "short of it",
+         "not distinguishable from its control": "contains 0",
+         "earlier than its control": "earlier", "later than its control": "later",
+         "outside its permutation null": "outside", "inside its permutation null": "inside"}
+
+
+def short(text: str, limit: int = 90) -> str:
+    """A reason or note in a table cell: its first clause (up to ";"), a label before ": " (e.g. "saturated",
+    "runs not comparable") instead of its details, without its parentheses if it is still longer than ``limit``
+    characters, and then cut there. The whole text is in the chapter's table and the forest plot's tooltip."""
+    first = text.split(";")[0].strip()
+    label, sep, _ = first.partition(": ")
+    if sep and len(label) <= 25:
+        first = label
+    if len(first) > limit:
+        first = re.sub(r"\s*\([^()]*\)", "", first).strip()
+    return first if len(first) <= limit else first[:limit - 1].rstrip() + "…"
+
+
+def _verdict_text(r) -> str:
+    """The row's own verdict (why, if it is not testable), how the headline counts it where that differs, and
+    "not counted" for a row outside the headline."""
+    text = r.state + (f": {short(r.reason)}" if r.state == "not testable" and r.reason else "")
+    if r.counted_as != r.state:
+        text += f"; {'counted as ' if r.headline else ''}{r.counted_as}"
+    return text + ("" if r.headline else "; not counted")
+
+
+def _control_text(r) -> str:
+    """The control and its own verdict by the same rule (shown, not deciding)."""
+    if r.state == "not testable":
+        return "—"
+    if r.control_kind == PAIRED:
+        prefix = r.control_model.split(":")[0] if ":" in r.control_model else ""
+        name = CONTROL_NAMES.get(prefix, prefix or "paired control")
+        return f"{name}: {r.control_state}" if r.control_state else name
+    if r.control_kind == PERMUTATION:
+        return "permutation null" + (f", p = {r.p_value:.2g}" if np.isfinite(r.p_value) else "")
+    if r.control_kind == BUILT_IN:
+        return r.control_state or BUILT_IN
+    return "not recorded"
+
+
+def _difference_text(r) -> str:
+    """The discrimination test: model − control with its paired interval and the side the model lies on, the
+    permutation null's central 95 %, or why there is none."""
+    if r.state == "not testable" or r.control_kind not in (PAIRED, PERMUTATION, BUILT_IN):
+        return "—"
+    if not r.control_valid:
+        return f"no valid control: {short(r.control_note)}" if r.control_note else "no valid control"
+    side = SIDES.get(r.side, r.side)
+    if r.control_kind == PERMUTATION:
+        null = f"null 95 % [{r.control_ci_low:.3g}, {r.control_ci_high:.3g}]"
+        return f"{null}: {side}" if side else null
+    if not np.isfinite(r.paired_diff):
+        return side or "—"
+    diff = interval(r.paired_diff, r.paired_low, r.paired_high)
+    return f"{diff}: {side}" if side else diff
+
+
+def row_table(verdicts: pd.DataFrame, models: list[str] | None = None) -> pd.DataFrame:
+    """The findings for reading: one row per verdict row (claim × model), in six short columns (:data:`ROW_COLUMNS`):
+    the claim with its paper figure and the paper's side; the model; its verdict (for a row that is not testable,
+    why, shortened by :func:`short`; where the row is counted otherwise, how: "no valid control", "not
+    discriminating"; "not counted" for a row outside the headline); the statistic with its 95 % interval and n; the
+    control with its own verdict by the same rule (shown, not deciding); and the discrimination test (model −
+    control with its paired 95 % interval and the side the model lies on, a permutation null's central 95 %, or
+    why there is no valid control).
+
+    Nothing is pivoted or merged: the table has exactly the rows of ``verdicts`` (grouped by claim in the order
+    given, the rows of ``models`` first in that order, then any other subject), so no row is lost or shown twice.
+    A verdict CSV written before the paired test reads too (:func:`normalized`: what it lacks reads "not
+    recorded" or "—").
+    """
+    if verdicts.empty:
+        return pd.DataFrame(columns=list(ROW_COLUMNS))
+    v = normalized(verdicts)
+    subjects = list(dict.fromkeys(v["model"]))
+    order = [m for m in (models or []) if m in subjects] + [s for s in subjects if s not in (models or [])]
+    claims = list(dict.fromkeys(v["claim_id"]))
+    v = v.assign(_c=v["claim_id"].map(claims.index), _m=v["model"].map(order.index)).sort_values(
+        ["_c", "_m"], kind="stable", ignore_index=True)
+    rows = list(v.itertuples())
+    return pd.DataFrame({
+        ROW_COLUMNS[0]: [f"{r.claim} ({r.figure}; {r.rule})" if r.figure else f"{r.claim} ({r.rule})" for r in rows],
+        ROW_COLUMNS[1]: v["model"].astype(str),
+        ROW_COLUMNS[2]: [_verdict_text(r) for r in rows],
+        ROW_COLUMNS[3]: [f"{interval(r.estimate, r.ci_low, r.ci_high)}, n = "
+                         + (f"{int(r.n)}" if np.isfinite(r.n) else "—") for r in rows],
+        ROW_COLUMNS[4]: [_control_text(r) for r in rows],
+        ROW_COLUMNS[5]: [_difference_text(r) for r in rows],
+    })
 
 
 def state_counts(verdicts: pd.DataFrame) -> pd.DataFrame:

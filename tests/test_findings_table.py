@@ -1,0 +1,124 @@
+"""The findings page for reading (:func:`lmdepth.claims.findings.row_table`) and its layout: every verdict row once,
+in six short columns, and the page opening with the headline bar and the forest plot, the states as a short legend
+linked to the method page."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import jupytext
+import pandas as pd
+import pytest
+
+from lmdepth.book.defects import MAX_COLUMNS_UNSCROLLED
+from lmdepth.claims import REGISTRY
+from lmdepth.claims.findings import ROW_COLUMNS, row_table, saved_verdicts, short
+from lmdepth.claims.report import HEADLINE_STATES
+from lmdepth.claims.scratch import SUBJECT
+from test_findings_chart import verdicts  # noqa: F401  (the fixture: rows of every kind)
+
+pytestmark = pytest.mark.unit
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "notebooks" / "90_across_models.py"
+CLAIM, MODEL, VERDICT, STATISTIC, CONTROL, DIFFERENCE = ROW_COLUMNS
+CLAIMS = [spec.claim for spec in REGISTRY.values()]
+
+
+def keys(verdicts: pd.DataFrame) -> Counter:  # noqa: F811 (the fixture's name)
+    """(claim, model, statistic) of each verdict row: what identifies it in the table."""
+    return Counter((c, m, f"{e:.3g}" if e == e else "—") for c, m, e in
+                   zip(verdicts["claim"], verdicts["model"], verdicts["estimate"]))
+
+
+def claim_of(label: str) -> str:
+    """The registered claim a table row's first cell names (``claim (figure; the paper's side)``)."""
+    return max((c for c in CLAIMS if label.startswith(c + " (")), key=len)
+
+
+def table_keys(table: pd.DataFrame) -> Counter:
+    return Counter((claim_of(c), m, s.split(" [")[0].split(",")[0])
+                   for c, m, s in zip(table[CLAIM], table[MODEL], table[STATISTIC]))
+
+
+def test_every_verdict_row_is_in_the_table_once(verdicts):  # noqa: F811
+    t = row_table(verdicts)
+    assert list(t.columns) == list(ROW_COLUMNS) and len(ROW_COLUMNS) <= MAX_COLUMNS_UNSCROLLED
+    assert len(t) == len(verdicts) and table_keys(t) == keys(verdicts)
+    assert not t.isna().any().any() and not t.isin(["", "nan", "None"]).any().any()
+    # a row lost or repeated upstream is lost or repeated here too: nothing is pivoted, merged or deduplicated
+    twice = pd.concat([verdicts, verdicts.iloc[[0]]], ignore_index=True)
+    assert len(row_table(twice)) == len(verdicts) + 1 and table_keys(row_table(twice)) == keys(twice)
+    assert table_keys(row_table(verdicts.iloc[1:])) == keys(verdicts.iloc[1:])
+    assert list(row_table(verdicts.iloc[:0]).columns) == list(ROW_COLUMNS)
+
+
+def test_rows_follow_the_claims_then_the_page_model_order(verdicts):  # noqa: F811
+    t = row_table(verdicts, ["s", "x", "m"])
+    assert list(dict.fromkeys(map(claim_of, t[CLAIM]))) == list(dict.fromkeys(verdicts["claim"]))
+    norms = t[t[MODEL].isin(["m", "s", "x", "y"])]
+    assert list(norms[MODEL][:4]) == ["s", "x", "m", "y"]  # the page's models first, then the rest
+
+
+def test_cells_say_state_interval_n_control_and_the_paired_difference(verdicts):  # noqa: F811
+    t = row_table(verdicts)
+    t = t.assign(claim=t[CLAIM].map(claim_of)).set_index(["claim", MODEL])
+    at = lambda cid, model: t.loc[(REGISTRY[cid].claim, model)]  # noqa: E731
+    vm = verdicts[(verdicts.claim_id == "norms.second_half_less") & (verdicts.model == "m")].iloc[0]
+    m = at("norms.second_half_less", "m")
+    assert m[VERDICT] == vm.state
+    assert m[STATISTIC] == f"{vm.estimate:.3g} [{vm.ci_low:.3g}, {vm.ci_high:.3g}], n = {vm.n}"
+    assert m[CONTROL] == f"random-init twin: {vm.control_state}"
+    assert m[DIFFERENCE].startswith(f"{vm.paired_diff:.3g} [{vm.paired_low:.3g}, {vm.paired_high:.3g}]: ")
+    s, y, x = (at("norms.second_half_less", k) for k in "syx")
+    assert "counted as not discriminating" in s[VERDICT] and s[DIFFERENCE].endswith(": contains 0")
+    assert "counted as no valid control" in y[VERDICT] and y[DIFFERENCE].startswith("no valid control")
+    assert x[VERDICT].startswith("not testable: ") and x[VERDICT].endswith("; not counted")
+    assert x[CONTROL] == x[DIFFERENCE] == "—"
+    positive = at("complexity.arith_depth_flat", "m")  # a positive control, built into the statistic
+    assert positive[CONTROL] == "positive control disagrees" and positive[DIFFERENCE].endswith(
+        ": apart from its positive control")
+    perm = at("moeut.exact_match_gain", SUBJECT)
+    assert perm[CONTROL].startswith("permutation null, p = ") and perm[DIFFERENCE].startswith("null 95 % [")
+
+
+def test_long_reasons_are_cut_to_a_label_or_a_clause():
+    assert short("saturated: 87% of the values in one compared group are at the clip 1 (≥ 50%)") == "saturated"
+    assert short("competent on 0 levels, at least 3 needed; not above the constant-answer baseline: level 1 …") == (
+        "competent on 0 levels, at least 3 needed")
+    note = "No per-problem kl_final_lens of tuned_lens for 'random-init:m' (run the lens chapter with tuned_lens=True)."
+    assert short(note) == "No per-problem kl_final_lens of tuned_lens for 'random-init:m'."
+    assert len(short("x" * 300)) == 90 and short("x" * 300).endswith("…")
+
+
+def test_an_old_verdict_record_gives_every_row(verdicts, tmp_path):  # noqa: F811
+    old = verdicts.drop(columns=["paired_diff", "paired_low", "paired_high", "p_value", "side", "control_valid",
+                                 "control_note", "control_kind", "at_bound", "control_model"])
+    record = tmp_path / "book" / "default" / "norms" / "verdicts"
+    record.mkdir(parents=True)
+    old.to_csv(record / "all.csv", index=False)
+    t = row_table(saved_verdicts(tmp_path, "default"))
+    assert len(t) == len(verdicts) and table_keys(t) == keys(verdicts)
+    assert set(t[CONTROL]) <= {"not recorded", "—"} and set(t[DIFFERENCE]) == {"—"}
+
+
+def test_the_findings_page_opens_with_the_pictures_and_a_short_legend():
+    cells = jupytext.read(PAGE).cells
+    first = lambda pattern: next(i for i, c in enumerate(cells) if re.search(pattern, c.source, re.M))  # noqa: E731
+    bar, forest = first(r"^headline_bar\(verdicts\)"), first(r"^claims_forest\(verdicts\)")
+    legend, rows = first(r"method-verdicts"), first(r"row_table\(")
+    assert bar < forest < legend < rows
+    assert cells[bar].cell_type == cells[forest].cell_type == "code"
+    # nothing long before the pictures: the title, a short lede, the section heading
+    before = [c.source for c in cells[:bar] if c.cell_type == "markdown"]
+    assert all(len(src.split()) < 60 for src in before), [len(s.split()) for s in before]
+    assert not any(re.search(r"\bmd\(", c.source) for c in cells[:bar] if c.cell_type == "code" and
+                   "Nothing has been run" not in c.source)
+    # the legend: one line per state, a link to the method page's section on verdicts (an anchor that exists)
+    text = cells[legend].source
+    assert all(f"**{s}**" in text for s in HEADLINE_STATES)
+    assert "{ref}`" in text and "(method-verdicts)=" in (REPO / "book" / "method.md").read_text()
+    assert len(text.split()) < 200
+    # the wide claim × model matrices are gone from the page
+    assert not any("verdict_matrices" in c.source for c in cells)
