@@ -7,7 +7,7 @@ import torch
 from nnsight.modeling.transformers import TransformersModel
 
 from lmdepth.model.families import ModelAdapter, family_for
-from lmdepth.hooks.capture import additivity_error, check_additivity, hooked_residuals
+from lmdepth.model.taps import additivity_error, check_additivity, hooked_residuals
 from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 from lmdepth.errors import UnsupportedArchitectureError
 from lmdepth.metrics.residual import residual_token_metrics

@@ -13,7 +13,7 @@ from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, l
 from lmdepth.analyses import complexity as C
 from lmdepth.book.pages import complexity as cx_page
 from lmdepth.model.families import ModelAdapter
-from lmdepth.hooks.capture import hooked_residuals
+from lmdepth.model.taps import hooked_residuals
 from lmdepth.data.datasets import Example
 from lmdepth.hooks.stack import AdapterStack, as_stack, boundary_residuals, erasure_map, integrated_gradients, mean_residuals
 from lmdepth.errors import ParameterError

@@ -33,7 +33,7 @@ def test_contributions_match_direct_norms(lm):
         val = got[(got.layer == l) & (got.component == "layer")]["value"].item()
         assert val == pytest.approx(want, rel=1e-4)
     # attention and MLP parts, from independently hooked sublayer outputs (catches a swap of the two)
-    from lmdepth.hooks.capture import hooked_residuals
+    from lmdepth.model.taps import hooked_residuals
 
     taps = {k: v[:, 0].float() for k, v in hooked_residuals(lm.adapter, ids).items()}
     h, a, m = taps["resid_pre"], taps["attn_out"], taps["mlp_out"]

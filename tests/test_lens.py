@@ -12,10 +12,11 @@ import torch
 
 from lmdepth.hooks.lens import lens_stats
 from lmdepth.metrics.distributions import FinalDistribution, Scratch, kl_divergence, lens_metrics, sampled_kl, topk_overlap
+from lmdepth.model.translators import Translators
 from lmdepth.model.unembed import Unembedding
-from lmdepth.scratch.tuned_lens import TrainConfig, Translators, sample_candidates, train_translators
+from lmdepth.scratch.tuned_lens import TrainConfig, sample_candidates, train_translators
 from lmdepth.analyses import lens
-from lmdepth.hooks.capture import hooked_residuals
+from lmdepth.model.taps import hooked_residuals
 from lmdepth.errors import ParameterError
 from lmdepth.model.registry import load_model
 from lmdepth.testing import FAMILY_CONFIGS

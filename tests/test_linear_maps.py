@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lmdepth.data.corpus import SPLITS, plan_corpus
-from lmdepth.metrics.ridge import boundary_layers, fit_maps, ridge_fit
+from lmdepth.metrics.ridge import boundary_layers, error_matrix, fit_maps, ridge_fit
 from lmdepth.hooks.stack import AdapterStack, boundary_residuals
 from lmdepth.analyses import maps as lmaps
 from lmdepth.book.pages import maps as maps_page
@@ -154,7 +154,7 @@ def test_corpus_texts_mix_both_sources():
 
 @pytest.mark.integration
 def test_boundary_residuals_match_hooked_residuals(tiny_dirs):
-    from lmdepth.hooks.capture import hooked_residuals
+    from lmdepth.model.taps import hooked_residuals
     from lmdepth.model.registry import load_model
 
     lm = load_model(str(tiny_dirs["gemma3"]))
@@ -223,11 +223,11 @@ def test_run_on_tiny_models(tiny_run):
     labels = [l for m in meta["maps"] for l in m["labels"]]
     assert len(labels) == 4 and set(table["map"]) == set(labels)
     n_layers = meta["models"][kw["model_name"]]["n_layers"]
-    main = lmaps.error_matrix(table, labels[0])
+    main = error_matrix(table, labels[0])
     assert main.shape == (n_layers + 1, n_layers + 1) and np.isfinite(main.to_numpy()).all()
     # a model mapped onto itself: the error of a boundary onto itself is ~0, and the best match is the identity
     self_label = next(l for l in labels if "self-map" in l)
-    e = lmaps.error_matrix(table, self_label)
+    e = error_matrix(table, self_label)
     assert list(e.index) == boundary_layers(n_layers, 2)
     assert np.diag(e.to_numpy()).max() < 1e-4
     s = meta["summaries"][self_label]
@@ -250,8 +250,8 @@ def test_all_pairs_maps_every_pair_as_its_own_run_would(tiny_run, tiny_dirs, tmp
     assert labels == [f"{a} → {b}", f"{b} → {a}", f"{a} → {c}", f"{c} → {a}", f"{b} → {c}", f"{c} → {b}"]
     alone = lmaps.run(**{**common, "model_name": b, "compare_models": [c]})
     for label in (f"{b} → {c}", f"{c} → {b}"):
-        np.testing.assert_allclose(lmaps.error_matrix(trio.table, label).to_numpy(),
-                                   lmaps.error_matrix(alone.table, label).to_numpy(), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(error_matrix(trio.table, label).to_numpy(),
+                                   error_matrix(alone.table, label).to_numpy(), rtol=1e-9, atol=1e-12)
     without = lmaps.map_specs(a, [b, c], "", False, 2, all_pairs=False)
     assert [(s.source, s.target) for s in without] == [(a, b), (a, c)]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lmdepth.hooks import skipping
-from lmdepth.hooks.capture import check_additivity, hooked_residuals
+from lmdepth.model.taps import check_additivity, hooked_residuals
 from lmdepth.scratch.layers import Dispatch, SigmaMoE, SwitchHeadAttention, rope
 from lmdepth.scratch.models import (
     DenseConfig,

@@ -28,7 +28,7 @@ def test_packaged_smollm2_is_the_real_model(smol):
 
 
 def test_packaged_model_is_additive_and_lens_matches(smol):
-    from lmdepth.hooks.capture import hooked_residuals
+    from lmdepth.model.taps import hooked_residuals
 
     assert smol.additivity_error < 1e-4
     ids = smol.encode("Natalia sold clips to 48 of her friends.")

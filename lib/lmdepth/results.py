@@ -72,6 +72,16 @@ def cache_key(params: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """sha256 of a file's content, read in chunks: what names a user's data file in a cache key and pins a model's
+    weights file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
     """The one atomic file write: ``write(tmp)`` fills a temporary file beside ``path`` (same suffix, so writers
     such as ``np.savez`` keep the name), which is flushed to disk and moved into place with ``os.replace``.

@@ -15,6 +15,7 @@ layer (the cosine transition, the skipping cutoff, the depth score's mean layer)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,6 @@ from lmdepth.analyses import skipping as skip_analysis
 from lmdepth.analyses import lens
 from lmdepth.analyses import complexity
 from lmdepth.analyses import maps as linear_maps
-from lmdepth.book.chapters import CHAPTERS
 from lmdepth.claims.spec import EARLY_LAYERS
 
 ATLAS_COLUMNS = ["model", "n_layers", "chapter", "measure", "layer", "rel_depth", "rel_low", "rel_high", "value",
@@ -316,12 +316,16 @@ CHAPTER_KEYS = {"01_residual_norms": "norms", "02_cosine_similarity": "cosine", 
 
 # ---- reproducibility: what the build did ------------------------------------------------------------------------
 
+#: The name of an executed chapter notebook (``01_residual_norms``), not of a failed attempt (``….failed``).
+CHAPTER_STEM = re.compile(r"\d\d_\w+")
+
+
 def build_record(book_dir: str | Path) -> pd.DataFrame:
     """Per executed chapter notebook: profile, wall time, execution date and build hash (from its metadata)."""
     rows = []
 
     for path in sorted(Path(book_dir).glob("[0-9]*.ipynb")):
-        if path.stem not in CHAPTERS.values():  # e.g. a ``.failed`` notebook of an interrupted build
+        if not CHAPTER_STEM.fullmatch(path.stem):  # e.g. a ``.failed`` notebook of an interrupted build
             continue
         meta = nbformat.read(path, as_version=4).metadata.get("lmdepth", {})
         rows.append({"chapter": path.stem, "profile": meta.get("profile"), "wall time (s)": meta.get("wall_s"),

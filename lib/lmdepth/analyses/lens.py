@@ -43,6 +43,7 @@ from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_
 from lmdepth.metrics.distributions import LENS_METRICS as METRICS, TOP_K
 from lmdepth.metrics.residual import DatasetStats, PromptStats
 from lmdepth.model.registry import LoadedModel, current_weights_id, load_model
+from lmdepth.model.translators import Translators
 from lmdepth.model.unembed import DEFAULT_LENS_DTYPE
 from lmdepth.errors import ParameterError
 from lmdepth.params import DTYPE_NAMES, CommonParams, param
@@ -50,7 +51,7 @@ from lmdepth.results import RunResult, RunStore, atomic_write
 from lmdepth.runtime import environment
 from lmdepth.traces.lens import lens_readings
 from lmdepth.traces.residual_metrics import TapPaths
-from lmdepth.scratch.tuned_lens import TrainConfig, Translators, collect_residuals, train_translators
+from lmdepth.scratch.tuned_lens import TrainConfig, collect_residuals, train_translators
 
 ANALYSIS = "logit_lens"
 TUNED_ANALYSIS = "tuned_lens"

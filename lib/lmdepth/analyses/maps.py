@@ -49,7 +49,7 @@ from lmdepth.data.datasets import dataset_id
 from lmdepth.errors import ParameterError
 from lmdepth.traces.boundary_residuals import boundary_residuals_at
 from lmdepth.traces.residual_metrics import TapPaths
-from lmdepth.metrics.ridge import DEFAULT_ALPHAS, PRODUCT_DTYPES, MapFit, boundary_layers, fit_maps
+from lmdepth.metrics.ridge import DEFAULT_ALPHAS, PRODUCT_DTYPES, MapFit, boundary_layers, error_matrix, fit_maps
 from lmdepth.model.registry import load_model, resolve_model_path
 from lmdepth.params import ModelParams, check_remote, param
 from lmdepth.results import TMP_PREFIX, RunResult, RunStore
@@ -158,12 +158,6 @@ def map_table(fit: MapFit, label: str, kind: str, source: str, target: str, n_sr
         rows.append({**base, "source_layer": -1, "target_layer": l, "source_depth": np.nan, "target_depth": l / n_tgt,
                      "metric": "mean_baseline_error", "value": float(fit.baseline[j])})
     return pd.DataFrame(rows)
-
-
-def error_matrix(table: pd.DataFrame, label: str, metric: str = "relative_error") -> pd.DataFrame:
-    """[source boundary × target boundary] matrix of one map from the tidy table."""
-    t = table[(table["map"] == label) & (table.metric == metric)]
-    return t.pivot(index="source_layer", columns="target_layer", values="value").sort_index().sort_index(axis=1)
 
 
 def summarize_map(table: pd.DataFrame, label: str) -> dict[str, Any]:
@@ -399,5 +393,5 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
 
 
 __all__ = ["ANALYSIS", "MapsParams", "MapSpec", "map_specs", "collect", "best_matches", "best_sources",
-           "diagonal_summary", "summarize_map", "error_matrix", "map_table", "run",
+           "diagonal_summary", "summarize_map", "map_table", "run",
            "map_labels", "mean_baseline", "error_over_baseline"]

@@ -7,41 +7,14 @@ pass (residuals, output distribution) shared by the lens and the skip effect, an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
 import torch
 
-from lmdepth.hooks.capture import hooked_residuals
-from lmdepth.charts.explorer import exploration_charts
+from lmdepth.charts.explorer import Exploration, exploration_charts
+from lmdepth.hooks.skipping import CleanPass, Row, clean_pass, run_rows
 from lmdepth.metrics.residual import RESIDUAL_METRICS, residual_token_metrics
 from lmdepth.model.registry import LoadedModel, load_model
-from lmdepth.hooks.skipping import CleanPass, Row, clean_pass, run_rows
-
-
-@dataclass
-class Exploration:
-    """What the explorer shows for one (model, prompt, layer).
-
-    Attributes:
-        tokens: the prompt's tokens as strings.
-        contributions: ``layer, component, value`` — relative contribution ‖a_l‖/‖h_l‖, ‖m_l‖/‖h_l+a_l‖,
-            ‖a_l+m_l‖/‖h_l‖ averaged over the prompt's tokens.
-        lens: ``layer, rank, token, prob`` — logit-lens top-k at ``position`` for the residual entering every layer
-            (layer L = the model's output).
-        skip: ``layer, relative_change`` — skipping ``skipped`` everywhere (positions ≥ 1): the largest relative
-            change of every layer's contribution over the prompt's tokens.
-        output_change: ‖P − P′‖₂ of the output distribution, largest over positions.
-    """
-
-    model: str
-    tokens: list[str]
-    position: int
-    skipped: int
-    contributions: pd.DataFrame
-    lens: pd.DataFrame
-    skip: pd.DataFrame
-    output_change: float
+from lmdepth.model.taps import hooked_residuals
 
 
 @torch.no_grad()
@@ -168,5 +141,5 @@ def explorer_widget(models: list[str], prompt: str, layer: int = 0, device: str 
     return w.VBox([text, w.HBox([model, lay, pos, run]), out])
 
 
-__all__ = ["Exploration", "contributions", "lens_top_tokens", "skip_effect", "explore",
+__all__ = ["contributions", "lens_top_tokens", "skip_effect", "explore",
            "lens_token_table", "explorer_widget"]

@@ -1,15 +1,39 @@
-"""Charts of the explorer (chapter 91), built from an :class:`lmdepth.book.explorer.Exploration`."""
+"""Charts of the explorer (chapter 91), and what they draw: an :class:`Exploration`, computed by
+:mod:`lmdepth.book.explorer`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import altair as alt
+import pandas as pd
 
 from lmdepth.charts.theme import COMPONENT_COLORS
 
-if TYPE_CHECKING:  # the explorer widget imports this module
-    from lmdepth.book.explorer import Exploration
+
+@dataclass
+class Exploration:
+    """What the explorer shows for one (model, prompt, layer).
+
+    Attributes:
+        tokens: the prompt's tokens as strings.
+        contributions: ``layer, component, value`` — relative contribution ‖a_l‖/‖h_l‖, ‖m_l‖/‖h_l+a_l‖,
+            ‖a_l+m_l‖/‖h_l‖ averaged over the prompt's tokens.
+        lens: ``layer, rank, token, prob`` — logit-lens top-k at ``position`` for the residual entering every layer
+            (layer L = the model's output).
+        skip: ``layer, relative_change`` — skipping ``skipped`` everywhere (positions ≥ 1): the largest relative
+            change of every layer's contribution over the prompt's tokens.
+        output_change: ‖P − P′‖₂ of the output distribution, largest over positions.
+    """
+
+    model: str
+    tokens: list[str]
+    position: int
+    skipped: int
+    contributions: pd.DataFrame
+    lens: pd.DataFrame
+    skip: pd.DataFrame
+    output_change: float
 
 
 def exploration_charts(x: Exploration, width: int = 300) -> alt.ConcatChart:
@@ -35,4 +59,4 @@ def exploration_charts(x: Exploration, width: int = 300) -> alt.ConcatChart:
     return alt.concat(contrib, lens, skip, columns=2).resolve_scale(color="independent")  # 3 in a row overflow
 
 
-__all__ = ["exploration_charts"]
+__all__ = ["Exploration", "exploration_charts"]

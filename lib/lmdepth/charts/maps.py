@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 import lmdepth.charts.theme  # noqa: F401  (registers and enables the book's theme)
-from lmdepth.analyses.maps import best_matches, best_sources, error_matrix
+from lmdepth.analyses.maps import best_matches, best_sources
+from lmdepth.metrics.ridge import error_matrix
 
 
 def map_heatmap(table: pd.DataFrame, label: str, size: int = 260, max_error: float = 1.0,

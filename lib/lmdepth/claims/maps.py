@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmdepth.analyses.maps import error_matrix
 from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 from lmdepth.errors import DataError
+from lmdepth.metrics.ridge import error_matrix
 from lmdepth.metrics.verdicts import Rule
 
 PREFIX = "absolute-index:"

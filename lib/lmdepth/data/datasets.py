@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lmdepth.errors import DataError, MissingPackageError
-from lmdepth.model.registry import sha256_file
+from lmdepth.results import sha256_file
 
 GSM8K_INSTRUCTION = (
     "Given the following problem, reason and give a final answer to the problem.\nProblem: {question}\n"

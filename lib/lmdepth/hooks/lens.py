@@ -1,5 +1,5 @@
 """Both lenses of chapter 04 on library objects (:class:`~lmdepth.model.unembed.Unembedding`,
-:class:`~lmdepth.scratch.tuned_lens.Translators`, :func:`~lmdepth.metrics.distributions.lens_metrics`): the reference
+:class:`~lmdepth.model.translators.Translators`, :func:`~lmdepth.metrics.distributions.lens_metrics`): the reference
 twin that the remote-ready lens trace (:func:`lmdepth.traces.lens.lens_readings`, what the chapter runs) is held to
 in the tests. It calls library code inside its trace, so it cannot run on NDIF."""
 
@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from lmdepth.hooks.capture import layer_output
+from lmdepth.model.taps import layer_output
 from lmdepth.metrics.distributions import LENS_METRICS, TOP_K, FinalDistribution, Scratch, kl_divergence, lens_metrics
 from lmdepth.model.paths import resolve
 from lmdepth.model.registry import LoadedModel
+from lmdepth.model.translators import Translators
 from lmdepth.model.unembed import Unembedding
-from lmdepth.scratch.tuned_lens import Translators
 
 
 def lens_stats(

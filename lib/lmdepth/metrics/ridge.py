@@ -1,8 +1,9 @@
 """Closed-form ridge regression between residual streams (chapter 06), from streamed sufficient statistics.
 
-Pure tensor functions (no model access): per-split statistics of every (source layer, target layer) pair, one
-eigendecomposition per source layer serving every ridge strength and target layer, and the exact validation and
-test errors from the statistics. See :mod:`lmdepth.analyses.maps` for the protocol.
+Pure tensor functions (no model access, no data knowledge: the caller passes the rows of each split): per-split
+statistics of every (source layer, target layer) pair, one eigendecomposition per source layer serving every ridge
+strength and target layer, the exact validation and test errors from the statistics, and the error matrix of one
+map read back from the run's tidy table. See :mod:`lmdepth.analyses.maps` for the protocol.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
-from lmdepth.data.corpus import SPLITS
 from lmdepth.errors import DataError
 
+#: The splits a fit reads from ``split_rows``: it fits on "train", picks the ridge strength on "val" and scores on
+#: "test"; a split's place here also seeds its shuffled-pairs control.
+SPLITS = ("train", "val", "test")
 DEFAULT_ALPHAS = (1e-5, 1e-3, 1e-2, 1e-1, 1.0)
 
 
@@ -254,6 +258,8 @@ def fit_maps(
     """
     src_layers = list(range(src.shape[1])) if src_layers is None else list(src_layers)
     tgt_layers = list(range(tgt.shape[1])) if tgt_layers is None else list(tgt_layers)
+    if missing := [k for k in SPLITS if k not in split_rows]:
+        raise DataError(f"split_rows lacks the split(s) {', '.join(missing)}: a fit needs {', '.join(SPLITS)}.")
     tr = split_rows["train"]
     if tr.stop - tr.start < 2:
         raise DataError("The training split needs at least 2 tokens.")
@@ -298,3 +304,9 @@ def _fit_grouped(src, tgt, split_rows, src_layers, tgt_layers, budget, **kw) -> 
            for k in ("rel_error", "fvu", "val_rel_error", "alpha", "baseline")}
     return MapFit(cat["rel_error"], cat["fvu"], cat["val_rel_error"], cat["alpha"], cat["baseline"],
                   list(src_layers), list(tgt_layers))
+
+
+def error_matrix(table: pd.DataFrame, label: str, metric: str = "relative_error") -> pd.DataFrame:
+    """[source boundary × target boundary] matrix of one map from the tidy table."""
+    t = table[(table["map"] == label) & (table.metric == metric)]
+    return t.pivot(index="source_layer", columns="target_layer", values="value").sort_index().sort_index(axis=1)

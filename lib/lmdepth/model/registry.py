@@ -27,10 +27,10 @@ import torch
 from lmdepth.model import random_init
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.ndif import preflight
-from lmdepth.hooks.capture import check_additivity
+from lmdepth.model.taps import check_additivity
 from lmdepth.runtime import DTYPES, resolve_device
 from lmdepth.errors import DataError, MissingPackageError, ParameterError, UnknownModelError
-from lmdepth.results import TMP_PREFIX, atomic_write_text, clean, mark_root
+from lmdepth.results import TMP_PREFIX, atomic_write_text, clean, mark_root, sha256_file
 
 
 
@@ -40,14 +40,6 @@ SOURCE_FILE = "lmdepth_source.json"  # written into a converted copy: what it wa
 def cache_dir() -> Path:
     """Root of the converted-model and data caches (``LMDEPTH_CACHE`` or ``~/.cache/lmdepth``)."""
     return Path(os.environ.get("LMDEPTH_CACHE", Path.home() / ".cache" / "lmdepth"))
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fingerprint_cache() -> Path:

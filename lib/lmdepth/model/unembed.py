@@ -9,7 +9,7 @@ lens builds one in its lens dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +19,6 @@ from lmdepth.metrics.distributions import Scratch
 from lmdepth.model.paths import resolve
 from lmdepth.runtime import DTYPES
 
-if TYPE_CHECKING:  # registry imports the adapters, which build an Unembedding: a type-only import avoids the cycle
-    from lmdepth.model.registry import LoadedModel
-
 # fp32: bf16 (the paper's models) is fast on GPUs but several times slower than fp32 on CPUs without bf16 units
 DEFAULT_LENS_DTYPE = "float32"
 
@@ -30,6 +27,23 @@ def softcap(z: torch.Tensor, cap: float | None) -> torch.Tensor:
     """The logit soft-capping of Gemma 2/3 (``cap·tanh(z/cap)``), in fp32; identity when ``cap`` is None or 0."""
     z = z.float()
     return torch.tanh(z / cap) * cap if cap else z
+
+
+class Loaded(Protocol):
+    """What :meth:`Unembedding.of` reads of a loaded model (a :class:`lmdepth.model.registry.LoadedModel`): named
+    here by its shape because the registry sits above the adapters, which build an :class:`Unembedding`."""
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+
+    @property
+    def adapter(self) -> Any: ...  # a ModelAdapter (lmdepth.model.families, which imports this module)
+
+    @property
+    def nn(self) -> Any: ...
+
+    @property
+    def remote(self) -> bool: ...
 
 
 @dataclass
@@ -55,7 +69,7 @@ class Unembedding:
     remote_vocab: int = 0
 
     @classmethod
-    def of(cls, lm: LoadedModel, dtype: str = DEFAULT_LENS_DTYPE, traced: bool = True) -> "Unembedding":
+    def of(cls, lm: Loaded, dtype: str = DEFAULT_LENS_DTYPE, traced: bool = True) -> "Unembedding":
         """Build from a loaded model. ``traced``: take the final norm's nnsight envoy (for use inside traces)."""
         softcap = getattr(lm.model.config, "final_logit_softcapping", None) or None
         if lm.remote:  # the weights live on the server: call its lm_head (in the model's dtype) inside the trace

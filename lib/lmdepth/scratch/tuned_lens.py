@@ -1,4 +1,5 @@
-"""Tuned-lens translators (Belrose et al. 2023) and their training, for chapter 04.
+"""Training of the tuned-lens translators (Belrose et al. 2023, :class:`lmdepth.model.translators.Translators`), for
+chapter 04.
 
 One affine translator per layer, ``h ↦ h + A_l h + s_l b_l`` (zero-initialised: it starts as the logit lens),
 trained to minimise ``KL(P_final ‖ P_tuned)``. A full-vocabulary softmax for every (token, layer) pair is what
@@ -16,49 +17,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
 from lmdepth.data.datasets import Example
 from lmdepth.errors import DataError
-from lmdepth.hooks.capture import hooked_residuals
 from lmdepth.metrics.distributions import Scratch, sampled_kl
 from lmdepth.model.registry import LoadedModel
+from lmdepth.model.taps import hooked_residuals
+from lmdepth.model.translators import Translators
 from lmdepth.model.unembed import DEFAULT_LENS_DTYPE, Unembedding
 from lmdepth.runtime import progress
-
-
-class Translators(nn.Module):
-    """One affine translator per layer, ``h ↦ h + A_l h + s_l b_l``; zero-initialised, i.e. the identity.
-
-    Attributes:
-        A: [layers, d, d]; b: [layers, d]; scale: [layers] buffer (mean RMS of h_l on the training tokens).
-    """
-
-    def __init__(self, n_layers: int, d_model: int, scale: torch.Tensor | None = None):
-        super().__init__()
-        self.A = nn.Parameter(torch.zeros(n_layers, d_model, d_model))
-        self.b = nn.Parameter(torch.zeros(n_layers, d_model))
-        self.register_buffer("scale", torch.ones(n_layers) if scale is None else scale.float().clone())
-
-    def forward(self, h: torch.Tensor, layer: int | None = None) -> torch.Tensor:
-        """Translate one layer's residuals (``layer`` given: h [..., d]) or all layers (h [..., layers, d])."""
-        h = h.float()
-        if layer is not None:
-            return h + h @ self.A[layer].T + self.scale[layer] * self.b[layer]
-        return h + torch.einsum("...ld,led->...le", h, self.A) + self.scale[:, None] * self.b
-
-    def state_arrays(self) -> dict[str, np.ndarray]:
-        return {k: v.detach().cpu().numpy() for k, v in self.state_dict().items()}
-
-    @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "Translators":
-        n_layers, d_model, _ = arrays["A"].shape
-        t = cls(n_layers, d_model)
-        t.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
-        return t
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ library function or object — and creates and saves its result inside, so the s
 strict simulation (``remote="local"``) and on NDIF. Its metrics are those of
 :func:`lmdepth.metrics.residual.residual_token_metrics` (rows in :data:`~lmdepth.metrics.residual.RESIDUAL_METRICS`
 order), written out with torch inside the block; that function applied to plain-hook captures
-(:func:`lmdepth.hooks.capture.hooked_residuals`) is the reference twin the tests hold it to.
+(:func:`lmdepth.model.taps.hooked_residuals`) is the reference twin the tests hold it to.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmdepth.analyses.maps import error_matrix, error_over_baseline, map_labels, mean_baseline, summarize_map
+from lmdepth.analyses.maps import error_over_baseline, map_labels, mean_baseline, summarize_map
 from lmdepth.errors import DataError
+from lmdepth.metrics.ridge import error_matrix
 from lmdepth.results import RunResult
 
 
