@@ -91,16 +91,20 @@ SCENARIOS = {  # claim id -> state -> (metric, {component: curve})
 
 
 def skip_units(model: str, curves: dict[tuple[str, str], callable], n: int = 20, seed: int = 0) -> pd.DataFrame:
-    """A per-problem table like :func:`lmdepth.analyses.skipping.units_table` (layer skip only); unlisted
-    (analysis, metric) pairs get a flat 0.5."""
+    """A per-problem table like :func:`lmdepth.analyses.skipping.units_table` of a ``floor`` run (layer skip only):
+    the paper's max (``later_effect``, ``output_change``) and the robust mean (``…_robust``). A curve given for a base
+    metric serves both unless the robust one is given too; unlisted pairs get a flat 0.5."""
     rng = np.random.default_rng(seed)
     rows = []
+    flat = lambda r: np.full(L, 0.5)  # noqa: E731
     for p in range(n):
         for analysis in ("current", "future"):
             for metric in ("later_effect", "output_change"):
-                curve = curves.get((analysis, metric), lambda r: np.full(L, 0.5))(rng)
-                rows += [dict(model=model, unit=f"p{p}", analysis=analysis, variant="layer", metric=metric,
-                              layer=layer, value=float(v)) for layer, v in enumerate(curve)]
+                curve = curves.get((analysis, metric), flat)(rng)
+                robust = curves[analysis, metric + "_robust"](rng) if (analysis, metric + "_robust") in curves else curve
+                rows += [dict(model=model, unit=f"p{p}", analysis=analysis, variant="layer", metric=name,
+                              layer=layer, value=float(v)) for name, c in ((metric, curve), (metric + "_robust", robust))
+                         for layer, v in enumerate(c)]
     return pd.DataFrame(rows)
 
 
@@ -469,11 +473,35 @@ def test_the_cutoff_can_land_anywhere_or_nowhere():
 
 
 def test_one_exploding_effect_cannot_carry_a_skipping_verdict():
-    """A relative change of 1e4 (a layer whose clean contribution is near zero) in one problem: clipped at 1."""
+    """A relative change of 1e4 (a layer whose clean contribution is near zero) in one problem's paper max: clipped
+    at 1 in the paper's statistic, and the robust statistic decides."""
     t = skip_units("m", {("current", "later_effect"): halves(0.8, 0.2, early=0.9)})
     boom = (t.unit == "p0") & (t.analysis == "current") & (t.metric == "later_effect") & (t.layer == 8)
     t.loc[boom, "value"] = 1e4
-    assert verdict_of("skipping.current_later_small", t).state == "agrees"
+    row = verdict_of("skipping.current_later_small", t)
+    assert row.state == "agrees" and row.paper_estimate < 0.5
+
+
+def test_the_robust_statistic_decides_and_the_papers_saturated_max_is_shown_beside_it():
+    """Paper maxima all at the clip (a ratio of exactly 1, 100 % at the bound) beside a robust mean that drops in
+    the second half: the row is decided on the robust mean (agrees), not made untestable by the paper's clip; and
+    the other way round, a robust mean that does not drop disagrees whatever the paper's max says."""
+    at_clip = lambda r: np.full(L, 3.0)  # noqa: E731
+    drops = halves(0.8, 0.2, early=0.9)
+    row = verdict_of("skipping.current_later_small", skip_units("m", {("current", "later_effect"): at_clip,
+                                                                       ("current", "later_effect_robust"): drops}))
+    assert row.state == "agrees" and row.estimate < 0.5
+    assert row.paper_estimate == pytest.approx(1.0) and row.paper_at_bound == 1.0
+    flat_robust = verdict_of("skipping.current_later_small", skip_units(
+        "m", {("current", "later_effect"): drops, ("current", "later_effect_robust"): halves(0.8, 0.8, early=0.9)}))
+    assert flat_robust.state == "disagrees" and flat_robust.paper_estimate < 0.5
+
+
+def test_a_run_without_the_robust_statistic_is_not_testable_and_says_how_to_get_it():
+    t = skip_units("m", {})
+    t = t[~t.metric.str.endswith("_robust")]
+    row = verdict_of("skipping.current_later_small", t)
+    assert row.state == "not testable" and "floor=0.1" in row.reason
 
 
 def test_a_lens_that_never_settles_is_not_a_late_settler():

@@ -138,6 +138,27 @@ def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
 
 
 @pytest.mark.integration
+def test_a_floor_run_keeps_the_robust_statistic_beside_the_papers(tiny_dirs, jsonl, tmp_path):
+    """``floor`` adds the robust per-problem means to the tables (and to the cache key); without it the run is the
+    paper's statistic alone, under the key it always had."""
+    p = jsonl([f'{{"text": "Problem {i}: {TEXT}"}}' for i in range(2)])
+    kw = dict(analysis="current", dataset=str(p), n_examples=2, selection="first", parts=["layer"], local=False,
+              results_dir=tmp_path, n_boot=20)
+    plain = skip_analysis.run(str(tiny_dirs["llama"]), **kw)
+    robust = skip_analysis.run(str(tiny_dirs["llama"]), floor=0.1, **kw)
+    assert robust.path != plain.path and "floor" not in plain.meta["parameters"]
+    assert set(plain.units.metric) == {"later_effect", "output_change"}
+    assert set(robust.units.metric) == {"later_effect", "output_change", "later_effect_robust", "output_change_robust"}
+    pick = lambda r, m: r.units[r.units.metric == m].value.to_numpy()  # noqa: E731
+    assert np.array_equal(pick(plain, "later_effect"), pick(robust, "later_effect"))  # the paper's numbers unchanged
+    robust_later, paper_later = pick(robust, "later_effect_robust"), pick(robust, "later_effect")
+    assert (robust_later > 0).any() and not np.allclose(robust_later, paper_later)
+    assert (robust_later <= paper_later + 1e-6).all()  # a floored denominator and a mean: never above the max
+    assert (pick(robust, "output_change_robust") <= pick(robust, "output_change") + 1e-6).all()  # a mean ≤ the max
+    assert {"relative_change_robust", "output_change_robust"} <= set(robust.table.metric)
+
+
+@pytest.mark.integration
 def test_groups_of_models_keep_their_own_sample_and_parts(tiny_dirs, jsonl, tmp_path):
     """Chapter 03's controls: the main model's on its sample, each comparison model's on the comparison sample
     (:func:`units_of` groups); the cutoff table lists only the parts each model ran."""

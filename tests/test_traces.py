@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lmdepth.errors import RemoteUnavailable
-from lmdepth.hooks.capture import hooked_residuals
+from lmdepth.model.taps import hooked_residuals
 from lmdepth.metrics.residual import residual_token_metrics
 from lmdepth.model.families import ModelAdapter
 from lmdepth.testing import FAMILY_CONFIGS, tiny_model, tiny_tokenizer
@@ -281,12 +281,18 @@ def test_skip_trace_equals_the_naive_reference_for_every_variant(family):
     cuts = [9, 24, 40]
     nn = _wrap(model)
     for current in (True, False):
-        ref = prompt_effects_naive(adapter, ids, cuts=cuts, current=current)
-        got = skip_effects(nn, TapPaths.of(adapter), ids, cuts=cuts, current=current, config=model.config)
+        # with the robust means (floor 0.1): (E, O, M, Q), each against the naive loop's
+        ref = prompt_effects_naive(adapter, ids, cuts=cuts, current=current, floor=0.1)
+        got = skip_effects(nn, TapPaths.of(adapter), ids, cuts=cuts, current=current, config=model.config, floor=0.1)
         assert sorted(got) == sorted(ref)
         for k in ref:
-            assert (got[k][0] - ref[k][0]).abs().max() <= 1e-5 and (got[k][1] - ref[k][1]).abs().max() <= 1e-5, k
+            assert len(got[k]) == len(ref[k]) == 4, k
+            for g, r in zip(got[k], ref[k]):
+                assert (g - r).abs().max() <= 1e-5, k
         assert any(ref[k][0].max() > 0.01 for k in ref)  # the effects are not all zero: the check can fail
+        assert any(ref[k][2].max() > 0.01 and ref[k][3].max() > 0 for k in ref)
+        # a mean is not a max: the robust statistic is a different number wherever the effect varies over positions
+        assert any((ref[k][2] - ref[k][0]).abs().max() > 1e-3 for k in ref)
 
 
 @pytest.mark.integration
@@ -299,6 +305,8 @@ def test_one_prompt_of_skipping_is_one_request_to_the_strict_server(family):
     adapter = ModelAdapter.for_model(model)
     ids = tiny_tokenizer()("Natalia sold 48 clips in April and half as many in May.", return_tensors="pt").input_ids
     ref = prompt_effects(adapter, ids, cuts=[9, 24, 40], current=False)
+    local = skip_effects(_wrap(model), TapPaths.of(adapter), ids, cuts=[9, 24, 40], current=False,
+                         config=model.config, floor=0.1)
     before = len(server.REQUESTS)
     got = skip_effects(_wrap(model), TapPaths.of(adapter), ids, cuts=[9, 24, 40], current=False, config=model.config,
                        remote="local")
@@ -306,6 +314,12 @@ def test_one_prompt_of_skipping_is_one_request_to_the_strict_server(family):
     assert record.saved == ["E_all", "O_all"] and record.payload_bytes < 100_000
     for k in ref:
         assert (got[k][0] - ref[k][0]).abs().max() <= 1e-5 and (got[k][1] - ref[k][1]).abs().max() <= 1e-5, k
+    # the robust means come back from the server too (two more saved values), equal to the local run's
+    robust = skip_effects(_wrap(model), TapPaths.of(adapter), ids, cuts=[9, 24, 40], current=False,
+                          config=model.config, remote="local", floor=0.1)
+    assert sorted(server.REQUESTS[-1].saved) == ["E_all", "M_all", "O_all", "Q_all"]
+    for k in local:
+        assert all((g - r).abs().max() <= 1e-6 for g, r in zip(robust[k], local[k])), k
 
 
 @pytest.mark.integration

@@ -1,7 +1,11 @@
-"""The layer-skipping analysis of chapter 03: runs :mod:`lmdepth.hooks.skipping` over a data set, cached and resumable.
+"""The layer-skipping analysis of chapter 03: runs :mod:`lmdepth.traces.skip_effects` over a data set, cached and
+resumable.
 
-Aggregation follows the paper (book/method.md#method-aggregation): per problem, the effect is the max over measured positions and cut
-points; over problems, the elementwise max. The mean over problems is kept too (less sensitive to one outlier).
+Aggregation follows the paper (book/method.md#method-aggregation): per problem, the effect is the max over measured
+positions and cut points; over problems, the elementwise max. The mean over problems is kept too (less sensitive to
+one outlier). With ``floor`` set, every run also keeps the robust statistics the verdicts decide on
+(book/method.md#method-skipping): per problem the mean over positions of the change relative to a floored
+denominator, and the mean output change.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pandas as pd
 import torch
 
 from lmdepth.analyses.run import Job, per_unit
+from lmdepth.claims.report import control_models
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
 from lmdepth.hooks.skipping import PARTS, draw_cuts, variants
@@ -31,39 +36,51 @@ ANALYSIS = "layer_skipping"
 BENCHMARK = "skipping_benchmark"
 
 
-def _tidy(model: str, effects: dict[tuple[str, str], np.ndarray], outputs: dict[tuple[str, str], np.ndarray]) -> pd.DataFrame:
-    """effects[(analysis, variant)]: [P, L, L]; outputs: [P, L] → long table with max and mean over problems."""
+#: metric names of the paper's per-problem max and of the robust per-problem mean (``floor`` runs only)
+METRICS = {"E": "relative_change", "O": "output_change", "M": "relative_change_robust", "Q": "output_change_robust"}
+
+
+def _tidy(model: str, per_problem: dict[tuple[str, str], dict[str, np.ndarray]]) -> pd.DataFrame:
+    """per_problem[(analysis, variant)][letter of :data:`METRICS`]: [P, L, L] or [P, L] → long table with the max and
+    the mean over problems."""
     rows = []
-    for (analysis, variant), E in effects.items():
-        L = E.shape[1]
-        O = outputs[analysis, variant]
-        for stat, e, o in (("max", E.max(0), O.max(0)), ("mean", E.mean(0), O.mean(0))):
+    for (analysis, variant), values in per_problem.items():
+        L = values["E"].shape[1]
+        for stat, over in (("max", np.max), ("mean", np.mean)):
             base = dict(model=model, analysis=analysis, variant=variant, stat=stat, n_layers=L)
-            rows += [{**base, "metric": "relative_change", "skipped_layer": s, "affected_layer": j, "value": e[s, j]}
-                     for s in range(L) for j in range(L)]
-            rows += [{**base, "metric": "output_change", "skipped_layer": s, "affected_layer": -1, "value": o[s]}
-                     for s in range(L)]
+            for letter, V in values.items():
+                v = over(V, axis=0)
+                if v.ndim == 2:
+                    rows += [{**base, "metric": METRICS[letter], "skipped_layer": s, "affected_layer": j,
+                              "value": v[s, j]} for s in range(L) for j in range(L)]
+                else:
+                    rows += [{**base, "metric": METRICS[letter], "skipped_layer": s, "affected_layer": -1,
+                              "value": v[s]} for s in range(L)]
     return pd.DataFrame(rows)
 
 
-def units_table(model: str, analysis: str, ids: list[str], effects: dict[str, np.ndarray],
-                outputs: dict[str, np.ndarray]) -> pd.DataFrame:
+def units_table(model: str, analysis: str, ids: list[str], per_problem: dict[str, dict[str, np.ndarray]]
+                ) -> pd.DataFrame:
     """Per-problem table for claim verdicts: for every variant and skipped layer, the problem's later effect (the
-    largest relative change of any later layer, :func:`later_effect`) and its output change.
+    largest change of any later layer, :func:`later_effect`) and its output change — the paper's max
+    (``later_effect``, ``output_change``) and, in ``floor`` runs, the robust means (``later_effect_robust``,
+    ``output_change_robust``).
 
     Args:
-        effects, outputs: variant → [P, L, L] / [P, L] per-problem values, problems in ``ids`` order.
+        per_problem: variant → {letter of :data:`METRICS`: [P, L, L] or [P, L]}, problems in ``ids`` order.
 
     Returns:
         ``model, unit, analysis, variant, metric, layer, value`` rows.
     """
+    names = {"E": "later_effect", "O": "output_change", "M": "later_effect_robust", "Q": "output_change_robust"}
     frames = []
-    for v, E in effects.items():
-        L = E.shape[1]
+    for v, values in per_problem.items():
+        L = values["E"].shape[1]
         for i, uid in enumerate(ids):
-            for metric, vals in (("later_effect", later_effect(E[i])), ("output_change", outputs[v][i])):
+            for letter, V in values.items():
+                vals = later_effect(V[i]) if V.ndim == 3 else V[i]
                 frames.append(pd.DataFrame({"model": model, "unit": uid, "analysis": analysis, "variant": v,
-                                            "metric": metric, "layer": np.arange(L), "value": vals}))
+                                            "metric": names[letter], "layer": np.arange(L), "value": vals}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -81,6 +98,10 @@ class SkipParams(CommonParams):
     cut_stride: int = param(8, lo=1, hi=1024, help="future analysis: cut points drawn from every k-th token")
     threshold: float = param(0.1, lo=0.0, hi=10.0,
                              help="future-effect level below which a layer counts as not feeding later computation")
+    floor: float | None = param(None, lo=0.0, hi=1.0, nullable=True,
+                                help="also keep the robust statistics the verdicts decide on: the mean over positions "
+                                     "of the change relative to max(‖Δ‖, floor × the layer's median ‖Δ‖); None: the "
+                                     "paper's max only")
 
 
 @dataclass(frozen=True)
@@ -116,7 +137,8 @@ def run(params: SkipParams | None = None, **kwargs: Any) -> RunResult:
     key = dict(analysis=p.analysis, dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed,
                selection=p.selection, parts=parts, local=p.local, dtype=p.dtype, threshold=p.threshold, n_boot=p.n_boot,
                **({"n_cuts": p.n_cuts, "cut_stride": p.cut_stride} if p.analysis == "future" else {}),
-               outputs=2)  # 2: also the per-problem table (runs finished before it recompute from their checkpoints)
+               outputs=2,  # 2: also the per-problem table (runs finished before it recompute from their checkpoints)
+               **({"floor": p.floor} if p.floor is not None else {}))  # absent: the keys of runs before it hold
     per_item = {k: v for k, v in key.items() if k not in ("n_examples", "threshold", "n_boot", "outputs")}
     return Job(ANALYSIS, p, key, per_item).execute(lambda store: _compute(p, parts, key, examples, store))
 
@@ -134,14 +156,15 @@ def _compute(p: SkipParams, parts: list[str], key: dict[str, Any], examples: lis
     def one(uid: str, ids: Any) -> dict[str, np.ndarray]:
         # one session per problem (one request on NDIF): the clean pass, then one batched trace per (layer, cut)
         res = skip_effects(lm.nn, paths, ids, cuts=cuts_used[uid], parts=parts, local=p.local, current=not future,
-                           config=lm.model.config, remote=lm.remote_mode)
-        return {f"{v}_{x}": res[p.analysis, v][i].numpy() for v in names for i, x in enumerate("EO")}
+                           config=lm.model.config, remote=lm.remote_mode, floor=p.floor)
+        return {f"{v}_{x}": r.numpy() for v in names for x, r in zip("EOMQ", res[p.analysis, v])}
 
     items = per_unit(store, encoded, one, desc=f"{p.model_name}: skip effects ({p.analysis})")
-    E = {(p.analysis, n): np.stack([it[f"{n}_E"] for it in items]) for n in names}
-    O = {(p.analysis, n): np.stack([it[f"{n}_O"] for it in items]) for n in names}
-    table = _tidy(p.model_name, E, O)
-    summary = {n: cutoff_with_ci(E[p.analysis, n], p.threshold, p.n_boot, p.seed) for n in names} if future else {}
+    letters = "EOMQ" if p.floor is not None else "EO"
+    per_problem = {n: {x: np.stack([it[f"{n}_{x}"] for it in items]) for x in letters} for n in names}
+    table = _tidy(p.model_name, {(p.analysis, n): v for n, v in per_problem.items()})
+    summary = ({n: cutoff_with_ci(per_problem[n]["E"], p.threshold, p.n_boot, p.seed) for n in names}
+               if future else {})
     meta = {
         "parameters": {"model_name": p.model_name, **key, "device": p.device,
                        **({"remote": p.remote} if p.remote is not False else {})},
@@ -149,8 +172,7 @@ def _compute(p: SkipParams, parts: list[str], key: dict[str, Any], examples: lis
         "data": {**selection_record(p.dataset, p.selection, p.seed, examples), "cuts": cuts_used},
         "summary": summary,
     }
-    units = units_table(p.model_name, p.analysis, [uid for uid, _ in encoded],
-                        {n: E[p.analysis, n] for n in names}, {n: O[p.analysis, n] for n in names})
+    units = units_table(p.model_name, p.analysis, [uid for uid, _ in encoded], per_problem)
     return table, meta, units
 
 
@@ -220,6 +242,30 @@ def units_of(groups: Sequence[tuple[Sequence[str], int, int, int]], **common: An
     runs = [run(m, analysis="current", n_examples=n_cur, **common) for ms, n_cur, _, _ in groups for m in ms]
     runs += [run(m, analysis="future", n_examples=n, n_cuts=c, **common) for ms, _, n, c in groups for m in ms]
     return pd.concat([r.units for r in runs], ignore_index=True) if runs else None
+
+
+def claim_units(models: Sequence[str], main: tuple[int, int, int], others: tuple[int, int], **common: Any
+                ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """What chapter 03's claims read: every model's whole-layer runs (with ``common``'s ``floor``, the robust
+    statistic) and those of their random-init controls, on the same problems and cut points — the controls only
+    where the model has at least 10 problems in both analyses, and none for remote runs
+    (:func:`lmdepth.claims.report.control_models`).
+
+    Args:
+        models: the main model first, then the comparison models.
+        main: the main model's (problems all tokens, problems future tokens, cut points).
+        others: each comparison model's (problems in both analyses, cut points).
+
+    Returns:
+        (the models' per-problem tables, the controls' or None).
+    """
+    n_cur, n_fut, cuts = main
+    n_cmp, cuts_cmp = others
+    remote = common.get("remote") is True
+    units = units_of([([models[0]], n_cur, n_fut, cuts), (models[1:], n_cmp, n_cmp, cuts_cmp)], **common)
+    controls = units_of([(control_models(models[:1], remote, min(n_cur, n_fut)), n_cur, n_fut, cuts),
+                         (control_models(models[1:], remote, n_cmp), n_cmp, n_cmp, cuts_cmp)], **common)
+    return units, controls
 
 
 def later_effect_table(table: pd.DataFrame, models: Sequence[str]) -> pd.DataFrame:

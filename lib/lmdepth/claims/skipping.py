@@ -1,12 +1,13 @@
 """Claims of paper Fig. 3 (chapter 03), checked on the layer-skipping runs' per-problem tables.
 
-Unit: the problem (within a problem the paper's aggregation is kept: max over positions and cut points). Across
-problems the statistics use means, not the paper's max (a max over problems only grows with the sample), and every
-per-problem effect is clipped at 1 — as the paper's heatmaps are — so that one exploding relative change (a layer
-whose clean contribution is near zero) cannot carry a verdict.
+Unit: the problem. The statistic that decides is robust (book/method.md#method-skipping): per problem and skipped
+layer, the later effect is the largest, over later layers, of the *mean* over measured positions of the change of
+that layer's contribution relative to max(its clean norm, ``FLOOR`` × the layer's median clean norm on the prompt);
+the output change is the mean over measured positions. Across problems the statistics use means.
 
-A clipped max saturates: when half or more of a half's per-problem values sit at the clip, the halves ratio
-measures the clip, not the model, and the check is not testable (``saturation``; the share is shown in every row).
+The paper's aggregation — a max over positions (and cut points), clipped at 1 as its heatmaps are — is shown beside
+every verdict with the share of its per-problem values at the clip (``paper``): on trained models most of them sit at
+the clip, so a ratio of clipped maxima measures the clip rather than the model, and it decides nothing.
 The output change of an untrained twin is tiny in both halves, so its ratio is a quotient of noise: a control
 whose two halves both stay below 1 % of the model's first-half change is no valid control (``control_check``).
 """
@@ -23,7 +24,13 @@ from lmdepth.errors import DataError
 from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.verdicts import Rule, at_bound
 
-CLIP = 1.0  # per-problem effects are clipped here (the paper's heatmaps clip relative change at 1)
+CLIP = 1.0  # the paper's per-problem maxima are clipped here (its heatmaps clip relative change at 1)
+#: The robust statistic's denominator floor, as a fraction of the layer's median clean contribution norm on the
+#: prompt: a position where a layer writes less than a tenth of its typical contribution (the attention sink, a
+#: delimiter) cannot make a relative change explode; a tenth keeps every typical position's own denominator.
+FLOOR = 0.1
+#: The per-problem metrics that decide, and the paper's that are shown beside them.
+ROBUST = {"later_effect": "later_effect_robust", "output_change": "output_change_robust"}
 CUTOFF_LEVEL = 0.1  # the registry's future-effect level for the cutoff claim (the chapter's `threshold` is display)
 #: A control's output change below this fraction of the model's own (first half, both halves of the control) is
 #: numerical noise: a ratio of two such values decides nothing.
@@ -32,19 +39,35 @@ CONTROL = ("a random-init model of the same architecture (weights never trained)
            "points, run where the model has at least 10 problems: what skipping does in an untrained stack")
 
 
-def per_layer(analysis: str, metric: str) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
-    """Per-problem values ``[problems, L]`` of the layer skip, clipped at :data:`CLIP`, indexed by problem."""
+def per_layer(analysis: str, metric: str, clip: float | None = None) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
+    """Per-problem values ``[problems, L]`` of the layer skip (``metric`` of the per-problem table), clipped at
+    ``clip`` if given, indexed by problem."""
 
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
         u = units[(units.model == model) & (units.analysis == analysis) & (units.variant == "layer")
                   & (units.metric == metric)]
         if u.empty:
-            raise DataError(f"No per-problem {analysis}-token skip results for {model!r}: run "
-                            f"lmdepth.analyses.skipping.run(model_name={model!r}, analysis={analysis!r}) first.")
+            floor = f", floor={FLOOR}" if metric.endswith("_robust") else ""
+            raise DataError(f"No per-problem {analysis}-token skip results ({metric}) for {model!r}: run "
+                            f"lmdepth.analyses.skipping.run(model_name={model!r}, analysis={analysis!r}{floor}) first.")
         wide = u.pivot_table(index="unit", columns="layer", values="value", sort=False, dropna=False)
-        return wide.clip(upper=CLIP)
+        return wide.clip(upper=clip) if clip is not None else wide
 
     return values
+
+
+def paper_statistic(analysis: str, metric: str, reduce: Callable[[np.ndarray], float]
+                    ) -> Callable[[pd.DataFrame, str], tuple[float, float]]:
+    """The paper's aggregation of the same check, shown beside the verdict: the statistic on the per-problem maxima
+    clipped at :data:`CLIP`, and the larger share of them at the clip over the two halves."""
+    clipped = per_layer(analysis, metric, CLIP)
+
+    def paper(units: pd.DataFrame, model: str) -> tuple[float, float]:
+        v = clipped(units, model).to_numpy(dtype=float)
+        first, second = _halves(v.shape[1], metric)
+        return reduce(v), max(at_bound(v[:, first], CLIP), at_bound(v[:, second], CLIP))
+
+    return paper
 
 
 def _halves(L: int, metric: str) -> tuple[slice, slice]:
@@ -64,16 +87,6 @@ def halves_ratio(metric: str, skip: int) -> Callable[[np.ndarray], float]:
         return float(v[:, second].mean() / den) if den != 0 else float("nan")
 
     return reduce
-
-
-def saturation(metric: str) -> Callable[[np.ndarray], tuple[float, str]]:
-    """For per-layer values ``[problems, L]``: the larger share at the clip of the two halves."""
-
-    def share(v: np.ndarray) -> tuple[float, str]:
-        first, second = _halves(v.shape[1], metric)
-        return max(at_bound(v[:, first], CLIP), at_bound(v[:, second], CLIP)), f"at the clip {CLIP:g}"
-
-    return share
 
 
 def negligible_control(real: np.ndarray, control: np.ndarray) -> str:
@@ -102,47 +115,55 @@ _HISTORY = ("2026-11-23: per-problem effects clipped at 1, means over problems, 
 _HISTORY_26 = ("2026-11-26: a half with ≥ 50 % of its per-problem values at the clip makes the check not testable "
                "(saturated); discrimination became a paired interval of (trained − twin) over the shared problems "
                "(was: the twin reaching another state); for the output change, a twin whose change is negligible in "
-               "both halves is no valid control.",)
+               "both halves is no valid control.",
+               "2026-11-26 (later): the robust per-problem mean over positions with a floored denominator decides "
+               f"(floor {FLOOR:g} × the layer's median clean norm); the paper's clipped max is shown beside it with "
+               "its share at the clip and decides nothing (it was ≥ 50 % at the clip on 7 of the 9 counted rows).")
+
+_ROBUST_LATER = (f"the later effect of a skipped layer: the largest, over later layers, of the mean over measured "
+                 f"positions of ‖Δ − Δ′‖ / max(‖Δ‖, {FLOOR:g} × the layer's median ‖Δ‖)")
+
+
+def _claim(analysis: str, metric: str, reduce: Callable[[np.ndarray], float], early: Callable[[np.ndarray], float],
+           **fields) -> ClaimSpec:
+    """A Fig. 3 claim deciding on the robust ``metric`` of one analysis, with the paper's clipped max beside it."""
+    return ClaimSpec(chapter="skipping", unit="problem", values=per_layer(analysis, ROBUST[metric]), reduce=reduce,
+                     with_early=early, paper=paper_statistic(analysis, metric, reduce), **fields)
+
 
 CLAIMS: tuple[ClaimSpec, ...] = (
-    ClaimSpec(
-        id="skipping.current_later_small", chapter="skipping", figure="Fig. 3a",
-        claim="all tokens: 2nd half barely affects later layers",
-        statement="Skipping a second-half layer barely changes the computation of the later layers.",
-        statistic="ratio: mean over problems of the clipped later effect (largest relative change of any later "
-                  "layer), second-half layers (without the last, which has no later layer) / first-half layers "
-                  "(without layers 0–1)",
-        unit="problem", rule=Rule(0.5, "below"), values=per_layer("current", "later_effect"),
-        reduce=halves_ratio("later_effect", EARLY_LAYERS), with_early=halves_ratio("later_effect", 0), saturation=saturation("later_effect"), control=CONTROL,
-        history=_HISTORY + _HISTORY_26),
-    ClaimSpec(
-        id="skipping.current_output_changes", chapter="skipping", figure="Fig. 3a",
-        claim="all tokens: 2nd half still changes the output",
-        statement="Second-half layers still change the output distribution: they refine the current prediction.",
-        statistic="ratio: mean over problems of the output change ‖P − P′‖₂, second-half / first-half layers "
-                  "(without layers 0–1)",
-        unit="problem", rule=Rule(0.5, "above"), values=per_layer("current", "output_change"),
-        reduce=halves_ratio("output_change", EARLY_LAYERS), with_early=halves_ratio("output_change", 0), saturation=saturation("output_change"), control_check=negligible_control,
-        control=CONTROL + f"; a control whose output change stays below {NEGLIGIBLE:.0%} of the model's in both "
-                          "halves is no valid control", history=_HISTORY + _HISTORY_26),
-    ClaimSpec(
-        id="skipping.future_later_small", chapter="skipping", figure="Fig. 3b",
-        claim="future tokens: 2nd half feeds little forward",
-        statement="Skipping a second-half layer barely changes the computation of future tokens.",
-        statistic="ratio: as for all tokens, with the layer skipped before a cut point and effects measured after it",
-        unit="problem", rule=Rule(0.5, "below"), values=per_layer("future", "later_effect"),
-        reduce=halves_ratio("later_effect", EARLY_LAYERS), with_early=halves_ratio("later_effect", 0), saturation=saturation("later_effect"), control=CONTROL,
-        history=_HISTORY + _HISTORY_26),
-    ClaimSpec(
-        id="skipping.future_cutoff", chapter="skipping", figure="Fig. 3b",
-        claim="future tokens: the feeding stops by 0.6 of depth",
-        statement="Layers beyond about the middle do not feed the computation of future tokens.",
-        statistic=f"depth: c / L, c the first layer (≥ 2) from which the mean clipped future later effect stays "
-                  f"below {CUTOFF_LEVEL:g} up to layer L−2 (c = L when layer L−2 still feeds forward; the last "
-                  f"layer has no later layer and is not counted)",
-        unit="problem", rule=Rule(0.6, "below"), values=per_layer("future", "later_effect"),
-        reduce=_cutoff_depth(EARLY_LAYERS), with_early=_cutoff_depth(0), saturation=saturation("later_effect"),
-        control=CONTROL, headline=False,
-        history=("2026-11-23: replaces the cutoff of the max over problems (which could not go past L − 1, so "
-                 "'≈ 0.96 of depth' meant 'no cutoff'); threshold-dependent, so not counted on the findings page.",)),
+    _claim("current", "later_effect", halves_ratio("later_effect", EARLY_LAYERS), halves_ratio("later_effect", 0),
+           id="skipping.current_later_small", figure="Fig. 3a",
+           claim="all tokens: 2nd half barely affects later layers",
+           statement="Skipping a second-half layer barely changes the computation of the later layers.",
+           statistic=f"ratio: mean over problems of {_ROBUST_LATER}; second-half layers (without the last, which has "
+                     f"no later layer) / first-half layers (without layers 0–1)",
+           rule=Rule(0.5, "below"), control=CONTROL, history=_HISTORY + _HISTORY_26),
+    _claim("current", "output_change", halves_ratio("output_change", EARLY_LAYERS), halves_ratio("output_change", 0),
+           id="skipping.current_output_changes", figure="Fig. 3a",
+           claim="all tokens: 2nd half still changes the output",
+           statement="Second-half layers still change the output distribution: they refine the current prediction.",
+           statistic="ratio: mean over problems of the mean over positions of the output change ‖P − P′‖₂, "
+                     "second-half / first-half layers (without layers 0–1)",
+           rule=Rule(0.5, "above"), control_check=negligible_control,
+           control=CONTROL + f"; a control whose output change stays below {NEGLIGIBLE:.0%} of the model's in both "
+                             "halves is no valid control", history=_HISTORY + _HISTORY_26),
+    _claim("future", "later_effect", halves_ratio("later_effect", EARLY_LAYERS), halves_ratio("later_effect", 0),
+           id="skipping.future_later_small", figure="Fig. 3b",
+           claim="future tokens: 2nd half feeds little forward",
+           statement="Skipping a second-half layer barely changes the computation of future tokens.",
+           statistic="ratio: as for all tokens, with the layer skipped before a cut point and effects measured after "
+                     "it (the means over positions averaged over the cut points)",
+           rule=Rule(0.5, "below"), control=CONTROL, history=_HISTORY + _HISTORY_26),
+    _claim("future", "later_effect", _cutoff_depth(EARLY_LAYERS), _cutoff_depth(0),
+           id="skipping.future_cutoff", figure="Fig. 3b",
+           claim="future tokens: the feeding stops by 0.6 of depth",
+           statement="Layers beyond about the middle do not feed the computation of future tokens.",
+           statistic=f"depth: c / L, c the first layer (≥ 2) from which the mean over problems of the future "
+                     f"{_ROBUST_LATER.removeprefix('the ')} stays below {CUTOFF_LEVEL:g} up to layer L−2 (c = L when "
+                     f"layer L−2 still feeds forward; the last layer has no later layer and is not counted)",
+           rule=Rule(0.6, "below"), control=CONTROL, headline=False,
+           history=("2026-11-23: replaces the cutoff of the max over problems (which could not go past L − 1, so "
+                    "'≈ 0.96 of depth' meant 'no cutoff'); threshold-dependent, so not counted on the findings "
+                    "page.", _HISTORY_26[1])),
 )

@@ -65,6 +65,9 @@ class ClaimSpec:
         control_check: (real values, control values) -> why the control is degenerate ("" if it is not), e.g. a
             ratio of two changes both negligible beside the model's.
         with_early: the same statistic with layers 0–1 kept, shown beside the verdict (None where it does not apply).
+        paper: where a robust statistic decides, the paper's own aggregation of the same check (e.g. a clipped max),
+            shown beside the verdict and deciding nothing: (per-unit table, model) -> (its statistic, its largest
+            share of values at the bound).
         requires: the id of a claim that must agree for this one to mean anything (e.g. a transition's depth needs
             a transition); otherwise "not testable".
         precondition: a check-specific precondition on the per-unit table (competence over a baseline …):
@@ -94,6 +97,7 @@ class ClaimSpec:
     saturation: Callable[[np.ndarray], tuple[float, str]] | None = None
     control_check: Callable[[np.ndarray, np.ndarray], str] | None = None
     with_early: Reduce | None = None
+    paper: Callable[[pd.DataFrame, str], tuple[float, float]] | None = None
     requires: str | None = None
     precondition: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
     sample_size: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
@@ -215,10 +219,17 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
     decided[(spec.id, model)] = real
     v = values.to_numpy(dtype=float)
     early = spec.with_early(v) if spec.with_early is not None and len(v) else NAN
+    paper, paper_bound = NAN, NAN
+    if spec.paper is not None and len(v):
+        try:
+            paper, paper_bound = spec.paper(units, model)
+        except DataError:  # the paper's statistic is only shown: a run without it still decides
+            pass
     row = {"chapter": spec.chapter, "claim_id": spec.id, "figure": spec.figure, "claim": spec.claim,
            "rule": spec.rule.describe(spec.statistic.split(":")[0]), "unit": spec.unit, "model": model,
            "n": real.n, "estimate": real.estimate, "ci_low": real.ci_low, "ci_high": real.ci_high,
            "state": real.state, "reason": real.reason, "with_layers_0_1": early, "at_bound": share,
+           "paper_estimate": paper, "paper_at_bound": paper_bound,
            "control": spec.control, "control_model": control_model, "headline": spec.headline and sized,
            "control_state": "", "control_reason": "", "control_estimate": NAN, "control_ci_low": NAN,
            "control_ci_high": NAN, "paired_diff": NAN, "paired_low": NAN, "paired_high": NAN, "p_value": NAN,

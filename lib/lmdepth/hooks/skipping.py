@@ -33,7 +33,7 @@ import torch
 
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.paths import resolve, take
-from lmdepth.hooks.capture import layer_output, forward_hooks
+from lmdepth.model.taps import forward_hooks, layer_output
 from lmdepth.metrics.residual import REL_EPS
 
 PARTS = ("layer", "attention", "mlp")
@@ -157,12 +157,25 @@ def relative_change(new: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 # ---- the naive baseline ---------------------------------------------------------------------------------------
 
+def robust_floor(clean: CleanPass, floor: float) -> torch.Tensor:
+    """[L] the robust statistic's denominator floor: ``floor`` × the median over the prompt's positions of each
+    layer's clean contribution norm (never below 1e-6)."""
+    return (clean.contrib.norm(dim=-1).median(dim=1).values * floor).clamp_min(REL_EPS)
+
+
 @torch.no_grad()
-def naive_effect(adapter: ModelAdapter, ids: torch.Tensor, clean: CleanPass, row: Row) -> tuple[torch.Tensor, float]:
+def naive_effect(adapter: ModelAdapter, ids: torch.Tensor, clean: CleanPass, row: Row, floor: float | None = None
+                 ) -> tuple[torch.Tensor, ...]:
     """One full forward pass for one intervention, all layers, full logits (the authors' approach).
 
+    Args:
+        floor: also the robust means (see :func:`lmdepth.traces.skip_effects.skip_effects`), the reference of the
+            production trace's.
+
     Returns:
-        e: [L] max relative change of each layer's contribution at measured positions; o: output change.
+        e: [L] max relative change of each layer's contribution at measured positions; o: output change; with
+        ``floor`` also m: [L] the mean over measured positions ≥ 1 of the change relative to the floored
+        denominator, q: the mean output change there.
     """
     assert clean.probs is not None, "naive_effect needs clean_pass(..., with_probs=True)"
     T = ids.shape[1]
@@ -180,8 +193,15 @@ def naive_effect(adapter: ModelAdapter, ids: torch.Tensor, clean: CleanPass, row
         logits = adapter.model(ids).logits[0]
     meas = row.measured(positions)
     e = torch.stack([relative_change(contrib[l][meas], clean.contrib[l][meas]).max() for l in range(adapter.n_layers)])
-    o = (logits.float().softmax(-1)[meas] - clean.probs[meas]).norm(dim=-1).max()
-    return e, float(o)
+    d = (logits.float().softmax(-1) - clean.probs).norm(dim=-1)  # [T]
+    if floor is None:
+        return e, float(d[meas].max())
+    avg = meas & (positions >= 1)
+    den = robust_floor(clean, floor)
+    m = torch.stack([((contrib[l][avg] - clean.contrib[l][avg]).norm(dim=-1)
+                      / torch.maximum(clean.contrib[l][avg].norm(dim=-1), den[l])).mean()
+                     for l in range(adapter.n_layers)])
+    return e, float(d[meas].max()), m, float(d[avg].mean())
 
 
 # ---- the fast path ---------------------------------------------------------------------------------------------
@@ -375,22 +395,31 @@ def prompt_effects_naive(
     parts: Sequence[str] = PARTS,
     local: bool = True,
     current: bool = True,
-) -> dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]]:
-    """The same results as :func:`prompt_effects`, one full forward pass per intervention."""
+    floor: float | None = None,
+) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
+    """The same results as :func:`prompt_effects`, one full forward pass per intervention; with ``floor`` also the
+    robust means of :func:`lmdepth.traces.skip_effects.skip_effects` (``(E, O, M, Q)``; M and Q averaged over the
+    cut points), its reference twin."""
     L = adapter.n_layers
     clean = clean_pass(adapter, ids, with_probs=True)
+    cuts = sorted({t for t in cuts if t > 1})  # t ≤ 1 intervenes nowhere: zero effect (as the fast paths)
     out = {}
     for v in variants(parts, local):
         if current:
-            res = [naive_effect(adapter, ids, clean, Row(s, v.part, None, v.local)) for s in range(L)]
-            out["current", v.name] = (torch.stack([e for e, _ in res]), torch.tensor([o for _, o in res]))
+            res = [naive_effect(adapter, ids, clean, Row(s, v.part, None, v.local), floor) for s in range(L)]
+            out["current", v.name] = (torch.stack([r[0] for r in res]), torch.tensor([r[1] for r in res]))
+            if floor is not None:
+                out["current", v.name] += (torch.stack([r[2] for r in res]), torch.tensor([r[3] for r in res]))
         if cuts:
-            E, O = torch.zeros(L, L), torch.zeros(L)
+            E, O, M, Q = torch.zeros(L, L), torch.zeros(L), torch.zeros(L, L), torch.zeros(L)
             for t in cuts:
                 for s in range(L):
-                    e, o = naive_effect(adapter, ids, clean, Row(s, v.part, t, v.local))
-                    _update_max((E, O), s, e, torch.tensor(o))
-            out["future", v.name] = (E, O)
+                    r = naive_effect(adapter, ids, clean, Row(s, v.part, t, v.local), floor)
+                    _update_max((E, O), s, r[0], torch.tensor(r[1]))
+                    if floor is not None:
+                        M[s] += r[2] / len(cuts)
+                        Q[s] += r[3] / len(cuts)
+            out["future", v.name] = (E, O) + ((M, Q) if floor is not None else ())
     return out
 
 
@@ -404,5 +433,5 @@ def draw_cuts(n_tokens: int, n_cuts: int, seed: int, key: str, stride: int = 8) 
     return sorted(candidates[:n_cuts])
 
 
-__all__ = ["PARTS", "Row", "CleanPass", "clean_pass", "naive_effect", "prompt_effects", "prompt_effects_naive",
+__all__ = ["PARTS", "Row", "CleanPass", "clean_pass", "naive_effect", "robust_floor", "prompt_effects", "prompt_effects_naive",
            "draw_cuts", "run_rows", "variants"]

@@ -29,8 +29,8 @@ LOGIT_CHUNK = 64  # positions unembedded at once: bounds memory at chunk × voca
 
 def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: Sequence[int] = (),
                  parts: Sequence[str] = PARTS, local: bool = True, current: bool = True, config: Any = None,
-                 remote: bool | str = False,
-                 rel_eps: float = 1e-6) -> dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]]:
+                 remote: bool | str = False, floor: float | None = None,
+                 rel_eps: float = 1e-6) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
     """All skip effects of one prompt (the semantics of :func:`lmdepth.hooks.skipping.prompt_effects`).
 
     Args:
@@ -44,9 +44,14 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
         config: the model's config (the keys/values cache of the cut points; a sliding window shorter than the
             prompt turns the prefix reuse off, as its cache has already dropped positions).
         remote: ``False``, ``True`` (NDIF) or ``"local"`` (strict simulation).
+        floor: also the robust statistics (book/method.md#method-skipping): per skipped layer, the *mean* over
+            measured positions ≥ 1 of ``||Δ_j − Δ'_j|| / max(||Δ_j||, floor · median_p ||Δ_j||)`` (the median over
+            the prompt's positions of layer j's clean contribution norm) and of the output change; for the future
+            analysis averaged over the cut points. None: the paper's max only.
 
     Returns:
-        ``{(analysis, variant): (E [L, L], O [L])}``: analysis "current" or "future", variant a part or "local".
+        ``{(analysis, variant): (E [L, L], O [L])}``: analysis "current" or "future", variant a part or "local";
+        with ``floor``, ``(E, O, M [L, L], Q [L])``, M and Q the robust means.
     """
     L, T = paths.n_layers, int(input_ids.shape[1])
     variants = [(p, False) for p in parts] + ([("layer", True)] if local else [])
@@ -64,11 +69,15 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
     lead_t = None if current else (cuts[0] if cuts else None)
     rest = cuts if current else cuts[1:]
     chunk = LOGIT_CHUNK
+    robust = floor is not None
+    per_cut = {"current": 1.0, "future": float(len(cuts))}  # the robust means average over cut points
     with torch.no_grad(), nn_model.session(**trace_kwargs(nn_model, remote)):
         from transformers import DynamicCache
 
         E_all = torch.zeros(len(analyses), B, L, L)
         O_all = torch.zeros(len(analyses), B, L)
+        M_all = torch.zeros(len(analyses), B, L, L)
+        Q_all = torch.zeros(len(analyses), B, L)
         if analyses:
             # the clean pass: residuals in and out of every layer, keys/values, output distribution
             with nn_model.trace(input_ids, use_cache=True):
@@ -85,6 +94,8 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                 clean_kv = [(c.keys, c.values) for c in clean_out.past_key_values.layers]
             resid_in, resid_out = torch.stack(ins), torch.stack(outs)  # [L, T, D]
             contrib = resid_out.float() - resid_in.float()
+            # [L] the denominators' floor: a stated fraction of each layer's median clean contribution norm
+            den_floor = (contrib.norm(dim=-1).median(dim=1).values * (floor if robust else 0.0)).clamp_min(rel_eps)
             norm, head = nn_model, nn_model
             for name in norm_path:
                 norm = getattr(norm, name)
@@ -98,6 +109,7 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                     hi = T if t is None else t
                     touched = (positions >= 1) & (positions < hi)  # [W]
                     measured = positions >= (0 if t is None else t)  # [W]
+                    averaged = measured & (positions >= 1)  # position 0 cannot change: left out of the means
                     layer_m = touched[None, :] & kinds[:, 0:1]  # [B, W]
                     attn_m = touched[None, :] & kinds[:, 1:2]
                     mlp_m = touched[None, :] & kinds[:, 2:3]
@@ -123,6 +135,7 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                         for j in range(s):  # cannot change: return the clean residual h_s without computing
                             layers[j].skip(h_s)
                         E = torch.zeros(B, L)
+                        M = torch.zeros(B, L)
                         final = None
                         for j in range(s, L):
                             layer = layers[j]
@@ -150,27 +163,39 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                                 layer.output = (out, *o[1:]) if isinstance(o, (tuple, list)) else out
                             ref = contrib[j][positions]  # [W, D]
                             new = out.float() - h_in.float()
-                            rel = (new - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(rel_eps)  # [B, W]
+                            dist, ref_norm = (new - ref).norm(dim=-1), ref.norm(dim=-1)  # [B, W], [W]
+                            rel = dist / ref_norm.clamp_min(rel_eps)
                             E[:, j] = rel.masked_fill(~measured[None, :], float("-inf")).amax(1).clamp_min(0)
+                            if robust:
+                                M[:, j] = (dist / torch.maximum(ref_norm, den_floor[j]))[:, averaged].mean(1)
                             if j == L - 1:
                                 final = out
-                        O = torch.zeros(B)
+                        O, Q = torch.zeros(B), torch.zeros(B)
                         meas_pos = positions[measured]
+                        n_avg = int(averaged.sum())
                         for i in range(0, len(meas_pos), chunk):
                             p = meas_pos[i : i + chunk]
                             z = head(norm(final[:, p - start])).float()  # [B, P, V]
                             if softcap:
                                 z = torch.tanh(z / softcap) * softcap
-                            d = (z.softmax(-1) - probs[p].unsqueeze(0)).norm(dim=-1).amax(1)  # [B]
-                            O = torch.maximum(O, d)
+                            d = (z.softmax(-1) - probs[p].unsqueeze(0)).norm(dim=-1)  # [B, P]
+                            O = torch.maximum(O, d.amax(1))
+                            if robust:
+                                Q = Q + d[:, p >= 1].sum(1) / n_avg
                         if k == 0 and cache is not None:
                             lead_kv = [(c.keys, c.values) for c in nn_model.output.past_key_values.layers]
                     a_i = 0 if (t is None) else analyses.index("future")
                     E_all[a_i, :, s] = torch.maximum(E_all[a_i, :, s], E)
                     O_all[a_i, :, s] = torch.maximum(O_all[a_i, :, s], O)
+                    if robust:
+                        M_all[a_i, :, s] += M / per_cut[analyses[a_i]]
+                        Q_all[a_i, :, s] += Q / per_cut[analyses[a_i]]
         E_all, O_all = E_all.save(), O_all.save()
-    return {(a, n): (E_all[i, b].clone(), O_all[i, b].clone()) for i, a in enumerate(analyses)
-            for b, n in enumerate(names)}
+        if robust:
+            M_all, Q_all = M_all.save(), Q_all.save()
+    return {(a, n): ((E_all[i, b].clone(), O_all[i, b].clone())
+                     + ((M_all[i, b].clone(), Q_all[i, b].clone()) if robust else ()))
+            for i, a in enumerate(analyses) for b, n in enumerate(names)}
 
 
 def session_forwards(n_layers: int, n_cuts: int, current: bool) -> int:
