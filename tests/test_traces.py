@@ -464,6 +464,39 @@ def test_tuned_lens_training_refuses_remote_in_one_line(remote):
     refuse_remote_training(False)
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tuned_lens_training_residuals_trace_equals_the_hook_reference(family):
+    """The translators' training residuals through the trace (one request per text under the strict server, only
+    [L + 1, T, d] back) equal the plain-hook collection exactly: stored translators stay valid."""
+    from lmdepth.data.datasets import Example
+    from lmdepth.model.registry import LoadedModel
+    from lmdepth.scratch.tuned_lens import collect_residuals, collect_residuals_hooked
+
+    model = tiny_model(family)
+    adapter = ModelAdapter.for_model(model)
+    lm = LoadedModel("tiny", model, tiny_tokenizer(), adapter, "local")
+    texts = ["Natalia sold 48 clips in April.", "Then she sold half as many clips in May, 24 in all.",
+             "How many did she sell?"]
+    exs = [Example(id=f"t/{i}", prompt=t) for i, t in enumerate(texts)]
+    n = sum(len(tiny_tokenizer()(t).input_ids) for t in texts[:2]) + 3  # cut inside the third text
+    ref = collect_residuals_hooked(lm, exs, n)
+    assert ref.shape == (n, adapter.n_layers + 1, adapter.d_model)
+    assert ref.abs().max() > 0 and (ref[:, 1:] - ref[:, :-1]).abs().max() > 1e-3  # the layers do change h
+    before = len(server.REQUESTS)
+    for remote in (False, "local"):
+        got = collect_residuals(lm, exs, n, remote=remote)
+        assert got.shape == ref.shape and got.dtype == torch.float32
+        assert (got - ref).abs().max() == 0, remote
+    records = server.REQUESTS[before:]
+    assert len(records) == 3  # one request per text
+    for record, t in zip(records, texts):
+        t_len = len(tiny_tokenizer()(t).input_ids)
+        assert record.saved == ["values"] and record.payload_bytes < 50_000
+        assert record.result_bytes < 4 * (adapter.n_layers + 1) * t_len * adapter.d_model + 4_000
+        assert not [m for m in record.modules if m.split(".")[0] == "lmdepth"]
+
+
 @pytest.mark.packaged
 def test_lens_trace_on_the_packaged_smollm2_equals_the_reference():
     from lmdepth.model.registry import load_model

@@ -1,7 +1,8 @@
 """Both lenses of chapter 04 on library objects (:class:`~lmdepth.model.unembed.Unembedding`,
 :class:`~lmdepth.model.translators.Translators`, :func:`~lmdepth.metrics.distributions.lens_metrics`): the reference
 twin that the remote-ready lens trace (:func:`lmdepth.traces.lens.lens_readings`, what the chapter runs) is held to
-in the tests. It calls library code inside its trace, so it cannot run on NDIF."""
+in the tests. It calls library code inside its trace, so it cannot run on NDIF. Also the plain-hook reference of the
+tuned lens' training residuals (:func:`hooked_token_residuals`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lmdepth.model.taps import layer_output
+from lmdepth.model.taps import hooked_residuals, layer_output
 from lmdepth.metrics.distributions import LENS_METRICS, TOP_K, FinalDistribution, Scratch, kl_divergence, lens_metrics
 from lmdepth.model.paths import resolve
 from lmdepth.model.registry import LoadedModel
@@ -96,3 +97,20 @@ def prompt_lens(
         saved.append(lens_stats(hs, unembed, translators, k).save())
         saved.append(check.save())
     return torch.as_tensor(saved[0]).cpu(), float(torch.as_tensor(saved[1]).max())
+
+
+@torch.no_grad()
+def hooked_token_residuals(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
+    """h_0..h_L at every position of one sequence, captured with plain forward hooks: the reference twin of
+    :func:`lmdepth.traces.boundary_residuals.token_residuals` (what the tuned lens' training collection runs), kept
+    for the tests only; it cannot run on NDIF.
+
+    Args:
+        lm: loaded model.
+        ids: [1, tokens] token ids.
+
+    Returns:
+        [tokens, L + 1, d_model] fp32 on the model's device (row L is the last layer's output h_L).
+    """
+    r = hooked_residuals(lm.adapter, ids, logits_to_keep=1)
+    return torch.cat([r["resid_pre"][:, 0], r["resid_post"][-1:, 0]]).transpose(0, 1).float()

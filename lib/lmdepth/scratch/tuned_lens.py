@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +25,12 @@ from lmdepth.data.datasets import Example
 from lmdepth.errors import DataError
 from lmdepth.metrics.distributions import Scratch, sampled_kl
 from lmdepth.model.registry import LoadedModel
-from lmdepth.model.taps import hooked_residuals
+from lmdepth.hooks.lens import hooked_token_residuals
 from lmdepth.model.translators import Translators
 from lmdepth.model.unembed import DEFAULT_LENS_DTYPE, Unembedding
 from lmdepth.runtime import progress
+from lmdepth.traces.boundary_residuals import token_residuals
+from lmdepth.traces.residual_metrics import TapPaths
 
 
 @dataclass(frozen=True)
@@ -61,22 +63,40 @@ class TrainConfig:
 
 
 @torch.no_grad()
-def collect_residuals(lm: LoadedModel, examples: list[Example], n_tokens: int) -> torch.Tensor:
-    """Residuals h_0..h_L of every position of the examples, in order, until ``n_tokens`` tokens.
+def collect_residuals(lm: LoadedModel, examples: list[Example], n_tokens: int,
+                      remote: bool | str | None = None) -> torch.Tensor:
+    """Residuals h_0..h_L of every position of the examples, in order, until ``n_tokens`` tokens: one remote-ready
+    trace per example (:func:`lmdepth.traces.boundary_residuals.token_residuals`), here, on NDIF or under its
+    offline simulation (``remote``; default ``lm.remote_mode``). The translators themselves are trained here.
 
     Returns:
-        [tokens, layers + 1, d_model] fp32 (the last row is the last layer's output h_L).
+        [tokens, layers + 1, d_model] fp32 on the model's device (the last row is the last layer's output h_L).
     """
+    paths = TapPaths.of(lm.adapter)
+    mode = lm.remote_mode if remote is None else remote
+    return _until(lm, examples, n_tokens, lambda ids: token_residuals(lm.nn, paths, ids, remote=mode).to(ids.device))
+
+
+@torch.no_grad()
+def collect_residuals_hooked(lm: LoadedModel, examples: list[Example], n_tokens: int) -> torch.Tensor:
+    """:func:`collect_residuals` with plain forward hooks (:func:`lmdepth.hooks.lens.hooked_token_residuals`): the
+    reference twin the tests hold the trace to; no run uses it."""
+    return _until(lm, examples, n_tokens, lambda ids: hooked_token_residuals(lm, ids))
+
+
+def _until(lm: LoadedModel, examples: list[Example], n_tokens: int,
+           residuals: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``residuals(ids)`` ([T, L + 1, d]) of the examples in order, concatenated and cut at ``n_tokens``; a text
+    longer than the context is skipped (training text is ours to choose)."""
     parts, n = [], 0
     for ex in examples:
         if n >= n_tokens:
             break
         try:
             ids = lm.encode(ex.text, label=f"Example {ex.id}")
-        except DataError:  # longer than the context: training text is ours to choose, skip it
+        except DataError:
             continue
-        r = hooked_residuals(lm.adapter, ids, logits_to_keep=1)
-        parts.append(torch.cat([r["resid_pre"][:, 0], r["resid_post"][-1:, 0]]).transpose(0, 1).float())  # [T, L+1, d]
+        parts.append(residuals(ids))
         n += parts[-1].shape[0]
     if n < n_tokens:
         raise DataError(f"The training text has only {n} tokens, {n_tokens} were asked for (n_train_tokens).")

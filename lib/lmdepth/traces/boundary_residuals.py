@@ -5,6 +5,10 @@ residual, before the final norm). Only the requested (sequence, position) rows l
 — here, under the strict simulation (``remote="local"``) and on NDIF. The block reads only torch, the model's
 envoys and plain data. Its reference twin is :func:`lmdepth.hooks.stack.boundary_residuals` (plain hooks, every
 position), which the tests hold it to.
+
+:func:`token_residuals` is the same trace for one sequence and every position, laid out as the tuned lens' training
+residuals (chapter 04, :func:`lmdepth.scratch.tuned_lens.collect_residuals`); its reference twin is
+:func:`lmdepth.hooks.lens.hooked_token_residuals`.
 """
 
 from __future__ import annotations
@@ -47,4 +51,24 @@ def boundary_residuals_at(nn_model: Any, paths: TapPaths, input_ids: torch.Tenso
     return values
 
 
-__all__ = ["boundary_residuals_at"]
+def token_residuals(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor,
+                    remote: bool | str = False) -> torch.Tensor:
+    """One traced forward pass of one sequence → h_0..h_L at every position: the residuals the tuned lens'
+    translators are trained on (:func:`boundary_residuals_at` with every position of row 0; the gather copies, so
+    [L + 1, T, d] floats come back and nothing more).
+
+    Args:
+        nn_model: the remotable nnsight wrapper of the model (``LoadedModel.nn``).
+        paths: the family's taps (:meth:`TapPaths.of`).
+        input_ids: [1, tokens] token ids.
+        remote: ``False`` (here), ``True`` (NDIF) or ``"local"`` (strict simulation).
+
+    Returns:
+        [tokens, L + 1, d_model] float32 on CPU (a transposed view; row L is the last layer's output h_L).
+    """
+    n = int(input_ids.shape[1])
+    rows, positions = torch.zeros(n, dtype=torch.long), torch.arange(n)
+    return boundary_residuals_at(nn_model, paths, input_ids, rows, positions, remote=remote).transpose(0, 1)
+
+
+__all__ = ["boundary_residuals_at", "token_residuals"]
