@@ -451,6 +451,32 @@ def test_lens_analysis_under_the_strict_server_gives_the_local_table(tmp_path, j
     assert sim.meta["last_layer_check_kl_max"] < 1e-5
 
 
+@pytest.mark.integration
+def test_the_bigram_reference_of_chapter_04_is_computed_under_the_strict_server_as_here(tmp_path, jsonl, monkeypatch):
+    """remote='local' keeps the weights here: chapter 04's count-bigram reference is the local run's; remote=True
+    (weights on NDIF) skips it without loading anything."""
+    from lmdepth.analyses import bigram, lens
+    from lmdepth.testing import save_tiny_model
+
+    texts = jsonl([json.dumps({"text": f"Problem {i}: {i} apples plus {i + 1} pears make {2 * i + 1} fruits."})
+                   for i in range(3)])
+    model_dir = str(save_tiny_model("qwen2", tmp_path / "model"))
+    kw = dict(dataset=str(texts), n_examples=3, selection="first", n_boot=10, positions_per_example=0,
+              n_train_tokens=128, tuned_lens=False)
+    units = {}
+    for remote, where in ((False, "a"), ("local", "b")):
+        run_kw = dict(kw, remote=remote, results_dir=tmp_path / where)
+        units[remote] = bigram.with_baseline(lens.run_units([model_dir], **run_kw), [model_dir], **run_kw)
+    here, sim = (units[r][units[r].lens == "bigram"].reset_index(drop=True) for r in (False, "local"))
+    assert len(here) == 3 * 3 * ModelAdapter.for_model(tiny_model("qwen2")).n_layers  # problems x metrics x layers
+    assert here[["unit", "metric", "layer"]].equals(sim[["unit", "metric", "layer"]])
+    assert (here["value"] - sim["value"]).abs().max() <= 1e-6
+    assert (tmp_path / "b" / bigram.ANALYSIS).is_dir()  # computed in the simulated run's own results, not borrowed
+    monkeypatch.setattr(bigram, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    lens_only = units["local"][units["local"].lens != "bigram"]
+    assert bigram.with_baseline(lens_only, [model_dir], **dict(kw, remote=True)) is lens_only
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("remote", [True, "local"])
 def test_tuned_lens_training_refuses_remote_in_one_line(remote):

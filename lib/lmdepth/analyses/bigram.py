@@ -115,14 +115,17 @@ def with_baseline(lens_units: pd.DataFrame, models: list[str], **kwargs: Any) ->
 
     Returns:
         the lens table plus, per model, a ``bigram`` lens: the baseline's value on each problem, flat over the
-        layers. No baseline for remote runs (it runs locally): then ``lens_units`` unchanged.
+        layers. No baseline for ``remote=True`` (its counts and the model's output are computed here, with weights
+        that stay on NDIF): then ``lens_units`` unchanged. ``remote="local"`` (the offline simulation of NDIF) has
+        the weights here, so its baseline is the local run's (the same cache entry: ``remote`` changes no number).
 
     Args:
         lens_units: the lens runs' per-problem table (:func:`lmdepth.analyses.lens.run_units`).
         kwargs: the lens run's parameters.
     """
-    if kwargs.get("remote"):
+    if kwargs.get("remote") is True:
         return lens_units
+    kwargs = {**kwargs, "remote": False}  # "local": the weights are here; the baseline's forward is plain torch
     flat = []
     for m, r in many(run, models, **kwargs).items():
         layers = pd.DataFrame({"layer": range(int(lens_units[lens_units.model == m]["layer"].max()) + 1)})
