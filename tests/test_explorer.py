@@ -121,3 +121,53 @@ def test_widget_in_a_live_kernel(tiny_dirs):
     assert "text/html" in printed.split("OUTPUTS")[1].split("\n")[0]  # the rendered chart and the token table
     assert "The prompt is empty" in printed.split("ERROR")[1]
     assert not [o for c in nb.cells for o in c.outputs if o.output_type == "error"]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3", "olmo2"])
+def test_explorer_traces_equal_the_plain_hook_reference_here_and_under_the_strict_server(family):
+    """The explorer runs the chapters' remote-ready traces; the plain-hook code it ran before is the reference
+    (contributions: hooked taps; lens: a clean hooked pass through the adapter's unembedding; skip: chapter 03's
+    fast path). Under remote='local' every request survives the strict server."""
+    from lmdepth.hooks.skipping import Row, clean_pass, run_rows
+    from lmdepth.metrics.residual import RESIDUAL_METRICS, residual_token_metrics
+    from lmdepth.model.families import ModelAdapter
+    from lmdepth.model.registry import LoadedModel
+    from lmdepth.model.taps import hooked_residuals
+    from lmdepth.testing import tiny_model, tiny_tokenizer
+    from lmdepth.traces import server
+
+    model = tiny_model(family)
+    adapter = ModelAdapter.for_model(model)
+    ids = tiny_tokenizer()("Natalia sold 48 clips in April.", return_tensors="pt").input_ids
+    L, layer, pos, k = adapter.n_layers, 1, 5, 4
+    taps = hooked_residuals(adapter, ids, logits_to_keep=1)
+    names = [c for m, c in RESIDUAL_METRICS if m == "relative_contribution"]
+    ref_contrib = residual_token_metrics(taps["resid_pre"][:, 0], taps["attn_out"][:, 0], taps["mlp_out"][:, 0],
+                                         taps["resid_post"][:, 0])[: len(names)].mean(-1)  # [3, L]
+    clean = clean_pass(adapter, ids, with_probs=True)
+    with torch.no_grad():
+        probs = adapter.unembed(torch.cat([clean.resid_in[:, pos], clean.resid_out[-1:, pos]])).float().softmax(-1)
+    ref_top = probs.topk(k, dim=-1)
+    E, O, _ = run_rows(adapter, ids, clean, [Row(s=layer)])
+    for remote in (False, "local"):
+        lm = LoadedModel("tiny", model, tiny_tokenizer(), adapter, "local", remote_mode=remote)
+        before = len(server.REQUESTS)
+        c = explorer.contributions(lm, ids)
+        for i, n in enumerate(names):
+            got = c[c.component == n].sort_values("layer")["value"].to_numpy()
+            assert got == pytest.approx(ref_contrib[i].numpy(), abs=1e-6), (remote, n)
+        lens = explorer.lens_top_tokens(lm, ids, position=pos, k=k)
+        for l in range(L + 1):
+            row = lens[lens.layer == l].sort_values("rank")
+            assert row.token_id.tolist() == ref_top.indices[l].tolist(), (remote, l)
+            assert row.prob.to_numpy() == pytest.approx(ref_top.values[l].numpy(), abs=1e-6)
+        eff, out = explorer.skip_effect(lm, ids, layer)
+        assert eff.relative_change.to_numpy() == pytest.approx(E[0].numpy(), abs=1e-5), remote
+        assert out == pytest.approx(float(O[0]), abs=1e-5) and out > 0
+        if remote == "local":
+            records = server.REQUESTS[before:]
+            assert len(records) == 3  # contributions, lens, skip session: one request each
+            assert all(r.payload_bytes < 50_000 for r in records)
+            assert not [m for r in records for m in r.modules if m.split(".")[0] == "lmdepth"]
+        else:
+            assert len(server.REQUESTS) == before

@@ -1,8 +1,10 @@
 """Live explorer: one prompt, one model, one layer — its residual contributions, logit-lens tokens and skip effect.
 
 The compute functions are plain (testable on tiny models); :func:`explorer_widget` wraps them in ipywidgets for a
-live Jupyter or Colab kernel. Everything is computed on the spot: one hooked pass for the contributions, one clean
-pass (residuals, output distribution) shared by the lens and the skip effect, and one intervened pass.
+live Jupyter or Colab kernel. Everything is computed on the spot through the remote-ready traces of the chapters
+(``lm.remote_mode``: here or under the strict offline simulation of NDIF): the residual-metrics trace for the
+contributions (chapter 01), a logit-lens trace for the top tokens (:func:`lmdepth.traces.lens.lens_top_k`) and chapter
+03's skip session for the skip effect (all tokens, whole layer).
 """
 
 from __future__ import annotations
@@ -11,62 +13,57 @@ import pandas as pd
 import torch
 
 from lmdepth.charts.explorer import Exploration, exploration_charts
-from lmdepth.hooks.skipping import CleanPass, Row, clean_pass, run_rows
-from lmdepth.metrics.residual import RESIDUAL_METRICS, residual_token_metrics
+from lmdepth.metrics.residual import RESIDUAL_METRICS
 from lmdepth.model.registry import LoadedModel, load_model
-from lmdepth.model.taps import hooked_residuals
+from lmdepth.traces.lens import lens_top_k
+from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
+from lmdepth.traces.skip_effects import skip_effects
 
 
 @torch.no_grad()
 def contributions(lm: LoadedModel, ids: torch.Tensor) -> pd.DataFrame:
-    """Relative contributions of every layer, mean over the prompt's tokens (chapter 01's metrics on one prompt).
+    """Relative contributions of every layer, mean over the prompt's tokens (chapter 01's metrics on one prompt,
+    through its trace).
 
     Args:
         ids: [1, T] token ids.
     """
-    taps = hooked_residuals(lm.adapter, ids, logits_to_keep=1)  # {tap: [L, 1, T, D]}
     names = [c for m, c in RESIDUAL_METRICS if m == "relative_contribution"]
-    vals = residual_token_metrics(taps["resid_pre"][:, 0], taps["attn_out"][:, 0], taps["mlp_out"][:, 0],
-                                  taps["resid_post"][:, 0])[: len(names)].mean(-1)  # [3, L]
+    values = residual_metrics(lm.nn, TapPaths.of(lm.adapter), ids, remote=lm.remote_mode)  # [L, 11, 1, T]
+    vals = values[:, : len(names), 0].mean(-1).T  # [3, L]
     return pd.DataFrame([dict(layer=l, component=n, value=float(vals[i, l]))
                          for l in range(vals.shape[1]) for i, n in enumerate(names)])
 
 
 @torch.no_grad()
-def lens_top_tokens(lm: LoadedModel, ids: torch.Tensor, position: int = -1, k: int = 5,
-                    clean: CleanPass | None = None) -> pd.DataFrame:
-    """Logit-lens top-k tokens at one position, for the residual entering every layer and for the output.
-
-    Only [L + 1, vocab] logits of one position exist at once. ``clean``: a clean pass of ``ids`` to reuse.
-    """
-    clean = clean or clean_pass(lm.adapter, ids)
-    resid = torch.cat([clean.resid_in[:, position], clean.resid_out[-1:, position]])  # [L+1, D]
-    probs = lm.adapter.unembed(resid).float().softmax(-1)  # [L+1, V]
-    top = probs.topk(k, dim=-1)
+def lens_top_tokens(lm: LoadedModel, ids: torch.Tensor, position: int = -1, k: int = 5) -> pd.DataFrame:
+    """Logit-lens top-k tokens at one position, for the residual entering every layer and for the output (one
+    trace: only [L + 1, k] numbers come back)."""
+    softcap = getattr(lm.model.config, "final_logit_softcapping", None) or None
+    probs, top = lens_top_k(lm.nn, TapPaths.of(lm.adapter), ids, position % ids.shape[1], k, softcap,
+                            remote=lm.remote_mode)
     rows = []
-    for l in range(resid.shape[0]):
+    for l in range(top.shape[0]):
         for r in range(k):
-            tid = int(top.indices[l, r])
+            tid = int(top[l, r])
             rows.append(dict(layer=l, rank=r + 1, token=lm.tokenizer.decode([tid]), token_id=tid,
-                             prob=float(top.values[l, r])))
+                             prob=float(probs[l, r])))
     return pd.DataFrame(rows)
 
 
 @torch.no_grad()
-def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int,
-                clean: CleanPass | None = None) -> tuple[pd.DataFrame, float]:
-    """Effect of skipping ``layer`` at every position ≥ 1 on every layer's contribution (chapter 03, all tokens).
-
-    ``clean``: a clean pass of ``ids`` with output probabilities to reuse.
+def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int) -> tuple[pd.DataFrame, float]:
+    """Effect of skipping ``layer`` at every position ≥ 1 on every layer's contribution (chapter 03, all tokens,
+    whole layer: its skip session, which computes every skipped layer of the prompt and keeps this one's row).
 
     Returns:
         (``layer, relative_change`` with the largest change over positions, output change ‖P − P′‖₂).
     """
     if not 0 <= layer < lm.adapter.n_layers:
         raise ValueError(f"layer must be in 0..{lm.adapter.n_layers - 1} for {lm.name}, got {layer}")
-    clean = clean if clean is not None and clean.probs is not None else clean_pass(lm.adapter, ids, with_probs=True)
-    E, O, _ = run_rows(lm.adapter, ids, clean, [Row(s=layer)])  # the fast path of chapter 03, one intervention
-    return pd.DataFrame({"layer": range(lm.adapter.n_layers), "relative_change": E[0].numpy()}), float(O[0])
+    E, O = skip_effects(lm.nn, TapPaths.of(lm.adapter), ids, parts=("layer",), local=False, current=True,
+                        config=lm.model.config, remote=lm.remote_mode)[("current", "layer")][:2]
+    return pd.DataFrame({"layer": range(lm.adapter.n_layers), "relative_change": E[layer].numpy()}), float(O[layer])
 
 
 def explore(lm: LoadedModel, text: str, layer: int, position: int = -1, k: int = 5) -> Exploration:
@@ -79,9 +76,8 @@ def explore(lm: LoadedModel, text: str, layer: int, position: int = -1, k: int =
         raise ValueError(f"position must be in {-len(tokens)}..{len(tokens) - 1} for this prompt of {len(tokens)} "
                          f"tokens, got {position}")
     pos = position % len(tokens)
-    clean = clean_pass(lm.adapter, ids, with_probs=True)  # shared by the lens and the skip effect
-    skip, out = skip_effect(lm, ids, layer, clean)
-    return Exploration(lm.name, tokens, pos, layer, contributions(lm, ids), lens_top_tokens(lm, ids, pos, k, clean),
+    skip, out = skip_effect(lm, ids, layer)
+    return Exploration(lm.name, tokens, pos, layer, contributions(lm, ids), lens_top_tokens(lm, ids, pos, k),
                        skip, out)
 
 

@@ -28,7 +28,8 @@ REMOTE_READY = {"norms": "residual metrics (lmdepth.traces.residual_metrics)",
 #: The chapters that do not run remotely, and why (the ones with a model refuse ``remote`` in one line).
 NOT_REMOTE = {"moeut": "its models are trained here, not hosted on NDIF",
               "atlas": "runs no model (reads the other chapters' results)",
-              "explorer": "not a remote-ready trace yet (plain hooks)",
+              "explorer": "its computations are the chapters' remote-ready traces (lmdepth.book.explorer follows "
+                          "the loaded model's remote mode), but the widget and the chapter take no remote parameter yet",
               "reproducibility": "runs no model"}
 
 def trace_kwargs(nn_model: Any, remote: bool | str, extra_payload: int = 0) -> dict[str, Any]:
