@@ -231,3 +231,19 @@ def test_work_ratios_use_the_analysis_cut_points():
         assert r == pytest.approx(u["naive"] / u["fast"]) and r > 1
     # another problem id draws other cuts, hence (here) another ratio
     assert work_ratios(adapter, [("c", 60)], 4, 3, False, 4) != got[:1]
+
+
+@pytest.mark.unit
+def test_the_statistics_table_sets_the_deciding_statistic_beside_the_papers():
+    import pandas as pd
+
+    nan = float("nan")
+    verdicts = pd.DataFrame({"claim": ["a", "b"], "model": ["m", "m"], "estimate": [0.42, 0.7],
+                             "ci_low": [0.4, nan], "ci_high": [0.45, nan], "paper_estimate": [0.97, nan],
+                             "paper_at_bound": [0.93, nan]})
+    t = skip_page.statistics_table(verdicts)
+    assert len(t) == 1  # rows without a paper's statistic (other chapters' claims) are left out
+    row = t.iloc[0]
+    assert row["robust statistic (decides) [95 % CI]"] == "0.42 [0.4, 0.45]"
+    assert (row["paper's statistic (clipped max)"], row["paper's maxima at the clip"]) == ("0.97", "93%")
+    assert skip_page.statistics_table(verdicts.drop(columns=["paper_estimate", "paper_at_bound"])).empty

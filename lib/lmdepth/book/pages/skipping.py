@@ -66,7 +66,9 @@ def cutoff_table(metas: dict[str, dict[str, Any]], models: Sequence[str], varian
 def statistics_table(verdicts: pd.DataFrame) -> pd.DataFrame:
     """Per verdict row, the robust statistic that decided it beside the paper's aggregation of the same check (on
     per-problem maxima clipped at 1) and the larger share, over the two halves, of those maxima at the clip."""
-    rows = verdicts[np.isfinite(verdicts["paper_estimate"].astype(float))] if "paper_estimate" in verdicts else verdicts[:0]
+    if "paper_estimate" not in verdicts:  # verdicts saved before the robust statistic existed
+        return pd.DataFrame()
+    rows = verdicts[np.isfinite(verdicts["paper_estimate"].astype(float))]
 
     def ci(r) -> str:
         return (f"{r.estimate:.3g} [{r.ci_low:.3g}, {r.ci_high:.3g}]" if np.isfinite(r.ci_low)
