@@ -1,6 +1,4 @@
-"""The book: chapters executed with the smoke profile, rendered by jupyter-book, drawn by headless Chromium.
-
-The executed book is the session fixture ``smoke_book`` of tests/conftest.py (tests/test_colab.py reads its runs)."""
+"""The book: chapters executed with the smoke profile, rendered by jupyter-book, drawn by headless Chromium."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import nbformat
 import pytest
 
 from lmdepth.analyses.atlas import CHAPTER_KEYS
-from lmdepth.book.build import repository_url
+from lmdepth.book.build import execute_book, render_html, repository_url, stage_book
 from lmdepth.book.chapters import CHAPTERS
 from lmdepth.runtime import REPO_ROOT
 
@@ -91,6 +89,15 @@ def chromium(html: Path) -> tuple[str, str]:
     out = headless(html, "--enable-logging=stderr", "--v=0", budget_ms=8000)
     console = "\n".join(line for line in out.stderr.splitlines() if "CONSOLE" in line)
     return out.stdout, console
+
+
+@pytest.fixture(scope="module")
+def smoke_book(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("book")
+    execute_book(profile="smoke", force=True, book_dir=root / "book", results_dir=root / "results")
+    stage_book(root)
+    render_html(root, strict=True)
+    return root
 
 
 @pytest.mark.slow
