@@ -324,3 +324,22 @@ def test_tuned_convergence_counts_layers_that_beat_the_logit_lens_and_layers_sti
     rows.append({"model": "m", "split": "train", "step": 20, "layer": 0, "value": 0.01})  # training points: ignored
     t = tuned_convergence(pd.DataFrame(rows))
     assert t.to_dict("records") == [{"model": "m", "layers": 3, "beat logit lens": 2, "still improving": 1}]
+
+
+@pytest.mark.unit
+def test_the_training_curve_is_found_in_a_results_folder_read_from_elsewhere(tmp_path, monkeypatch):
+    """A lens run's sidecar names its tuned lens by a path relative to where it was computed; a copied results
+    folder, read from another working directory, still finds the curve beside the lens run."""
+    import pandas as pd
+
+    from lmdepth.analyses.lens import training_curve
+    from lmdepth.results import RunResult
+
+    root = tmp_path / "copied" / "results"
+    tuned = root / "tuned_lens" / "m" / "k1"
+    tuned.mkdir(parents=True)
+    pd.DataFrame({"step": [1, 2], "loss": [2.0, 1.0]}).to_csv(tuned / "table.csv", index=False)
+    run = RunResult(pd.DataFrame(), {"tuned_lens": {"path": "results/tuned_lens/m/k1", "cache_key": "k1"}},
+                    root / "logit_lens" / "m" / "k2")
+    monkeypatch.chdir(tmp_path)  # "results/tuned_lens/m/k1" does not exist from here
+    assert list(training_curve(run).loss) == [2.0, 1.0]

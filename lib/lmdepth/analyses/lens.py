@@ -158,11 +158,17 @@ def tuned_store(model_name: str, cfg: TrainConfig, dataset: str, dtype: str, len
 
 
 def training_curve(result: RunResult) -> pd.DataFrame:
-    """The tuned-lens training curve of a lens run (read from the translators' cache entry named in its sidecar)."""
+    """The tuned-lens training curve of a lens run (read from the translators' cache entry named in its sidecar).
+
+    The entry is looked up beside the lens run, in the same results folder (``<results>/tuned_lens/<model>/<key>``):
+    the sidecar's path was written relative to the directory the run was computed from, so a results folder that
+    was copied, moved or read from elsewhere would not find it there."""
     info = result.meta.get("tuned_lens")
     if not info:
         return pd.DataFrame()
-    return pd.read_csv(Path(info["path"]) / "table.csv")
+    stored = Path(info["path"])
+    beside = Path(result.path).parents[2] / "tuned_lens" / stored.parent.name / stored.name
+    return pd.read_csv((beside if beside.exists() else stored) / "table.csv")
 
 
 # ---- the run ------------------------------------------------------------------------------------------------
