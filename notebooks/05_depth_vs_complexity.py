@@ -105,7 +105,8 @@ complexity.check_chapter_parameters(sources=sources, n_per_level=n_per_level, n_
     n_per_level_compare=n_per_level_compare, n_synthetic_compare=n_synthetic_compare, n_cuts=n_cuts, hop_cut=hop_cut,
     max_answer_tokens=max_answer_tokens, gen_tokens=gen_tokens, n_boot=n_boot)
 case_kw = erasure.check_chapter_parameters(n_case_studies=n_case_studies, n_case_studies_compare=n_case_studies_compare,
-    ig_steps=ig_steps, n_ig_prompts=n_ig_prompts, ig_rule=ig_rule, n_ig_prompts_compare=n_ig_prompts_compare)
+    ig_steps=ig_steps, n_ig_prompts=n_ig_prompts, ig_rule=ig_rule, n_ig_prompts_compare=n_ig_prompts_compare,
+    remote=remote)  # integrated gradients run here only: a remote run refuses them now, not after the ladders
 dev = resolve_device(device)
 loaders = complexity.model_loaders(models, device=dev, dtype=dtype, remote=remote)  # each model loads at most once
 

@@ -71,11 +71,20 @@ class ErasureParams(ModelParams):
 
     def check_consistency(self) -> None:
         check_remote(self.model_name, self.remote)
-        if self.remote is not False and self.ig_steps and self.ig_prompts != 0:
-            raise ParameterError(
-                f"remote={self.remote!r}: integrated gradients run here only (they backpropagate through the model "
-                "with plain hooks, not an nnsight trace, so NDIF cannot run them); set ig_steps=0 (or ig_prompts=0) "
-                "for the erasure alone, or remote=false.")
+        refuse_remote_ig(self.remote, self.ig_steps, self.ig_prompts)
+
+
+def refuse_remote_ig(remote: bool | str, ig_steps: int, ig_prompts: int | None) -> None:
+    """Integrated gradients run here only: one line for a remote run (NDIF or its simulation) that asks for them.
+
+    Raises:
+        ParameterError: ``remote`` is not false while ``ig_steps`` and ``ig_prompts`` (None: all) ask for any.
+    """
+    if remote is not False and ig_steps and ig_prompts != 0:
+        raise ParameterError(
+            f"remote={remote!r}: integrated gradients run here only (they backpropagate through the model "
+            "with plain hooks, not an nnsight trace, so NDIF cannot run them); set ig_steps=0 (or ig_prompts=0) "
+            "for the erasure alone, or remote=false.")
 
 
 def run(params: ErasureParams | str | None = None, lm: LoadedModel | Any = None, **kwargs: Any) -> RunResult:
@@ -152,9 +161,10 @@ def _compute(p: ErasureParams, lm: Any, studies: tuple[tuple[str, str, str], ...
 
 
 def check_chapter_parameters(*, n_case_studies: int, n_case_studies_compare: int, n_ig_prompts: int, ig_steps: int,
-                             ig_rule: str, n_ig_prompts_compare: int = 0) -> dict[str, Any]:
+                             ig_rule: str, n_ig_prompts_compare: int = 0, remote: bool | str = False) -> dict[str, Any]:
     """Check chapter 05's erasure parameters before any model loads: the chapter's own counts (0 skips the
-    comparison models / integrated gradients), then the main run's fields through :class:`ErasureParams`.
+    comparison models / integrated gradients), then the main run's fields through :class:`ErasureParams`, and that a
+    remote run asks for no integrated gradients (:func:`refuse_remote_ig`, here instead of after the ladders).
 
     Returns:
         The parameters, checked, as keyword arguments of :func:`run_case_studies`.
@@ -167,6 +177,7 @@ def check_chapter_parameters(*, n_case_studies: int, n_case_studies_compare: int
         check_type(name, value, int)
         check_range(name, value, 0, len(CASE_STUDIES))
     ErasureParams(n_case_studies=n_case_studies, ig_steps=ig_steps, ig_rule=ig_rule)
+    refuse_remote_ig(remote, ig_steps, max(n_ig_prompts, n_ig_prompts_compare if n_case_studies_compare else 0))
     return dict(n_case_studies=n_case_studies, n_case_studies_compare=n_case_studies_compare, ig_steps=ig_steps,
                 n_ig_prompts=n_ig_prompts, ig_rule=ig_rule, n_ig_prompts_compare=n_ig_prompts_compare)
 
@@ -217,4 +228,4 @@ def last_layer_that_matters(table: pd.DataFrame, frac: float = 0.1) -> pd.DataFr
     return pd.DataFrame(out)
 
 
-__all__ = ["ANALYSIS", "CASE_STUDIES", "ErasureParams", "token_labels", "run", "check_chapter_parameters", "run_case_studies", "last_layer_that_matters"]
+__all__ = ["ANALYSIS", "CASE_STUDIES", "ErasureParams", "token_labels", "run", "check_chapter_parameters", "refuse_remote_ig", "run_case_studies", "last_layer_that_matters"]

@@ -21,10 +21,11 @@ from lmdepth.runtime import REPO_ROOT
 HEADLINE_STATES = ("agrees", "disagrees", "inconclusive", "not testable", "no valid control", "not discriminating")
 
 
-def control_models(models: list[str], remote: bool = False, n_units: int = MIN_UNITS) -> list[str]:
-    """The random-init controls of ``models``: none for remote runs (a control is built and run locally), and none
-    when the sample has fewer than 10 units (the real check is then not testable: nothing to discriminate)."""
-    return [] if remote or n_units < MIN_UNITS else [control_name(m) for m in models]
+def control_models(models: list[str], remote: bool | str = False, n_units: int = MIN_UNITS) -> list[str]:
+    """The random-init controls of ``models``: none for NDIF runs (``remote=True``: a control is built and run
+    locally), the same as a local run's under ``remote="local"`` (the weights are here), and none when the sample has
+    fewer than 10 units (the real check is then not testable: nothing to discriminate)."""
+    return [] if remote is True or n_units < MIN_UNITS else [control_name(m) for m in models]
 
 
 def check(chapter: str, units: pd.DataFrame, models: list[str], control_units: pd.DataFrame | None = None,
