@@ -67,12 +67,11 @@ import yaml
 
 from lmdepth.analyses import atlas
 from lmdepth.book.chapters import CHAPTERS, profiles_dir
-from lmdepth.book.cost import cost_table
+from lmdepth.book.cost import PAPER_LAYERS, cost_table, remote_cost
 from lmdepth.book.faults import fault_summary
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.runtime import REPO_ROOT, environment
 from lmdepth.traces.remote import NOT_REMOTE, REMOTE_READY
-from lmdepth.traces.skip_effects import session_forwards
 
 setup(0)
 
@@ -133,33 +132,46 @@ show_table(cost_table(results_dir, profile))
 # Every chapter runs here on a CPU and, with `device cuda`, on a GPU. A chapter runs on NDIF (`remote true`, a hub
 # id of a model NDIF hosts, an API key) when the code that touches its model is a *remote-ready trace*: an nnsight
 # trace or session whose block reads only torch, the model's envoys and plain data, and returns only what it
-# saves. `remote local` runs the same trace through a strict offline simulation of the NDIF server
-# (`lmdepth.traces.server`): the request is serialised as the remote backend does, anything the server could not
-# import is refused, only the deserialised copy runs, with the library hidden, and only saved values come back. The
-# tests run every trace that way on tiny models of all five families and require the numbers of the plain-hook
-# reference (to 1e-5). What is **not** verified here: a run against the real NDIF server — these machines have no
-# network. `remote true` first checks, in seconds and before loading anything, that an API key is set, the hub and
-# NDIF answer, NDIF runs the model and its nnsight, transformers and torch versions equal ours (one line per failure).
-# The smallest real check, where NDIF is reachable: `lmdepth run skipping --model <a hosted Llama or Qwen> -p remote
-# true -p n_examples 1 -p analysis current`, whose sidecar records the server's versions. NDIF computes in bf16:
-# compare with a local bf16 run.
+# saves. The same traces are what a local run executes. `remote true` first checks, in seconds and before loading
+# anything, that an API key is set, the hub and NDIF answer, NDIF runs the model and its nnsight, transformers and
+# torch versions equal ours (one line per failure).
+#
+# **Verified offline.** `remote local` runs the traces through a simulation of the NDIF server stricter than
+# nnsight's own (`lmdepth.traces.server`): the request is serialised as the remote backend does, anything the server
+# could not import is refused, only the deserialised copy runs, with this library hidden, and only saved values come
+# back. The tests run every trace that way on tiny models of all five families and require the numbers of the
+# plain-hook reference to 1e-5 (`tests/test_traces.py`), and run each remote-ready chapter's analyses both ways,
+# requiring the same tables to 1e-5 — chapter 01 through the `lmdepth run` command as a reader types it
+# (`tests/test_remote_chapters.py`).
+#
+# **Not verified here: a run against the real NDIF server** (these machines have no network). The one command that
+# checks it, with an API key:
+#
+# ```bash
+# NDIF_API_KEY=... python scripts/ndif_smoke.py   # Llama 3.1 8B, one problem: residual norms, every layer skipped
+# ```
+#
+# It prints the per-layer numbers and writes the server's versions beside the runs (`ndif_smoke.json`, and each
+# run's sidecar); without a key or the network it says so in one line, before loading anything. NDIF computes in
+# bf16: compare with a local bf16 run.
 
 # %% tags=["hide-input"]
-paper = yaml.safe_load((profiles_dir() / "paper.yaml").read_text())
-n_layers_70b = 80  # Llama 3.1 70B's num_hidden_layers (its config), the paper profile's model
-skip = {**paper.get("common", {}), **(paper["chapters"].get("skipping") or {})}
-n_cuts = int(skip.get("n_cuts", 4))
-ndif_cost = {  # per problem, counted from the traces (lmdepth.traces.skip_effects.session_forwards is tested)
-    "norms": "1 request, 1 forward", "cosine": "1 request, 1 forward (the norms run)",
-    "skipping": f"1 request; {session_forwards(n_layers_70b, 0, True)} forwards (all tokens) or "
-                f"{session_forwards(n_layers_70b, n_cuts, False)} (future, {n_cuts} cut points), each batched over "
-                "the variants",
-    "maps": "1 request per batch of texts; the maps are fitted here"}
 show_table(pd.DataFrame([{"chapter": c, "here (CPU, GPU)": "yes",
                           "NDIF (remote true) and its simulation (remote local)": (
-                              f"yes: {REMOTE_READY[c]}" if c in REMOTE_READY else f"no: {NOT_REMOTE.get(c, '')}"),
-                          f"NDIF cost, Llama 3.1 70B ({n_layers_70b} layers)": ndif_cost.get(c, "—")}
+                              f"yes: {REMOTE_READY[c]}" if c in REMOTE_READY else f"no: {NOT_REMOTE.get(c, '')}")}
                          for c in CHAPTERS]))
+
+# %% [markdown]
+# ### What a prompt costs on NDIF
+#
+# Per chapter, for Llama 3.1 70B (80 layers, the paper's model) with the `paper` profile's parameters: the requests
+# (one nnsight trace or session each, a round trip to the server), the forward passes of the model (a batched pass
+# counts once) and the rows of a batched pass. Counted from the traces' structure and the code's batching defaults,
+# not measured (the tests hold the counts to the forward passes the traces make); the third column says where the
+# profile itself runs the chapter.
+
+# %% tags=["hide-input"]
+show_table(remote_cost("paper", PAPER_LAYERS))
 
 # %% [markdown]
 # ## Results that defend themselves

@@ -1,4 +1,5 @@
-"""The cost table (lmdepth.book.cost) from a hand-made book record and sidecars."""
+"""The cost tables (lmdepth.book.cost): the measured one from a hand-made book record and sidecars, and what a
+prompt costs on NDIF, counted from the traces (and held here to the forward passes they make)."""
 
 import json
 
@@ -6,8 +7,6 @@ import pandas as pd
 import pytest
 
 from lmdepth.book.cost import COLUMNS, cost_table
-
-pytestmark = pytest.mark.unit
 
 
 def run(root, analysis, model, key, cost, wall=None):
@@ -18,6 +17,7 @@ def run(root, analysis, model, key, cost, wall=None):
     return f"{analysis}/{model}/{key}"
 
 
+@pytest.mark.unit
 def test_cost_per_chapter_and_model_from_the_recorded_runs(tmp_path):
     record = tmp_path / "book" / "default"
     runs = {"lens": [run(tmp_path, "logit_lens", "m", "a", {"total": 30.0, "units": 20, "timed": 20}, wall=120.0),
@@ -39,3 +39,58 @@ def test_cost_per_chapter_and_model_from_the_recorded_runs(tmp_path):
     assert pd.isna(unknown["s / unit"]) and pd.isna(unknown.units) and pd.isna(unknown["profile total (min)"])
     assert pd.isna(t.loc[("norms", "m"), "run wall time (min)"])  # a sidecar without wall_time_s: unknown, not 0
     assert cost_table(tmp_path, "paper").empty
+
+
+@pytest.mark.unit
+def test_the_ndif_cost_of_the_paper_profile_per_chapter():
+    """Llama 3.1 70B (80 layers) with the paper profile's parameters: every chapter has a row; the remote-ready
+    ones their requests and forwards per prompt, from the traces' counts; the others say why they stay here."""
+    from lmdepth.book.chapters import CHAPTERS
+    from lmdepth.book.cost import PAPER_LAYERS, REMOTE_COLUMNS, erasure_forwards, remote_cost
+    from lmdepth.traces.remote import NOT_REMOTE, REMOTE_READY
+    from lmdepth.traces.skip_effects import session_forwards
+
+    t = remote_cost("paper")
+    assert list(t.columns) == REMOTE_COLUMNS and PAPER_LAYERS == 80
+    assert list(dict.fromkeys(t.chapter)) == list(CHAPTERS)  # every chapter, in the book's order
+    counted = t[t["requests / prompt"] != "—"]  # the support state from the code's lists
+    assert set(counted.chapter) == set(REMOTE_READY) and set(t.chapter) - set(counted.chapter) <= set(NOT_REMOTE)
+    skip = t[t.chapter == "skipping"].set_index("measurement")
+    assert skip.loc["all tokens (every layer skipped)", "forwards / prompt"] == session_forwards(80, 0, True) == 81
+    assert skip.loc["future tokens", "forwards / prompt"] == session_forwards(80, 4, False) == 321  # paper: 4 cuts
+    assert (skip["requests / prompt"] == 1).all() and (skip["rows / forward"] == 4).all()  # 3 parts + local
+    rows = t.set_index(["chapter", "measurement"])
+    assert rows.loc[("norms", "residual norms and contributions"), "the profile runs it"] == \
+        "NDIF: meta-llama/Llama-3.1-70B"
+    assert rows.loc[("maps", "residual collection"), "the profile runs it"].startswith("here")  # remote: false
+    erasure = rows.loc[("complexity", "residual erasure")]
+    assert f"(T = 40: {erasure_forwards(80, 40, 32)})" in erasure["forwards / prompt"] == \
+        "1 + 81 x ceil(T / 31) for T tokens (T = 40: 163)"
+    assert "refuses before it starts" in erasure.notes  # the profile's remote true with ig_steps 256
+    assert "refuses" not in remote_cost("default").set_index("measurement").loc["residual erasure", "notes"]
+    small = remote_cost("paper", n_layers=32).set_index("measurement")
+    assert small.loc["future tokens", "forwards / prompt"] == 1 + 32 * 4
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("n_tokens, batch", [(13, 4), (12, 4), (13, 32)])
+def test_the_erasure_sessions_forward_count_is_what_the_cost_table_says(n_tokens, batch):
+    """Forward passes of the model in one prompt's erasure session, counted by a hook, = erasure_forwards."""
+    import torch
+
+    from lmdepth.book.cost import erasure_forwards
+    from lmdepth.model.families import ModelAdapter
+    from lmdepth.testing import tiny_model, tiny_tokenizer
+    from lmdepth.traces.erasure import erasure_effects
+    from lmdepth.traces.residual_metrics import TapPaths
+    from nnsight.modeling.transformers import TransformersModel
+
+    model = tiny_model("llama")
+    adapter = ModelAdapter.for_model(model)
+    ids = tiny_tokenizer()("x" * (n_tokens - 1), return_tensors="pt").input_ids
+    assert ids.shape[1] == n_tokens
+    calls = []
+    model.model.register_forward_pre_hook(lambda mod, args: calls.append(1))
+    erasure_effects(TransformersModel(model, tokenizer=tiny_tokenizer()), TapPaths.of(adapter), ids, n_tokens - 3,
+                    torch.zeros(adapter.n_layers + 1, adapter.d_model), batch_size=batch)
+    assert len(calls) == erasure_forwards(adapter.n_layers, n_tokens, batch)

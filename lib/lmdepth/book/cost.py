@@ -141,4 +141,128 @@ def announce_cost(chapter: str, params: Mapping[str, Any], profile: str = "defau
         print(text, flush=True)
 
 
-__all__ = ["NOTICE_MINUTES", "announce_cost", "chapter_minutes", "cost_notice", "cost_table", "stored_difference"]
+# ---- what a chapter costs on NDIF: requests and forward passes per prompt, counted from the traces ----------------
+
+#: The paper's model and its decoder layers: ``num_hidden_layers`` of meta-llama/Llama-3.1-70B's ``config.json`` on the
+#: Hugging Face hub (a gated repository, not readable offline, hence a constant; the Llama 3.1 model card gives the
+#: same 80 layers for the 70B model).
+PAPER_MODEL = "meta-llama/Llama-3.1-70B"
+PAPER_LAYERS = 80
+REMOTE_COLUMNS = ["chapter", "measurement", "the profile runs it", "requests / prompt", "forwards / prompt",
+                  "rows / forward", "notes"]
+
+
+def chapter_settings(chapter: str, profile: str) -> dict[str, Any]:
+    """The chapter's parameters at ``profile``: the notebook's defaults, updated by the profile."""
+    from lmdepth.book.chapters import declared_parameters, profile_params
+
+    declared = {name: ast.literal_eval(spec.default) for name, spec in declared_parameters(chapter).items()}
+    return {**declared, **profile_params(profile, chapter)}
+
+
+def _default(fn: Any, name: str) -> Any:
+    """A batching parameter's default in the code that uses it (what a chapter runs with: none of them is set)."""
+    import inspect
+
+    return inspect.signature(fn).parameters[name].default
+
+
+def erasure_forwards(n_layers: int, n_tokens: int, batch_size: int) -> int:
+    """Forward passes of one prompt's erasure session (:func:`lmdepth.traces.erasure.erasure_effects`): the clean
+    pass, then per boundary (L + 1 of them) one batched pass per group of ``batch_size − 1`` erased positions."""
+    return 1 + (n_layers + 1) * math.ceil(n_tokens / (batch_size - 1))
+
+
+def remote_cost(profile: str = "paper", n_layers: int = PAPER_LAYERS) -> pd.DataFrame:
+    """What one prompt of each chapter costs on NDIF for a model of ``n_layers`` layers (default: Llama 3.1 70B),
+    with ``profile``'s parameters: requests (one nnsight trace or session each), forward passes (a batched pass
+    counts once) and the rows of a batched pass. Counted from the traces' structure and the code's batching
+    defaults, not measured; ``tests/test_cost.py`` holds the counts to the forward passes the traces make.
+
+    The "the profile runs it" column says where ``profile`` runs the chapter (``remote``) and on which model: the
+    counts are those of ``n_layers`` layers whatever model the profile names.
+    """
+    from lmdepth.analyses.erasure import ErasureParams
+    from lmdepth.analyses.maps import collect
+    from lmdepth.book.chapters import CHAPTERS
+    from lmdepth.traces.generation import greedy_texts
+    from lmdepth.traces.remote import NOT_REMOTE, REMOTE_READY
+    from lmdepth.traces.skip_effects import session_forwards
+
+    L = n_layers
+    rows: list[dict[str, Any]] = []
+
+    def add(chapter: str, measurement: str, requests: Any, forwards: Any, batch: Any, notes: str) -> None:
+        s = chapter_settings(chapter, profile)
+        where = {True: "NDIF", False: "here (CPU/GPU)", "local": "the offline simulation"}.get(s.get("remote"), "—")
+        rows.append({"chapter": chapter, "measurement": measurement,
+                     "the profile runs it": f"{where}: {s['model_name']}" if "model_name" in s else where,
+                     "requests / prompt": requests, "forwards / prompt": forwards, "rows / forward": batch,
+                     "notes": notes})
+
+    def norms() -> None:
+        add("norms", "residual norms and contributions", 1, 1, 1,
+            f"{chapter_settings('norms', profile)['n_examples']} problems")
+
+    def cosine() -> None:
+        add("cosine", "cosines", 1, 1, 1, "the norms run itself (computed once for both chapters)")
+
+    def skipping() -> None:
+        s = chapter_settings("skipping", profile)
+        variants = len(s["parts"]) + bool(s["local"])
+        add("skipping", "all tokens (every layer skipped)", 1, session_forwards(L, 0, True), variants,
+            f"{s['n_examples_current']} problems; one session: the clean pass + one pass per skipped layer, the "
+            f"variants ({', '.join(s['parts'])}{', local' if s['local'] else ''}) as rows")
+        add("skipping", "future tokens", 1, session_forwards(L, s["n_cuts"], False), variants,
+            f"{s['n_examples']} problems x {s['n_cuts']} cut points; one pass per (skipped layer, cut point)")
+
+    def lens() -> None:
+        s = chapter_settings("lens", profile)
+        tuned = ("tuned lens off" if not s["tuned_lens"] else "tuned lens applied in the same pass (its "
+                 "translators, trained here, travel with every request: L x d^2 floats)")
+        add("lens", "logit lens" + (" and tuned lens" if s["tuned_lens"] else ""), 1, 1, 1,
+            f"{s['n_examples']} problems, " + ("every position" if not s["positions_per_example"] else
+                                              f"{s['positions_per_example']} positions each") + f"; {tuned}")
+
+    def complexity() -> None:
+        s = chapter_settings("complexity", profile)
+        add("complexity", "depth score", 1,
+            f"{session_forwards(L, s['n_cuts'], False)} (MATH, GSM8K: {s['n_cuts']} cut points) or "
+            f"{session_forwards(L, 1, False)} (synthetic: 1 cut)", 1, "one session per item")
+        gen_batch = _default(greedy_texts, "batch_size")
+        add("complexity", "correctness check", f"1 (synthetic) or 1/{gen_batch} (MATH, GSM8K)",
+            f"1 (synthetic) or <= {s['gen_tokens']} (MATH, GSM8K: greedy generation)",
+            f"1 or {gen_batch}", f"MATH and GSM8K items generate in batches of {gen_batch}, one request each")
+        b = ErasureParams().erasure_batch
+        ig = s["ig_steps"] and s["n_ig_prompts"]
+        add("complexity", "residual erasure", 1,
+            f"1 + {L + 1} x ceil(T / {b - 1}) for T tokens (T = 40: {erasure_forwards(L, 40, b)})", f"<= {b}",
+            f"{s['n_case_studies']} case studies; once per model {s['n_mean_examples']} requests of 1 pass (the mean "
+            "residual); integrated gradients run here only (ig_steps 0 on NDIF)"
+            + (f". This profile sets remote true with ig_steps {s['ig_steps']}: the chapter refuses before it starts "
+               "(set remote false on a GPU, or ig_steps 0)" if s.get("remote") is True and ig else ""))
+
+    def maps() -> None:
+        tokens = _default(collect, "batch_tokens")
+        add("maps", "residual collection", f"1 per batch of <= {tokens} tokens", "1 (a row of its batch)",
+            f"texts of <= {tokens} padded tokens", "the maps are fitted here")
+
+    def explorer() -> None:
+        one_layer = session_forwards(1, 0, True)  # the skip session of the chosen layer alone
+        add("explorer", "contributions, logit-lens tokens, one layer skipped", 3, 1 + 1 + one_layer, 1,
+            "per explore: the residual-metrics trace, the lens trace, the skip session of the chosen layer")
+
+    counted = {"norms": norms, "cosine": cosine, "skipping": skipping, "lens": lens, "complexity": complexity,
+               "maps": maps, "explorer": explorer}
+    for chapter in CHAPTERS:
+        if chapter in REMOTE_READY:
+            counted[chapter]()  # a KeyError here: a chapter went remote-ready without its count
+        else:
+            rows.append({"chapter": chapter, "measurement": "—", "the profile runs it": "here",
+                         "requests / prompt": "—", "forwards / prompt": "—", "rows / forward": "—",
+                         "notes": f"not on NDIF: {NOT_REMOTE[chapter]}"})
+    return pd.DataFrame(rows, columns=REMOTE_COLUMNS)
+
+
+__all__ = ["NOTICE_MINUTES", "PAPER_LAYERS", "PAPER_MODEL", "announce_cost", "chapter_minutes", "chapter_settings",
+           "cost_notice", "cost_table", "erasure_forwards", "remote_cost", "stored_difference"]
