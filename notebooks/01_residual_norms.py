@@ -89,11 +89,11 @@ run_kw = dict(dataset=dataset, n_examples=n_examples, seed=seed, selection=selec
 
 # %% tags=["hide-input"]
 main = residual.run(model_name, **run_kw)
-table, meta = main.table, main.meta
-origin = "loaded from the results cache" if main.from_cache else f"computed in {meta['wall_time_s']:.0f} s"
-md(f"**{model_name}**: {meta['model']['n_layers']} layers, d_model {meta['model']['d_model']}, "
-   f"{meta['data']['n']} {dataset} examples ({selection} selection, seed {seed}), {meta['n_tokens']:,} tokens; "
-   f"{meta['model']['bos_policy']}; additivity self-check error {meta['model']['additivity_error']:.1e}; {origin}.")
+table, run = main.table, residual.ResidualSummary.of(main)
+origin = "loaded from the results cache" if run.from_cache else f"computed in {run.wall_time_s:.0f} s"
+md(f"**{model_name}**: {run.n_layers} layers, d_model {run.d_model}, "
+   f"{run.n_problems} {dataset} examples ({selection} selection, seed {seed}), {run.n_tokens:,} tokens; "
+   f"{run.bos_policy}; additivity self-check error {run.additivity_error:.1e}; {origin}.")
 
 # %% [markdown]
 # ## Relative contribution per layer (Fig. 2a)
@@ -144,8 +144,8 @@ norms_lines(table)
 # relative depth $(l + 0.5)/L$.
 
 # %% tags=["hide-input"]
-all_tables, all_meta = residual.run_many(models, **run_kw)
-md(", ".join(f"**{m}**: {all_meta[m]['model']['n_layers']} layers, {all_meta[m]['n_tokens']:,} tokens" for m in models))
+all_tables, all_runs = residual.run_many(models, **run_kw)
+md(", ".join(f"**{m}**: {all_runs[m].n_layers} layers, {all_runs[m].n_tokens:,} tokens" for m in models))
 
 # %% mystnb={"figure": {"caption": "Mean relative contribution of attention, MLP and the whole layer for each model, on relative depth (axis clipped at 1.5). Click a model in the legend to highlight it.", "name": "fig-norms-models"}}
 across_models(all_tables, "relative_contribution", "Mean relative contribution", ["attention", "mlp", "layer"], y_max=1.5)

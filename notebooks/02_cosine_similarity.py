@@ -86,10 +86,9 @@ run_kw = dict(dataset=dataset, n_examples=n_examples, seed=seed, selection=selec
 
 # %% tags=["hide-input"]
 main = residual.run(model_name, **run_kw)
-table, meta = main.table, main.meta
-origin = "loaded from the results cache" if main.from_cache else f"computed in {meta['wall_time_s']:.0f} s"
-md(f"**{model_name}**: {meta['model']['n_layers']} layers, {meta['data']['n']} {dataset} examples, "
-   f"{meta['n_tokens']:,} tokens; {origin}.")
+table, run = main.table, residual.ResidualSummary.of(main)
+origin = "loaded from the results cache" if run.from_cache else f"computed in {run.wall_time_s:.0f} s"
+md(f"**{model_name}**: {run.n_layers} layers, {run.n_problems} {dataset} examples, {run.n_tokens:,} tokens; {origin}.")
 
 # %% mystnb={"figure": {"caption": "Mean cosine similarity between each layer's attention, MLP and total write and the residual it is added to (bars overlap, the largest magnitude at the back; rules: bootstrap 95 % interval). Negative: erasing; near zero: writing new directions; positive: reinforcing.", "name": "fig-cos-components"}}
 layer_bars(table, "cosine", "Cosine similarity", ["attention", "mlp", "layer"], stats=("mean",))
@@ -97,7 +96,7 @@ layer_bars(table, "cosine", "Cosine similarity", ["attention", "mlp", "layer"], 
 # %% tags=["hide-input"]
 cos = {c: residual.select(table, "cosine", c) for c in ("attention", "mlp", "layer")}
 trans = residual.cosine_transition_layer(table)
-L = meta["model"]["n_layers"]
+L = run.n_layers
 md("Mean cosine, first half → second half: " + "; ".join(
     f"{c} {a:+.3f} → {b:+.3f}" for c, (a, b) in ((c, residual.half_means(v)) for c, v in cos.items())) + ". "
    + (f"The mean of the three cosines changes sign, negative before and positive from layer {trans} on "
@@ -118,8 +117,8 @@ layer_bars(table, "cosine", "cos(h_(l+1), h_l)", ["io"], stats=("mean",))
 # ## Across models, on relative depth
 
 # %% tags=["hide-input"]
-all_tables, all_meta = residual.run_many(models, **run_kw)
-md(", ".join(f"**{m}**: {all_meta[m]['model']['n_layers']} layers" for m in models))
+all_tables, all_runs = residual.run_many(models, **run_kw)
+md(", ".join(f"**{m}**: {all_runs[m].n_layers} layers" for m in models))
 
 # %% mystnb={"figure": {"caption": "Mean cosine of the attention, MLP and whole-layer writes with the residual, per model, on relative depth (dashed: zero). Click a model in the legend to highlight it.", "name": "fig-cos-models"}}
 across_models(all_tables, "cosine", "Mean cosine similarity", ["attention", "mlp", "layer"], zero_line=True)

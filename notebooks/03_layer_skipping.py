@@ -167,14 +167,14 @@ comparison = skip_analysis.compare(models, current, future, n_examples=n_example
 later_effect_lines(skip_analysis.later_effect_table(comparison.table, models), threshold)
 
 # %% tags=["hide-input"]
-show_table(page.cutoff_table(comparison.metas, models, variants))
+show_table(page.cutoff_table(comparison.futures, models, variants))
 
 # %% [markdown]
 # The heatmaps and output changes of each comparison model (the parts in `parts_compare`; all tokens when
 # `current_compare` is on, future tokens always).
 
 # %% tags=["hide-input"]
-for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.metas, models[1:], compare_variants, TITLES,
+for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.futures, models[1:], compare_variants, TITLES,
                                                  n_examples_compare):
     md(heading)
     display(heatmaps, bars)

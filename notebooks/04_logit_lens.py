@@ -147,8 +147,8 @@ models = chapter_models(model_name, compare_models)  # checked: a typo stops her
 md(page.recipe_md(TrainConfig(n_tokens=n_train_tokens, epochs=train_epochs, seed=seed), enabled=tuned_lens))
 
 # %% tags=["hide-input"]
-all_tables, all_meta, curves = lens.run_many(models, **lens_kw)
-md(page.runs_md(all_meta, models, lens_dtype))
+all_tables, all_runs, curves = lens.run_many(models, **lens_kw)
+md(page.runs_md(all_runs, models, lens_dtype))
 
 # %% [markdown]
 # The last-layer check decodes $h_L$ with the lens and compares it with the logits the model itself produced:
@@ -190,7 +190,7 @@ lens_layers(all_tables, model_name, transitions[model_name])
 
 # %% tags=["hide-input"]
 summary = lens.settling_summary(all_tables, transitions)
-md(page.main_model_md(all_tables, all_meta, summary, transitions, model_name, tuned=tuned_lens))
+md(page.main_model_md(all_tables, all_runs, summary, transitions, model_name, tuned=tuned_lens))
 
 # %% [markdown]
 # ## Across models, on relative depth
@@ -223,7 +223,7 @@ settling_chart(summary)
 
 # %% tags=["hide-input"]
 if tuned_lens:
-    md(page.disagreement_md(all_tables, all_meta, summary, models))
+    md(page.disagreement_md(all_tables, all_runs, summary, models))
 
 # %% [markdown]
 # **What the disagreement means.** The tuned lens at $l = 0$ is a learned linear function of the current token's
@@ -265,7 +265,7 @@ claims_forest(verdicts)
 
 # %% tags=["remove-cell"]
 # Invariants that must hold whatever the model (checks of the code, not of the paper's claim).
-page.check_invariants(all_tables, all_meta, curves, models, lens_dtype, tuned=tuned_lens)
+page.check_invariants(all_tables, all_runs, curves, models, lens_dtype, tuned=tuned_lens)
 
 # %% tags=["hide-input"]
 md(page.averaging_md(all_tables, models, tuned=tuned_lens))
@@ -306,5 +306,5 @@ md(page.averaging_md(all_tables, models, tuned=tuned_lens))
 # ## Summary and environment
 
 # %% tags=["hide-input"]
-md(f"{report.summary(verdicts)} Evaluation time ({model_name}): {all_meta[model_name]['eval_time_s']:.0f} s.")
+md(f"{report.summary(verdicts)} Evaluation time ({model_name}): {all_runs[model_name].eval_time_s:.0f} s.")
 md(" · ".join(f"{k} {v}" for k, v in environment().items() if v is not None))

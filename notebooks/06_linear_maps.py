@@ -117,10 +117,10 @@ run_kw = dict(model_name=model_name, compare_models=compare_models, all_pairs=al
 
 # %% tags=["hide-input"]
 res = lmaps.run(**run_kw)
-table, meta = res.table, res.meta
-main_labels = lmaps.map_labels(meta, "main")
-control_labels = lmaps.map_labels(meta, "self") + lmaps.map_labels(meta, "shuffled")
-md(page.run_md(res))
+table, run = res.table, lmaps.MapsSummary.of(res)
+main_labels = run.labels("main")
+control_labels = run.labels("self") + run.labels("shuffled")
+md(page.run_md(run))
 
 # %% [markdown]
 # ## One closed-form fit per layer pair
@@ -163,10 +163,10 @@ display(*heatmap_rows(table, main_labels[2:], size=250))  # the other pairs, if 
 heatmap_grid(table, main_labels, size=200, normalized=True)
 
 # %% tags=["hide-input"]
-show_table(page.summary_table(table, meta))
+show_table(page.summary_table(table, run))
 
 # %% tags=["hide-input"]
-md(page.best_sources_md(table, meta))
+md(page.best_sources_md(table, run))
 
 # %% [markdown]
 # The controls below show which part of the error is informative.
@@ -191,7 +191,7 @@ map_heatmaps(table, control_labels, size=220) if control_labels else md("(contro
 floor_lines(table, main_labels[0])
 
 # %% tags=["hide-input"]
-show_table(page.controls_table(table, meta))
+show_table(page.controls_table(table, run))
 
 # %% [markdown]
 # ## Does the claim hold here?
@@ -215,11 +215,11 @@ from lmdepth.charts.findings import claims_forest
 claims_forest(verdicts)
 
 # %% tags=["hide-input"]
-show_table(page.method_checks(table, meta))
+show_table(page.method_checks(table, run))
 
 # %% tags=["remove-cell"]
 # Invariants that hold whatever the models (checks of the code, not of the claim), and enough aligned tokens.
-page.check_run(table, meta)
+page.check_run(table, run)
 
 # %% [markdown]
 # ## Speed
@@ -228,8 +228,8 @@ page.check_run(table, meta)
 # directions comes from one pass of each model over the text and one set of streamed statistics.
 
 # %% tags=["hide-input"]
-md(page.speed_md(res))
-show_table(page.timings_table(meta))
+md(page.speed_md(table, run))
+show_table(page.timings_table(run))
 
 # %% [markdown]
 # ## Explore

@@ -60,8 +60,8 @@ def test_cli_values_are_yaml():
     "params, message",
     [
         ({"n_exampels": 5}, "has no parameter 'n_exampels'. Parameters: model_name"),
-        ({"n_examples": "many"}, "'n_examples' of chapter 'norms' must be int"),
-        ({"compare_models": "gemma3-270m"}, "'compare_models' of chapter 'norms' must be list"),
+        ({"n_examples": "many"}, "'n_examples' must be an integer, got 'many'"),
+        ({"compare_models": "gemma3-270m"}, "'compare_models' must be a list, got 'gemma3-270m'"),
         ({"n_examples": -1}, "'n_examples' must be between 1"),
     ],
 )
@@ -69,6 +69,35 @@ def test_cli_values_are_yaml():
 def test_bad_parameters_fail_before_execution(params, message):
     with pytest.raises(ParameterError, match=message):
         check_parameters("norms", params)
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"sources": ["arith", "mquake"]}, "'sources\\[\\]' must be one of"),  # the grid's (GridParams)
+        ({"max_answer_tokens": -1}, "'max_answer_tokens' must be between 0"),
+        ({"n_ig_prompts": 7}, "'n_ig_prompts' must be between 0 and 6"),  # the case studies' (CaseStudyParams)
+        ({"hop_cut": "last"}, "'hop_cut' must be one of"),  # a run's own (ComplexityParams)
+        ({"ig_rule": "right"}, "'ig_rule' must be one of"),  # (ErasureParams)
+        ({"n_cuts": True}, "'n_cuts' must be an integer"),
+    ],
+)
+@pytest.mark.unit
+def test_chapter_05_parameters_go_through_its_parameters_classes(params, message):
+    with pytest.raises(ParameterError, match=message):
+        check_parameters("complexity", params)
+
+
+@pytest.mark.unit
+def test_chapter_05_reads_its_names_with_its_own_meaning():
+    """``max_answer_tokens`` 0 keeps whole solutions in the chapter (its grid's class holds the name first), though a
+    single run's class would refuse 0; every parameter the chapter declares is held by one of its classes."""
+    from lmdepth.book.chapters import CHAPTER_PARAMS
+
+    assert check_parameters("complexity", {"max_answer_tokens": 0, "n_ig_prompts": 0}) == {"max_answer_tokens": 0,
+                                                                                            "n_ig_prompts": 0}
+    held = {n for cls in CHAPTER_PARAMS["complexity"] for n in cls.names()}
+    assert set(declared_parameters("complexity")) - held == {"compare_models", "profile"}
 
 
 @pytest.mark.unit

@@ -272,6 +272,28 @@ def test_run_on_a_tiny_model_is_cached_and_resumable(tiny_dirs, tmp_path):
     assert len(bigger.meta["summary"]["items"]) == 6 and bigger.meta["unit_compute_s"]["timed"] == 6
     frame = C.summary_frame({("tiny", "vars"): bigger}, "levels")
     assert {"model", "source", "rel_depth_score"} <= set(frame.columns)
+    # the typed summary chapter 05 and the atlas read, from the sidecar the run wrote
+    cs = C.ComplexitySummary.of(bigger)
+    assert (cs.model, cs.source, cs.n_per_level, cs.n_layers) == (kw["model_name"], "vars", 3, 4)
+    assert len(cs.items) == 6 and set(cs.levels.level) == {1, 3} and {"slope", "ci_low"} <= set(cs.slopes.columns)
+    assert cs.accuracy == pytest.approx((cs.items.correct == 1).mean()) and not cs.from_cache
+
+
+@pytest.mark.integration
+def test_an_erasure_run_reads_back_as_its_typed_summary(tiny_dirs, tmp_path):
+    """What chapter 05's case-study tables read of a real erasure run: every prompt, integrated gradients where
+    asked for (the first prompt), none elsewhere."""
+    from lmdepth.analyses import erasure as ER
+
+    model = str(tiny_dirs["llama"])
+    r = ER.run(model, n_case_studies=2, n_mean_examples=2, ig_steps=4, ig_prompts=1, ig_batch=4, results_dir=tmp_path)
+    s = ER.ErasureSummary.of(r)
+    assert (s.model, s.n_layers, s.ig_steps, s.ig_rule) == (model, 4, 4, "left")
+    first, second = (s.prompts[name] for name, _, _ in ER.CASE_STUDIES[:2])
+    assert list(s.prompts) == [name for name, _, _ in ER.CASE_STUDIES[:2]]
+    assert len(first.completeness_error) == 4 and first.f_x is not None and second.completeness_error is None
+    assert len(first.tokens) == first.n_tokens > first.a_start > 0
+    assert len(cx_page.completeness_table(r)) == 1 and len(cx_page.case_table({model: r})) == 2
 
 
 @pytest.mark.integration
@@ -330,9 +352,9 @@ def _fake_result(model, source, L=11, n_per_level=2, from_cache=False, path="/r/
                            "layer": s, "value": float(s == 4)} for it in items for m in ("layer_effect", "logit_effect")
                           for s in range(L)])
     groups = group_statistics(E, O, {"solved": ok == 1, "unsolved": ok == 0}, "mean", 20, 0)
-    meta = {"wall_time_s": 12.4, "summary": {"n_layers": L, "levels": by_level.to_dict("records"),
-                                             "slopes": slopes.to_dict("records"), "solved": groups.to_dict("records"),
-                                             "items": items}}
+    meta = {"parameters": {"model_name": model, "source": source, "n_per_level": n_per_level}, "wall_time_s": 12.4,
+            "summary": {"n_layers": L, "accuracy": float(ok.mean()), "levels": by_level.to_dict("records"),
+                        "slopes": slopes.to_dict("records"), "solved": groups.to_dict("records"), "items": items}}
     return RunResult(table, meta, Path(path), from_cache=from_cache)
 
 
@@ -468,16 +490,21 @@ def test_erasure_summaries(monkeypatch):
     assert got.to_dict("records") == [{"model": "m", "prompt": "p", "first token": 1, "last prompt token": 3,
                                        "tokens": 2, "of layers": 4}]
     # completeness table and its note
-    prompts = {"a": {"n_tokens": 9, "a_start": 7, "correct": 1, "f_x": 0.123456,
+    prompts = {"a": {"a_start": 7, "n_tokens": 9, "tokens": [f"{t}: x" for t in range(9)], "correct": 1,
+                     "f_x": 0.123456, "f_baseline": [0.0] * 3, "ig_sum": [0.1] * 3,
                      "completeness_error": [0.01, 0.2, 0.03]},
-               "b": {"n_tokens": 5, "a_start": 4, "correct": 0}}
-    res = RunResult(pd.DataFrame(), {"parameters": {"ig_steps": 16, "ig_rule": "midpoint"},
-                                     "summary": {"prompts": prompts}}, Path("."))
+               "b": {"a_start": 4, "n_tokens": 5, "tokens": [f"{t}: y" for t in range(5)], "correct": 0}}
+
+    def erasure_run(ig_steps: int, prompts: dict) -> RunResult:  # the sidecar as erasure.run writes it
+        return RunResult(pd.DataFrame(), {"parameters": {"model_name": "m", "ig_steps": ig_steps, "ig_rule": "midpoint"},
+                                          "summary": {"n_layers": 3, "prompts": prompts}, "wall_time_s": 1.0}, Path("."))
+
+    res = erasure_run(16, prompts)
     comp = cx_page.completeness_table(res)
     assert comp.to_dict("records") == [{"prompt": "a", "f(X)": 0.1235, "median |error|": 0.03, "max |error|": 0.2,
                                         "layers with error > 5 %": 1, "of layers": 3}]
     assert cx_page.completeness_note(res).startswith("Integrated gradients with 16 steps, midpoint rule")
-    no_ig = RunResult(pd.DataFrame(), {"parameters": {}, "summary": {"prompts": {"b": prompts["b"]}}}, Path("."))
+    no_ig = erasure_run(0, {"b": prompts["b"]})
     assert cx_page.completeness_table(no_ig).empty and list(cx_page.completeness_table(no_ig).columns) == cx_page.COMPLETENESS_COLUMNS
     assert "skipped" in cx_page.completeness_note(no_ig)
     by_model = cx_page.completeness_by_model({"m": res, "n": no_ig, "o": res})

@@ -41,15 +41,17 @@ def test_expected_tables_counts_unconditional_calls_only():
 
 
 def test_the_runs_table_fits_and_skipped_updates_are_reported():
-    from types import SimpleNamespace
+    from pathlib import Path
 
+    from lmdepth.analyses.scratch import TrainedRun
     from lmdepth.book.pages.scratch import runs_table, skipped_md
 
     meta = {"n_parameters": 1_080_000, "active_parameters": 600_000, "wall_time_s": 600.0, "cpu_time_s": 540.0,
-            "train_config": {"steps": 16_000, "batch_size": 32, "lr": 0.001}, "history": [(1, 2.0), (2, 1.0)]}
-    runs = {"moeut-lm": SimpleNamespace(arch="moeut", objective="lm", meta={**meta, "skipped_updates": [3238]}),
-            "transformer-lm": SimpleNamespace(arch="transformer", objective="lm",
-                                              meta={**meta, "history": [(1, 2.0), (2, float("nan"))]})}
+            "train_config": {"steps": 16_000, "batch_size": 32, "lr": 0.001, "modules": ["arithmetic__add_or_sub"]},
+            "history": [(1, 2.0), (2, 1.0)]}  # a training run's meta as it is stored (no model needed here)
+    runs = {"moeut-lm": TrainedRun("moeut-lm", "moeut", "lm", None, None, {**meta, "skipped_updates": [3238]}, Path(".")),
+            "transformer-lm": TrainedRun("transformer-lm", "transformer", "lm", None, None,
+                                         {**meta, "history": [(1, 2.0), (2, float("nan"))]}, Path("."))}
     t = runs_table(runs)
     assert t.shape == (2, MAX_COLUMNS_UNSCROLLED)
     assert t.iloc[0].tolist()[2:] == ["1.08M / 0.60M", "16,000 × 32, 0.001", "10.0 / 9.0", 1.5]

@@ -234,6 +234,13 @@ def test_run_writes_both_lenses_and_caches_translators(tiny_dirs, texts, tmp_pat
     assert (lens.Path(tl["path"]) / "translators.npz").exists()
     curve = lens.training_curve(r)
     assert {"split", "step", "layer", "value"} <= set(curve.columns) and (curve.step == 0).any()
+    # the typed summary chapter 04 and the atlas read, from the sidecar the run wrote
+    s = lens.LensSummary.of(r)
+    assert (s.n_layers, s.n_problems, s.n_examples, s.n_tokens) == (4, 4, 4, meta["n_tokens"])
+    assert s.n_positions_evaluated == s.n_tokens and s.last_layer_check_kl_max < 1e-5 and s.eval_time_s >= 0
+    assert s.tuned.train_tokens == 128 and s.tuned.epochs == 1 and not s.tuned.from_cache
+    assert s.tuned.path == lens.Path(tl["path"]) and 0 <= s.tuned.layers_kept_identity <= 4
+    assert 0 < s.tuned.head_size <= s.tuned.vocab and s.tuned.train_time_s >= 0
     again = lens.run(str(tiny_dirs["gemma3"]), dataset=str(texts), results_dir=tmp_path, **RUN_KW)
     assert again.from_cache
     # a new evaluation reuses the cached translators
@@ -252,6 +259,7 @@ def test_run_writes_both_lenses_and_caches_translators(tiny_dirs, texts, tmp_pat
 def test_logit_lens_only_run(tiny_dirs, texts, tmp_path):
     r = lens.run(str(tiny_dirs["olmo2"]), dataset=str(texts), results_dir=tmp_path, **{**RUN_KW, "tuned_lens": False})
     assert set(r.table.component) == {"logit_lens"} and r.meta["tuned_lens"] is None
+    assert lens.LensSummary.of(r).tuned is None
     assert not (tmp_path / "tuned_lens").exists() and lens.training_curve(r).empty
 
 

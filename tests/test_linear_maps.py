@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,6 +235,12 @@ def test_run_on_tiny_models(tiny_run):
     for k in ("row", "col"):
         assert s[f"{k}_corr"] == pytest.approx(1.0) and s[f"{k}_mean_abs_offset"] == 0
     assert set(meta["timings_s"]) >= {"total", "tokenize_and_align"}
+    # the typed summary the chapter and the atlas read: every field from the sidecar the run wrote
+    run = lmaps.MapsSummary.of(res)
+    assert run.labels("self") == [self_label] and run.labels("main") + run.labels("self") + run.labels("shuffled") == labels
+    assert run.models[kw["model_name"]].n_layers == n_layers and run.aligned_tokens == corpus["aligned_tokens"]
+    assert run.alignments[self_label].col_corr == pytest.approx(1.0) and run.n_test_tokens == kw["n_test_tokens"]
+    assert run.timings_s["total"] > 0 and run.cpu_threads >= 1 and run.model == kw["model_name"]
 
 
 @pytest.mark.integration
@@ -303,35 +310,49 @@ def _synthetic_run(coverage: float = 0.9, shuffled_ratio: float = 1.0):
                                        "shuffled", "a", "b")}
     table = pd.concat([lmaps.map_table(f, lab, kind, s, t, 4, 4) for lab, (f, kind, s, t) in fits.items()],
                       ignore_index=True)
+    from lmdepth.results import RunResult
+
     specs = lmaps.map_specs("a", ["b"], "b", True, 1)
-    meta = {"maps": [{"labels": s.labels, "kind": s.kind} for s in specs],
-            "summaries": {lab: lmaps.summarize_map(table, lab) for lab in fits},
-            "corpus": {"coverage": {"a": coverage, "b": 0.95}}}
-    return table, meta
+    meta = {"parameters": {"model_name": "a", "compare_models": ["b"], "n_test_tokens": 100},  # as maps.run writes it
+            "models": {m: {"n_layers": 4, "d_model": 8, "family": "tiny"} for m in "ab"},
+            "corpus": {"general_text": None, "aligned_tokens": {"train": 300, "val": 100, "test": 100},
+                       "texts": {"train": 3, "val": 1, "test": 1}, "texts_by_source": {"gsm8k": 5},
+                       "coverage": {"a": coverage, "b": 0.95}},
+            "maps": [{"labels": s.labels, "kind": s.kind, "source": s.source, "target": s.target, "stride": s.stride}
+                     for s in specs],
+            "summaries": {lab: {k: v for k, v in lmaps.summarize_map(table, lab).items() if not k.startswith("best")}
+                          for lab in fits},
+            "timings_s": {"total": 90.0}, "wall_time_s": 90.0, "cpu_time_s": 120.0,
+            "environment": {"cpu_threads": 2, "cuda": None}}
+    return table, lmaps.MapsSummary.of(RunResult(table, meta, Path("results/linear_maps/a/0"), from_cache=True))
 
 
 @pytest.mark.unit
 def test_chapter_summaries_of_a_synthetic_run():
-    table, meta = _synthetic_run()
-    assert lmaps.map_labels(meta, "main") == ["a → b", "b → a"]
-    assert lmaps.map_labels(meta, "self") == ["b → b (self-map)"]
-    summary = maps_page.summary_table(table, meta)
+    table, run = _synthetic_run()
+    assert run.labels("main") == ["a → b", "b → a"]
+    assert run.labels("self") == ["b → b (self-map)"]
+    summary = maps_page.summary_table(table, run)
     assert list(summary["map"]) == ["a → b", "b → a"]
     assert (summary["per column: corr"] == 1.0).all() and (summary["lowest error"] == 0.1).all()
     np.testing.assert_allclose(lmaps.error_over_baseline(table, "a → b (shuffled pairs)"), 1.0)
-    ctrl = maps_page.controls_table(table, meta)
+    ctrl = maps_page.controls_table(table, run)
     assert list(ctrl.control) == ["self-map", "shuffled pairs", "embeddings only (floor)", "embeddings only (floor)"]
     assert "same boundary in 5/5 rows" in ctrl.measured[0]
-    text = maps_page.best_sources_md(table, meta)
+    text = maps_page.best_sources_md(table, run)
     assert "over the 2 maps (1 pairs × 2 directions)" in text and "**1.00–1.00**" in text
-    maps_page.check_run(table, meta)  # nothing to complain about
+    maps_page.check_run(table, run)  # nothing to complain about
+    assert "**a** (4 layers, d_model 8, tiny)" in maps_page.run_md(run) and "a 90.0%" in maps_page.run_md(run)
+    assert maps_page.speed_md(table, run).startswith("Wall time of this run: **90 s** (1.5 min; CPU time of the "
+                                                      "process, all threads: 120 s) on 2 CPU threads, for 50 layer-pair")
+    assert maps_page.timings_table(run).to_dict("records") == [{"step": "total", "seconds": 90.0}]
 
 
 @pytest.mark.parametrize("shuffled_ratio, holds", [(1.0, "yes"), (0.9, "NO")])
 @pytest.mark.unit
 def test_method_checks_of_a_synthetic_run(shuffled_ratio, holds):
-    table, meta = _synthetic_run(shuffled_ratio=shuffled_ratio)
-    df = maps_page.method_checks(table, meta)
+    table, run = _synthetic_run(shuffled_ratio=shuffled_ratio)
+    df = maps_page.method_checks(table, run)
     assert list(df["passes"]) == ["yes", holds]  # self-map identity; shuffled pairs: no cell below 0.98 × mean-only
 
 
@@ -340,8 +361,8 @@ def test_map_claims_of_a_synthetic_run():
     """Two 4-layer models leave 3 target boundaries (2–4) for the claims: not testable."""
     from lmdepth.claims import maps as maps_claims, report
 
-    table, meta = _synthetic_run()
-    labels = lmaps.map_labels(meta, "main")
+    table, run = _synthetic_run()
+    labels = run.labels("main")
     units, controls = maps_claims.units_of(table, labels)
     v = report.check("maps", units, labels, controls)
     assert len(v) == 2 * len(labels) and set(v.model) == set(labels)
@@ -355,13 +376,13 @@ def test_chapter_checks_fail_clearly():
     with pytest.raises(ParameterError, match="is not one"):  # NDIF runs hub ids
         lmaps.MapsParams(remote=True)
     assert lmaps.MapsParams(remote="local").remote == "local"  # the strict offline simulation of NDIF
-    table, meta = _synthetic_run(coverage=0.4)
+    table, run = _synthetic_run(coverage=0.4)
     with pytest.raises(DataError, match="a 40%"):
-        maps_page.check_run(table, meta)
-    table, meta = _synthetic_run()
+        maps_page.check_run(table, run)
+    table, run = _synthetic_run()
     table.loc[(table["map"] == "a → b") & (table.metric == "relative_error"), "value"] = 2.0
     with pytest.raises(AssertionError, match="a → b"):
-        maps_page.check_run(table, meta)
+        maps_page.check_run(table, run)
 
 
 # ---- the packaged tokenizers (packaged tier: three real tokenizers) -----------------------------------------------

@@ -440,14 +440,17 @@ def test_two_first_conversions_at_once_both_succeed(tmp_path):
 def test_the_atlas_reads_only_the_recorded_runs(tmp_path, monkeypatch):
     """A 5-line custom file run with n_examples 50 used to replace the GSM8K run as the model's 'best' run."""
     from lmdepth.analyses import atlas
+    from lmdepth.analyses.residual import ResidualSummary
     from lmdepth.results import BOOK_RECORD_ENV, RunResult, record_run
 
     def run_dir(key: str, dataset: str, n: int) -> Path:
         d = tmp_path / "residual_stream" / "smollm2-135m" / key
         d.mkdir(parents=True)
         pd.DataFrame({"value": [0.0]}).to_csv(d / "table.csv", index=False)
-        meta = {"analysis": "residual_stream", "cache_key": key,
-                "parameters": {"model_name": "smollm2-135m", "dataset": dataset, "n_examples": n}}
+        meta = {"analysis": "residual_stream", "cache_key": key, "wall_time_s": 1.0,
+                "parameters": {"model_name": "smollm2-135m", "dataset": dataset, "n_examples": n},
+                "model": {"n_layers": 30, "d_model": 576, "bos_policy": "BOS added", "additivity_error": 0.0},
+                "data": {"n": n}, "n_tokens": 10 * n}
         (d / "meta.json").write_text(json.dumps(meta))
         return d
 
@@ -457,9 +460,11 @@ def test_the_atlas_reads_only_the_recorded_runs(tmp_path, monkeypatch):
     record_run(RunResult(pd.DataFrame(), json.loads((book / "meta.json").read_text()), book))
     monkeypatch.delenv(BOOK_RECORD_ENV)
     only = atlas.recorded_runs(tmp_path / "book" / "default")
-    runs = atlas.best_runs(atlas.finished_runs(tmp_path, "residual_stream", only))
-    assert [r.path.name for r in runs] == ["book"]
-    assert {r.path.name for r in atlas.best_runs(atlas.finished_runs(tmp_path, "residual_stream"))} == {"adhoc"}
+    summarised = lambda runs: [(r, ResidualSummary.of(r)) for r in runs]  # noqa: E731
+    runs = atlas.best_runs(summarised(atlas.finished_runs(tmp_path, "residual_stream", only)))
+    assert [(r.path.name, s.n_examples) for r, s in runs] == [("book", 20)]
+    assert {r.path.name for r, _ in atlas.best_runs(summarised(atlas.finished_runs(tmp_path, "residual_stream")))} \
+        == {"adhoc"}
 
 
 @pytest.mark.unit

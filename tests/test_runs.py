@@ -28,6 +28,12 @@ def test_tidy_table_and_sidecar(tiny_dirs, texts, tmp_path):
     assert meta["n_tokens"] == sum(len(json.loads(line)["text"]) + 1 for line in texts.read_text().splitlines())
     for k in ("parameters", "environment", "wall_time_s", "cache_key", "compute_version"):
         assert k in meta
+    # the typed summary chapters 01–02 and the atlas read, from the sidecar the run wrote
+    s = residual.ResidualSummary.of(r)
+    assert (s.model, s.n_layers, s.n_problems, s.n_examples, s.n_tokens) == (str(tiny_dirs["gemma3"]), 4, 5, 5,
+                                                                             meta["n_tokens"])
+    assert s.additivity_error < 1e-5 and s.d_model == meta["model"]["d_model"] and s.bos_policy
+    assert s.dataset == meta["parameters"]["dataset"] and s.wall_time_s == meta["wall_time_s"] and not s.from_cache
     # a second call is served from the cache
     assert residual.run(str(tiny_dirs["gemma3"]), dataset=str(texts), n_examples=5, selection="first",
                         results_dir=tmp_path, n_boot=20).from_cache
@@ -145,3 +151,34 @@ def test_bad_dtype_for_load_model():
     with pytest.raises(ParameterError,
                        match=r"Parameter 'dtype' must be one of \['float32', 'bfloat16', 'float16'\], got 'fp8'"):
         load_model("smollm2-135m", dtype="fp8")
+
+
+def _summary_classes() -> dict[str, type]:
+    from lmdepth.analyses import complexity, erasure, lens, maps, skipping
+
+    return {residual.ANALYSIS: residual.ResidualSummary, skipping.ANALYSIS: skipping.SkipSummary,
+            skipping.BENCHMARK: skipping.BenchmarkSummary, lens.ANALYSIS: lens.LensSummary,
+            complexity.ANALYSIS: complexity.ComplexitySummary, erasure.ANALYSIS: erasure.ErasureSummary,
+            maps.ANALYSIS: maps.MapsSummary}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("analysis", sorted(_summary_classes()))
+def test_every_stored_run_reads_as_its_typed_summary(analysis):
+    """The pages and the atlas read a run only through its analysis's typed summary, built from the stored sidecar
+    (nothing recomputed): every finished run stored under results/ must still read. A sidecar key renamed or dropped
+    in the writer fails here, not on a page of the book."""
+    from dataclasses import fields
+
+    from lmdepth.results import RunResult
+    from lmdepth.runtime import REPO_ROOT
+
+    cls = _summary_classes()[analysis]
+    metas = [m for m in sorted((REPO_ROOT / "results" / analysis).glob("*/*/meta.json")) if "." not in m.parent.name]
+    assert metas, f"no stored {analysis} run"
+    for m in metas:
+        s = cls.of(RunResult(pd.DataFrame(), json.loads(m.read_text()), m.parent, from_cache=True))
+        assert s.path == m.parent and s.from_cache and s.model and s.wall_time_s > 0
+        assert all(getattr(s, f.name) is not None for f in fields(s) if f.type in ("int", "str", "float"))
+        if hasattr(s, "n_layers"):
+            assert s.n_layers > 0

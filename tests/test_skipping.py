@@ -132,6 +132,10 @@ def test_run_caches_and_resumes(tiny_dirs, jsonl, tmp_path, monkeypatch):
     assert calls["n"] == 4  # 1 before the interruption, then only the 2 missing problems
     assert set(r.table.variant) == {"layer", "mlp"} and set(r.table.stat) == {"max", "mean"}
     assert r.meta["summary"]["layer"]["n_layers"] == 4 and len(r.meta["data"]["cuts"]) == 3
+    # the typed summary chapter 03 and the atlas read, from the sidecar the run wrote
+    s = skip_analysis.SkipSummary.of(r)
+    assert (s.analysis, s.n_layers, s.n_problems, s.n_examples, s.n_cuts) == ("future", 4, 3, 3, kw["n_cuts"])
+    assert set(s.cutoffs) == {"layer", "mlp"} and s.cutoffs["layer"].n_layers == 4 and s.model == str(tiny_dirs["llama"])
     E = skip_analysis.matrix(r.table, "future", "layer")
     assert E.shape == (4, 4) and np.allclose(np.tril(E), 0)  # the future effect on layers ≤ s is zero
     assert skip_analysis.run(str(tiny_dirs["llama"]), **kw).from_cache
@@ -171,11 +175,13 @@ def test_groups_of_models_keep_their_own_sample_and_parts(tiny_dirs, jsonl, tmp_
     assert skip_analysis.units_of([], parts=["layer"], **kw) is None
     main = skip_analysis.run(a, analysis="future", n_examples=2, n_cuts=2, parts=["layer", "mlp"], **kw)
     other = skip_analysis.run(b, analysis="future", n_examples=1, n_cuts=1, parts=["layer"], **kw)
-    table = skip_page.cutoff_table({a: main.meta, b: other.meta}, [a, b], ["layer", "mlp"])
+    futures = {a: skip_analysis.SkipSummary.of(main), b: skip_analysis.SkipSummary.of(other)}
+    table = skip_page.cutoff_table(futures, [a, b], ["layer", "mlp"])
     assert list(zip(table.model, table.part)) == [(a, skip_page.VARIANT_TITLES["layer"]),
                                                   (a, skip_page.VARIANT_TITLES["mlp"]),
                                                   (b, skip_page.VARIANT_TITLES["layer"])]
     assert table["95% CI (layers)"].iloc[-1] == "—"  # one problem: no interval (the page shows no "nan")
+    assert list(table.problems) == [2, 2, 1] and list(table["of layers"]) == [4, 4, 4]
 
 
 @pytest.mark.integration
@@ -196,6 +202,8 @@ def test_the_benchmark_is_stored_like_a_run_and_retimed_only_on_request(tiny_dir
     assert b.n_cuts == 2 and b.naive_passes == 2 * 4 and b.max_abs_diff <= 1e-5 and b.pool == 3
     assert b.pool_min <= b.pool_median <= b.pool_max and b.counted_ratio > 1
     assert first.meta["measured_at"] and first.meta["environment"]["platform"]
+    s = skip_analysis.BenchmarkSummary.of(first)
+    assert s.measured_at == first.meta["measured_at"] and s.platform and len(s.load_average) in (0, 2)
     again = skip_analysis.benchmark(str(tiny_dirs["llama"]), n_pool=3, **kw)
     assert again.from_cache and timed["n"] == 1 and again.table.equals(first.table)
     paragraphs = skip_page.benchmark_md(again)

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import nbformat
 import pandas as pd
@@ -32,6 +32,12 @@ from lmdepth.analyses import skipping as skip_analysis
 from lmdepth.analyses import lens
 from lmdepth.analyses import complexity
 from lmdepth.analyses import maps as linear_maps
+from lmdepth.analyses.complexity import ComplexitySummary
+from lmdepth.analyses.lens import LensSummary
+from lmdepth.analyses.maps import MapsSummary
+from lmdepth.analyses.residual import ResidualSummary
+from lmdepth.analyses.run import RunSummary, SampleSummary
+from lmdepth.analyses.skipping import SkipSummary
 from lmdepth.claims.spec import EARLY_LAYERS
 
 ATLAS_COLUMNS = ["model", "n_layers", "chapter", "measure", "layer", "rel_depth", "rel_low", "rel_high", "value",
@@ -98,31 +104,33 @@ def finished_runs(results_dir: str | Path, analysis: str, only: set[Path] | None
             continue
         if only is not None and meta_path.parent.resolve() not in only:
             continue
-        meta = json.loads(meta_path.read_text())
-        meta["_mtime"] = meta_path.stat().st_mtime
-        runs.append(RunResult(pd.read_csv(table_path), meta, meta_path.parent, from_cache=True))
+        runs.append(RunResult(pd.read_csv(table_path), json.loads(meta_path.read_text()), meta_path.parent,
+                              from_cache=True))
     return runs
 
 
-def best_runs(runs: list[RunResult], group: Callable[[dict[str, Any]], Any] = lambda p: p.get("model_name")
-              ) -> list[RunResult]:
-    """One run per group (default: per model): the most problems, then the most recent."""
-    best: dict[Any, RunResult] = {}
-    for r in runs:
-        p = r.meta.get("parameters", {})
-        k = group(p)
-        score = (p.get("n_examples") or 0, r.meta["_mtime"])
-        if k not in best or score > (best[k].meta.get("parameters", {}).get("n_examples") or 0, best[k].meta["_mtime"]):
-            best[k] = r
-    return list(best.values())
+S = TypeVar("S", bound=RunSummary)
+
+
+def best_runs(runs: list[tuple[RunResult, S]], group: Callable[[S], Any] = lambda s: s.model,
+              size: Callable[[S], int] = lambda s: s.n_examples) -> list[tuple[RunResult, S]]:
+    """One (run, summary) per group (default: per model): the largest sample (``size``, default the problems asked
+    for), then the most recently written sidecar."""
+    best: dict[Any, tuple[RunResult, S, tuple[int, float]]] = {}
+    for r, s in runs:
+        k = group(s)
+        score = (size(s) or 0, (Path(r.path) / "meta.json").stat().st_mtime)
+        if k not in best or score > best[k][2]:
+            best[k] = (r, s, score)
+    return [(r, s) for r, s, _ in best.values()]
 
 
 def _plural(n: Any, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _sample(p: dict[str, Any]) -> str:
-    return _plural(p.get("n_examples", "?"), f"{p.get('dataset', '')} problem")
+def _sample(s: SampleSummary) -> str:
+    return _plural(s.n_examples, f"{s.dataset} problem")
 
 
 # ---- per-analysis summaries --------------------------------------------------------------------------------------
@@ -145,15 +153,16 @@ def residual_rows(results_dir: str | Path, only: set[Path] | None = None) -> lis
     the whole layer's relative contribution without layers 0–1 (a ratio, not a depth)."""
 
     rows = []
-    for r in best_runs(finished_runs(results_dir, residual.ANALYSIS, only)):
-        t, p = r.table, r.meta["parameters"]
-        model, L = p["model_name"], int(t["n_layers"].iloc[0])
+    runs = [(r, ResidualSummary.of(r)) for r in finished_runs(results_dir, residual.ANALYSIS, only)]
+    for r, s in best_runs(runs):
+        t = r.table
+        model, L = s.model, int(t["n_layers"].iloc[0])
         tr = residual.cosine_transition_layer(t)
-        rows.append(_row(model, L, "02_cosine_similarity", "cosine phase transition", _sample(p), layer=tr,
+        rows.append(_row(model, L, "02_cosine_similarity", "cosine phase transition", _sample(s), layer=tr,
                          rel_depth=layer_depth(tr, L)))
         ratio = residual.half_ratio(residual.select(t, "relative_contribution", "layer"), skip_first=EARLY_LAYERS)
         rows.append(_row(model, L, "01_residual_norms", "contribution ratio 2nd/1st half (without layers 0–1)",
-                         _sample(p), value=ratio))
+                         _sample(s), value=ratio))
     return rows
 
 
@@ -161,18 +170,18 @@ def skipping_rows(results_dir: str | Path, only: set[Path] | None = None) -> lis
     """Chapter 03: the future-token cutoff — the first layer after which skipping any later layer changes no later
     layer's future computation by more than the threshold — with its bootstrap interval over problems."""
 
-    runs = [r for r in finished_runs(results_dir, skip_analysis.ANALYSIS, only)
-            if r.meta.get("parameters", {}).get("analysis") == "future"]
+    runs = [(r, s) for r in finished_runs(results_dir, skip_analysis.ANALYSIS, only)
+            for s in [SkipSummary.of(r)] if s.analysis == "future"]
     rows = []
-    for r in best_runs(runs):
-        p, s = r.meta["parameters"], (r.meta.get("summary") or {}).get("layer")
-        if not s:
+    for _, s in best_runs(runs):
+        c = s.cutoffs.get("layer")
+        if c is None:
             continue
-        L = int(s["n_layers"])
-        rows.append(_row(p["model_name"], L, "03_layer_skipping",
-                         f"future-effect cutoff (< {s['threshold']:g})", _sample(p) + f", {p.get('n_cuts')} cuts each",
-                         layer=s["cutoff"], rel_depth=layer_depth(s["cutoff"], L), rel_low=layer_depth(s["ci_low"], L),
-                         rel_high=layer_depth(s["ci_high"], L)))
+        L = int(c.n_layers)
+        rows.append(_row(s.model, L, "03_layer_skipping",
+                         f"future-effect cutoff (< {c.threshold:g})", _sample(s) + f", {s.n_cuts} cuts each",
+                         layer=c.cutoff, rel_depth=layer_depth(c.cutoff, L), rel_low=layer_depth(c.ci_low, L),
+                         rel_high=layer_depth(c.ci_high, L)))
     return rows
 
 
@@ -181,16 +190,23 @@ def lens_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[di
     with KL below 10 % of its maximum), at l / L."""
 
     rows = []
-    for r in best_runs(finished_runs(results_dir, lens.ANALYSIS, only)):
-        p = r.meta["parameters"]
+    runs = [(r, LensSummary.of(r)) for r in finished_runs(results_dir, lens.ANALYSIS, only)]
+    for r, run in best_runs(runs):
         summary = lens.settling_summary(r.table)
         for _, s in summary.iterrows():
             if s["criterion"] == lens.SHARED_KL_CRITERION:
                 continue
             name = f"{s['lens'].replace('_', ' ')}: {s['criterion']}"
-            rows.append(_row(s["model"], int(s["n_layers"]), "04_logit_lens", name, _sample(p), layer=s["layer"],
+            rows.append(_row(s["model"], int(s["n_layers"]), "04_logit_lens", name, _sample(run), layer=s["layer"],
                              rel_depth=s["rel_depth"]))
     return rows
+
+
+def _mean_layer_effect(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows of a depth-score table (levels or slopes) that the atlas reads: layer effect, mean aggregation."""
+    if frame.empty:
+        return []
+    return frame[(frame["aggregation"] == "mean") & (frame["metric"] == "layer_effect")].to_dict("records")
 
 
 def complexity_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[dict[str, Any]]:
@@ -200,23 +216,19 @@ def complexity_rows(results_dir: str | Path, only: set[Path] | None = None) -> l
     value: the paper's claim is a slope near 0)."""
 
     rows = []
-    runs = finished_runs(results_dir, complexity.ANALYSIS, only)
-    for r in runs:  # rank by items per level
-        r.meta.setdefault("parameters", {})["n_examples"] = r.meta["parameters"].get("n_per_level", 0)
-    for r in best_runs(runs, group=lambda p: (p.get("model_name"), p.get("source"))):
-        p, s = r.meta["parameters"], r.meta["summary"]
-        L, src = int(s["n_layers"]), p["source"]
-        sample = f"{_plural(p.get('n_per_level'), 'item')} per level"
-        levels = [x for x in s["levels"] if x["aggregation"] == "mean" and x["metric"] == "layer_effect"]
-        d = pd.Series([x["depth_score"] for x in levels], dtype=float).mean()
+    runs = [(r, ComplexitySummary.of(r)) for r in finished_runs(results_dir, complexity.ANALYSIS, only)]
+    # one run per (model, source), ranked by items per level
+    for _, s in best_runs(runs, group=lambda s: (s.model, s.source), size=lambda s: s.n_per_level):
+        L, src = s.n_layers, s.source
+        sample = f"{_plural(s.n_per_level, 'item')} per level"
+        d = pd.Series([x["depth_score"] for x in _mean_layer_effect(s.levels)], dtype=float).mean()
         if pd.notna(d):
-            rows.append(_row(p["model_name"], L, "05_depth_vs_complexity",
+            rows.append(_row(s.model, L, "05_depth_vs_complexity",
                              f"depth score ({src}; effect-weighted mean layer)", sample,
                              layer=d, rel_depth=layer_depth(d, L)))
-        for x in s["slopes"]:
-            if x["aggregation"] == "mean" and x["metric"] == "layer_effect":
-                rows.append(_row(p["model_name"], L, "05_depth_vs_complexity",
-                                 f"depth-score slope per level ({src})", sample, value=x["slope"]))
+        for x in _mean_layer_effect(s.slopes):
+            rows.append(_row(s.model, L, "05_depth_vs_complexity", f"depth-score slope per level ({src})", sample,
+                             value=x["slope"]))
     return rows
 
 
@@ -226,19 +238,17 @@ def maps_rows(results_dir: str | Path, only: set[Path] | None = None) -> list[di
     depths). Controls are left out."""
 
     rows = []
-    runs = finished_runs(results_dir, linear_maps.ANALYSIS, only)
-    for r in runs:  # rank maps runs by their held-out sample (they have no n_examples)
-        r.meta.setdefault("parameters", {})["n_examples"] = r.meta["parameters"].get("n_test_tokens", 0)
-    for r in best_runs(runs, group=lambda p: (p.get("model_name"), tuple(p.get("compare_models") or ()))):
-        sample = f"{r.meta['parameters'].get('n_test_tokens', '?')} held-out aligned tokens"
-        for s in (r.meta.get("summaries") or {}).values():
-            if s.get("kind") != "main":
+    runs = [(r, MapsSummary.of(r)) for r in finished_runs(results_dir, linear_maps.ANALYSIS, only)]
+    # one run per model set, ranked by its held-out sample (maps runs have no problems)
+    for _, run in best_runs(runs, group=lambda s: (s.model, s.compare_models), size=lambda s: s.n_test_tokens):
+        sample = f"{run.n_test_tokens} held-out aligned tokens"
+        for s in run.alignments.values():
+            if s.kind != "main":
                 continue
-            src, tgt, L = s["source"], s["target"], int(s["n_target_layers"])
-            rows.append(_row(tgt, L, "06_linear_maps", f"maps from {src}: corr of best source with depth", sample,
-                             value=s["col_corr"]))
-            rows.append(_row(tgt, L, "06_linear_maps", f"maps from {src}: mean |relative-depth offset|", sample,
-                             value=s["col_mean_abs_offset"]))
+            for measure, value in (("corr of best source with depth", s.col_corr),
+                                   ("mean |relative-depth offset|", s.col_mean_abs_offset)):
+                rows.append(_row(s.target, s.n_target_layers, "06_linear_maps", f"maps from {s.source}: {measure}",
+                                 sample, value=value))
     return rows
 
 

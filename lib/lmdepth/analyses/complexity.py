@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.run import Job
+from lmdepth.analyses.run import Job, RunSummary
 from lmdepth.data import multihop
 from lmdepth.data.datasets import Example, content_digest, selection_record
 from lmdepth.data.difficulty import (LEVELS, SOURCE_TITLES, SOURCES, SYNTHETIC, analysis_input, answer_start,
@@ -32,7 +32,7 @@ from lmdepth.data.difficulty import (LEVELS, SOURCE_TITLES, SOURCES, SYNTHETIC, 
 from lmdepth.errors import DataError, ParameterError
 from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics
 from lmdepth.model.registry import LoadedModel, load_model
-from lmdepth.params import ModelParams, check_choice, check_range, check_remote, check_type, param
+from lmdepth.params import ModelParams, Params, check_remote, param
 from lmdepth.results import RunResult, RunStore
 from lmdepth.runtime import progress
 from lmdepth.traces.generation import greedy_matches, greedy_texts
@@ -213,15 +213,53 @@ def tidy_items(model: str, source: str, examples: list[Example], E: np.ndarray, 
     return pd.DataFrame(rows)
 
 
+#: The per-run tables of :class:`ComplexitySummary` that :func:`summary_frame` concatenates.
+SUMMARY_PARTS = ("levels", "slopes", "solved", "items")
+
+
+@dataclass(frozen=True, eq=False)
+class ComplexitySummary(RunSummary):
+    """What chapter 05 and the atlas read of one (model, source) run (:meth:`of`); its tables as the sidecar's
+    ``summary`` stores them (:func:`_compute`).
+
+    Attributes:
+        source: the data source; ``n_per_level``: items per difficulty level.
+        n_layers: the model's layers.
+        accuracy: share of items solved (None when the correctness was not checked).
+        levels: the depth score per (level, metric, aggregation) with its interval (``depth_score, ci_low, ci_high,
+            n`` …).
+        slopes: the slope of the depth score over levels per (metric, aggregation) with its interval.
+        solved: the depth score of the solved and of the unsolved items.
+        items: per item: level, correctness, reference answer, tokens and its depth scores.
+    """
+
+    source: str
+    n_per_level: int
+    n_layers: int
+    accuracy: float | None
+    levels: pd.DataFrame
+    slopes: pd.DataFrame
+    solved: pd.DataFrame
+    items: pd.DataFrame
+
+    @classmethod
+    def of(cls, result: RunResult) -> ComplexitySummary:
+        p, s = result.meta["parameters"], result.meta["summary"]
+        return cls(**cls.fields_of(result), source=str(p["source"]), n_per_level=int(p["n_per_level"]),
+                   n_layers=int(s["n_layers"]), accuracy=s.get("accuracy"),
+                   **{part: pd.DataFrame(s[part]) for part in SUMMARY_PARTS})
+
+
 def summary_frame(results: dict[tuple[str, str], RunResult], part: str) -> pd.DataFrame:
     """Concatenate one summary part ("levels", "slopes", "solved", "items") of several (model, source) runs,
     with ``model, source, n_layers`` and relative depth ``D / (L − 1)`` columns added."""
     frames = []
     for (model, source), r in results.items():
-        df = pd.DataFrame(r.meta["summary"][part])
+        summary = ComplexitySummary.of(r)
+        df = getattr(summary, part).copy()
         if df.empty:
             continue
-        L = r.meta["summary"]["n_layers"]
+        L = summary.n_layers
         df.insert(0, "source", source)
         df.insert(0, "model", model)
         df["n_layers"] = L
@@ -235,33 +273,43 @@ def summary_frame(results: dict[tuple[str, str], RunResult], part: str) -> pd.Da
 # ---- chapter 05: the grid of runs, its summaries and the claim ------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class GridParams(Params):
+    """Chapter 05's grid of depth-score runs (:func:`run_grid`): the parameters that no single run's
+    :class:`ComplexityParams` holds by the same name (the runs' own fields go through that class).
+
+    ``max_answer_tokens`` is the chapter's convention: 0 keeps the whole solution (a run's ``None``), else ≥ 8.
+    """
+
+    sources: list[str] = param(list(SOURCES), choices=SOURCES, help="data sources: one run per model and source")
+    n_synthetic: int = param(20, lo=1, hi=10_000, help="synthetic items per step / hop count for the main model")
+    n_per_level_compare: int = param(1, lo=1, hi=10_000,
+                                     help="MATH and GSM8K items per level for each comparison model")
+    n_synthetic_compare: int = param(12, lo=1, hi=10_000,
+                                     help="synthetic items per step / hop count for each comparison model")
+    max_answer_tokens: int = param(0, lo=0, hi=100_000, help="MATH / GSM8K answer tokens kept; 0: the whole solution")
+
+    def check_consistency(self) -> None:
+        if not self.sources:
+            raise ParameterError("Parameter 'sources' must name at least one of " + ", ".join(SOURCES) + ".")
+        if 0 < self.max_answer_tokens < 8:
+            raise ParameterError(f"Parameter 'max_answer_tokens' must be 0 (whole solution) or at least 8, "
+                                 f"got {self.max_answer_tokens}.")
+
+
 def check_chapter_parameters(*, sources: list[str], n_per_level: int, n_synthetic: int, n_per_level_compare: int,
                              n_synthetic_compare: int, max_answer_tokens: int, n_cuts: int, hop_cut: str,
                              gen_tokens: int, n_boot: int) -> None:
-    """Check chapter 05's depth-score parameters before any model loads (those that no single run's
-    :class:`ComplexityParams` holds by the same name, then the run's own fields through that class). The models
-    are checked by :func:`lmdepth.book.notebook.chapter_models`.
-
-    ``max_answer_tokens`` is the chapter's convention: 0 keeps the whole solution (a run's ``None``), else ≥ 8.
+    """Check chapter 05's depth-score parameters before any model loads: the grid's through :class:`GridParams`,
+    the runs' own through :class:`ComplexityParams`. The models are checked by
+    :func:`lmdepth.book.notebook.chapter_models`.
 
     Raises:
         ParameterError: naming the parameter, the value given and what is allowed.
     """
-    check_type("sources", sources, list)
-    for s in sources:
-        check_choice("sources", s, SOURCES)
-    if not sources:
-        raise ParameterError("Parameter 'sources' must name at least one of " + ", ".join(SOURCES) + ".")
-    for name, value, lo, hi in (("n_per_level", n_per_level, 1, 10_000), ("n_synthetic", n_synthetic, 1, 10_000),
-                                ("n_per_level_compare", n_per_level_compare, 1, 10_000),
-                                ("n_synthetic_compare", n_synthetic_compare, 1, 10_000),
-                                ("max_answer_tokens", max_answer_tokens, 0, 100_000)):
-        check_type(name, value, int)
-        check_range(name, value, lo, hi)
-    if 0 < max_answer_tokens < 8:
-        raise ParameterError(f"Parameter 'max_answer_tokens' must be 0 (whole solution) or at least 8, "
-                             f"got {max_answer_tokens}.")
-    ComplexityParams(n_cuts=n_cuts, hop_cut=hop_cut, gen_tokens=gen_tokens, n_boot=n_boot)
+    GridParams(sources=sources, n_synthetic=n_synthetic, n_per_level_compare=n_per_level_compare,
+               n_synthetic_compare=n_synthetic_compare, max_answer_tokens=max_answer_tokens)
+    ComplexityParams(n_per_level=n_per_level, n_cuts=n_cuts, hop_cut=hop_cut, gen_tokens=gen_tokens, n_boot=n_boot)
 
 
 def model_loaders(models: list[str], device: str = "cpu", dtype: str = "float32", remote: bool | str = False,
@@ -321,7 +369,7 @@ def grid_frames(results: dict[tuple[str, str], RunResult]) -> GridFrames:
         RuntimeError: a depth score outside [0, L − 1] (an effect-weighted mean layer index cannot be: the effects
             were not non-negative weights).
     """
-    frames = GridFrames(*(summary_frame(results, part) for part in ("levels", "slopes", "solved", "items")),
+    frames = GridFrames(*(summary_frame(results, part) for part in SUMMARY_PARTS),
                         pd.concat([r.table for r in results.values()], ignore_index=True))
     d = frames.levels.dropna(subset=["depth_score"])
     if not d.eval("depth_score >= 0 and depth_score <= n_layers - 1").all():
@@ -333,4 +381,4 @@ def model_names(results: dict[tuple[str, str], RunResult]) -> list[str]:
     return list(dict.fromkeys(m for m, _ in results))
 
 
-__all__ = ["ANALYSIS", "ComplexityParams", "SOURCES", "LEVELS", "SOURCE_TITLES", "run", "tidy_items", "summary_frame", "model_loader", "model_names", "check_chapter_parameters", "model_loaders", "run_grid", "GridFrames", "grid_frames"]
+__all__ = ["ANALYSIS", "ComplexityParams", "ComplexitySummary", "SOURCES", "LEVELS", "SOURCE_TITLES", "run", "tidy_items", "summary_frame", "model_loader", "model_names", "GridParams", "check_chapter_parameters", "model_loaders", "run_grid", "GridFrames", "grid_frames"]

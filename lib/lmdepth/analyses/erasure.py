@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.run import Job
+from lmdepth.analyses.run import Job, RunSummary
 from lmdepth.data.datasets import Example, load_examples
 from lmdepth.errors import ParameterError
 from lmdepth.hooks.stack import AdapterStack, IGResult, integrated_gradients
 from lmdepth.model.registry import LoadedModel, load_model
-from lmdepth.params import ModelParams, check_range, check_remote, check_type, param
+from lmdepth.params import ModelParams, Params, check_remote, param
 from lmdepth.results import RunResult, RunStore
 from lmdepth.runtime import progress
 from lmdepth.traces.erasure import boundary_sums, erasure_effects
@@ -157,7 +157,66 @@ def _compute(p: ErasureParams, lm: Any, studies: tuple[tuple[str, str, str], ...
     return pd.DataFrame(rows), meta
 
 
+@dataclass(frozen=True)
+class CasePrompt:
+    """One case-study prompt of an erasure run.
+
+    Attributes:
+        a_start: position of the first answer token; ``n_tokens``: prompt + answer tokens.
+        tokens: the readable token labels (:func:`token_labels`).
+        correct: whether the model's greedy answer is right.
+        f_x: f(X), the sum of the answer tokens' probabilities on the clean input (None without integrated
+            gradients).
+        completeness_error: per layer, |Σ_t IG − (f(X) − f(B))| / |f(X) − f(B)| (None without integrated gradients).
+    """
+
+    a_start: int
+    n_tokens: int
+    tokens: tuple[str, ...]
+    correct: bool
+    f_x: float | None
+    completeness_error: tuple[float, ...] | None
+
+
+@dataclass(frozen=True)
+class ErasureSummary(RunSummary):
+    """What chapter 05 reads of an erasure / integrated-gradients run (:meth:`of`).
+
+    Attributes:
+        n_layers: the model's layers.
+        ig_steps: integrated-gradients steps; ``ig_rule``: their quadrature rule.
+        prompts: case-study name → :class:`CasePrompt`, in the run's order.
+    """
+
+    n_layers: int
+    ig_steps: int
+    ig_rule: str
+    prompts: dict[str, CasePrompt]
+
+    @classmethod
+    def of(cls, result: RunResult) -> ErasureSummary:
+        p, s = result.meta["parameters"], result.meta["summary"]
+        ce = (lambda v: None if "completeness_error" not in v else tuple(float(x) for x in v["completeness_error"]))
+        prompts = {name: CasePrompt(a_start=int(v["a_start"]), n_tokens=int(v["n_tokens"]), tokens=tuple(v["tokens"]),
+                                    correct=bool(v["correct"]), f_x=v.get("f_x"), completeness_error=ce(v))
+                   for name, v in s["prompts"].items()}
+        return cls(**cls.fields_of(result), n_layers=int(s["n_layers"]), ig_steps=int(p["ig_steps"]),
+                   ig_rule=str(p["ig_rule"]), prompts=prompts)
+
+
 # ---- chapter 05: the case-study runs and their summaries ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaseStudyParams(Params):
+    """Chapter 05's case-study counts (:func:`run_case_studies`) that no single run's :class:`ErasureParams` holds by
+    these names (the runs' own fields go through that class); 0 skips what it counts."""
+
+    n_case_studies_compare: int = param(6, lo=0, hi=len(CASE_STUDIES), help="case studies per comparison model")
+    n_ig_prompts: int = param(5, lo=0, hi=len(CASE_STUDIES),
+                              help="of the main model's case studies, how many also get integrated gradients")
+    n_ig_prompts_compare: int = param(0, lo=0, hi=len(CASE_STUDIES),
+                                      help="of each comparison model's case studies, how many get integrated gradients")
 
 
 def check_chapter_parameters(*, n_case_studies: int, n_case_studies_compare: int, n_ig_prompts: int, ig_steps: int,
@@ -172,10 +231,8 @@ def check_chapter_parameters(*, n_case_studies: int, n_case_studies_compare: int
     Raises:
         ParameterError: naming the parameter, the value given and what is allowed.
     """
-    for name, value in (("n_case_studies_compare", n_case_studies_compare), ("n_ig_prompts", n_ig_prompts),
-                        ("n_ig_prompts_compare", n_ig_prompts_compare)):
-        check_type(name, value, int)
-        check_range(name, value, 0, len(CASE_STUDIES))
+    CaseStudyParams(n_case_studies_compare=n_case_studies_compare, n_ig_prompts=n_ig_prompts,
+                    n_ig_prompts_compare=n_ig_prompts_compare)
     ErasureParams(n_case_studies=n_case_studies, ig_steps=ig_steps, ig_rule=ig_rule)
     refuse_remote_ig(remote, ig_steps, max(n_ig_prompts, n_ig_prompts_compare if n_case_studies_compare else 0))
     return dict(n_case_studies=n_case_studies, n_case_studies_compare=n_case_studies_compare, ig_steps=ig_steps,
@@ -228,4 +285,4 @@ def last_layer_that_matters(table: pd.DataFrame, frac: float = 0.1) -> pd.DataFr
     return pd.DataFrame(out)
 
 
-__all__ = ["ANALYSIS", "CASE_STUDIES", "ErasureParams", "token_labels", "run", "check_chapter_parameters", "refuse_remote_ig", "run_case_studies", "last_layer_that_matters"]
+__all__ = ["ANALYSIS", "CASE_STUDIES", "ErasureParams", "ErasureSummary", "CasePrompt", "CaseStudyParams", "token_labels", "run", "check_chapter_parameters", "refuse_remote_ig", "run_case_studies", "last_layer_that_matters"]

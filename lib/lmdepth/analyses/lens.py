@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.run import Job, require_tokens, concat_tables, per_unit, run_many as many
+from lmdepth.analyses.run import Job, SampleSummary, require_tokens, concat_tables, per_unit, run_many as many
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.metrics.distributions import LENS_METRICS as METRICS, TOP_K
 from lmdepth.metrics.residual import DatasetStats, PromptStats
@@ -332,13 +332,71 @@ def units_table(model: str, ids: list[str], means: list[np.ndarray]) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def run_many(model_names: list[str], **kwargs: Any) -> tuple[pd.DataFrame, dict[str, dict[str, Any]], pd.DataFrame]:
-    """:func:`run` for several models: (concatenated table, each model's sidecar, concatenated training curves)."""
+@dataclass(frozen=True)
+class TunedLensTraining:
+    """How a lens run's tuned-lens translators were obtained (its sidecar's ``tuned_lens``).
+
+    Attributes:
+        path: the translators' cache entry, as the sidecar recorded it (see :func:`training_curve`).
+        from_cache: loaded from that entry (True) or trained by the lens run.
+        train_time_s: seconds the training took (when it was trained).
+        train_tokens: training tokens; ``epochs``: passes over them (the recipe's).
+        head_size: the vocabulary head (top final tokens of the training tokens); ``n_negatives``: uniform
+            negatives sampled per step; ``vocab``: the model's vocabulary.
+        layers_kept_identity: layers whose translator the held-out selection left at the identity (step 0).
+    """
+
+    path: Path
+    from_cache: bool
+    train_time_s: float
+    train_tokens: int
+    epochs: int
+    head_size: int
+    n_negatives: int
+    vocab: int
+    layers_kept_identity: int
+
+
+@dataclass(frozen=True)
+class LensSummary(SampleSummary):
+    """What chapter 04 and the atlas read of a lens run (:meth:`of`).
+
+    Attributes:
+        n_tokens: positions the problems have (position 0 included when ``include_bos``).
+        n_positions_evaluated: the sampled positions the lenses were read at.
+        last_layer_check_kl_max: the self-check: the largest KL(lens on h_L ‖ model output) over problems.
+        eval_time_s: seconds of the evaluation (the tuned lens's training excluded).
+        tuned: how the tuned lens was obtained; None when it was switched off.
+    """
+
+    n_tokens: int
+    n_positions_evaluated: int
+    last_layer_check_kl_max: float
+    eval_time_s: float
+    tuned: TunedLensTraining | None
+
+    @classmethod
+    def of(cls, result: RunResult) -> LensSummary:
+        m = result.meta
+        t = m.get("tuned_lens")
+        tuned = None if not t else TunedLensTraining(
+            path=Path(t["path"]), from_cache=bool(t["from_cache"]), train_time_s=float(t["train_time_s"]),
+            train_tokens=int(t["train_tokens"]), epochs=int(t["recipe"]["epochs"]), head_size=int(t["head_size"]),
+            n_negatives=int(t["n_negatives"]), vocab=int(t["vocab"]),
+            layers_kept_identity=int(t["layers_kept_identity"]))
+        return cls(**cls.fields_of(result), n_tokens=int(m["n_tokens"]),
+                   n_positions_evaluated=int(m["n_positions_evaluated"]),
+                   last_layer_check_kl_max=float(m["last_layer_check_kl_max"]), eval_time_s=float(m["eval_time_s"]),
+                   tuned=tuned)
+
+
+def run_many(model_names: list[str], **kwargs: Any) -> tuple[pd.DataFrame, dict[str, LensSummary], pd.DataFrame]:
+    """:func:`run` for several models: (concatenated table, each model's summary, concatenated training curves)."""
     results = many(run, model_names, **kwargs)
     curves = [training_curve(r) for r in results.values()]
     curves = [c for c in curves if not c.empty]
     return (concat_tables(results),
-            {m: r.meta for m, r in results.items()},
+            {m: LensSummary.of(r) for m, r in results.items()},
             pd.concat(curves, ignore_index=True) if curves else pd.DataFrame())
 
 
@@ -478,7 +536,7 @@ def settled_depth(summary: pd.DataFrame, model: str, lens: str, criterion: str) 
 
 
 __all__ = [
-    "ANALYSIS", "LENSES", "METRICS", "LensParams", "fit_tuned_lens", "refuse_remote_training", "translators_stored",
+    "ANALYSIS", "LENSES", "METRICS", "LensParams", "LensSummary", "TunedLensTraining", "fit_tuned_lens", "refuse_remote_training", "translators_stored",
     "prompt_lens", "run", "run_many", "training_curve", "select", "settling_layers", "settling_summary", "settled_depth", "summary_wide", "curve_ends", "tuned_convergence", "STATS", "KL_CRITERION", "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
 ]
 

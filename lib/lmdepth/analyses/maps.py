@@ -42,7 +42,7 @@ import pandas as pd
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from lmdepth.analyses.run import Job
+from lmdepth.analyses.run import Job, RunSummary
 from lmdepth.data.alignment import GENERAL_TEXTS, general_text_id
 from lmdepth.data.corpus import CorpusPlan, corpus_docs, plan_corpus
 from lmdepth.data.datasets import dataset_id
@@ -176,11 +176,6 @@ def summarize_map(table: pd.DataFrame, label: str) -> dict[str, Any]:
 
 
 # ---- what chapter 06 shows: tables, prose, claims and checks from a finished run ----------------------------------
-
-def map_labels(meta: dict[str, Any], kind: str) -> list[str]:
-    """Labels of the run's maps of one ``kind`` ("main", "self" or "shuffled"), in the order they were fitted."""
-    return [lab for s in meta["maps"] if s["kind"] == kind for lab in s["labels"]]
-
 
 def mean_baseline(table: pd.DataFrame, label: str) -> pd.Series:
     """Held-out error of the mean-only predictor (the target's training mean) per target boundary of one map."""
@@ -392,6 +387,112 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
     return table, meta
 
 
+
+
+# ---- what chapter 06 and the atlas read of a run ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MapModel:
+    """One model of a maps run, from its provenance."""
+
+    n_layers: int
+    d_model: int
+    family: str
+
+
+@dataclass(frozen=True)
+class MapFamily:
+    """One fitted map family of a run (a :class:`MapSpec` as the sidecar records it, with its maps' labels)."""
+
+    kind: str
+    source: str
+    target: str
+    stride: int
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MapAlignment:
+    """How closely one map's best matches follow equal relative depth (:func:`summarize_map`, without the matches).
+
+    Attributes:
+        row_*: the best target boundary of each source boundary; ``col_*``: the best source boundary of each target
+            boundary. ``corr``: correlation of the two relative depths; ``mean_abs_offset`` / ``max_abs_offset``: the
+            mean and largest |difference| of relative depth.
+    """
+
+    map: str
+    kind: str
+    source: str
+    target: str
+    n_source_layers: int
+    n_target_layers: int
+    row_corr: float
+    row_mean_abs_offset: float
+    row_max_abs_offset: float
+    col_corr: float
+    col_mean_abs_offset: float
+    col_max_abs_offset: float
+
+
+@dataclass(frozen=True)
+class MapsSummary(RunSummary):
+    """What chapter 06 and the atlas read of a maps run (:meth:`of`).
+
+    Attributes:
+        compare_models: the other model of each pair (as the run's parameters list them).
+        n_test_tokens: the held-out aligned positions asked for.
+        models: every model the run read → its layers, width and family.
+        aligned_tokens: aligned positions per split (``train``, ``val``, ``test``); ``texts``: texts per split;
+            ``texts_by_source``: texts per source (word problems, general text).
+        coverage: per model, the share of its tokens (position 0 and specials excluded) that align with every other
+            model's.
+        general_text: the general text's id (None: no general text).
+        families: the map families in the order they were fitted.
+        alignments: map label → :class:`MapAlignment`.
+        timings_s: seconds per step (tokenizers, alignment, residuals per model, fits per family, total).
+        cpu_time_s: CPU time of the process, all threads (None for runs that did not record it).
+        cpu_threads: torch threads of the run; ``cuda``: its GPU, if any.
+    """
+
+    compare_models: tuple[str, ...]
+    n_test_tokens: int
+    models: dict[str, MapModel]
+    aligned_tokens: dict[str, int]
+    texts: dict[str, int]
+    texts_by_source: dict[str, int]
+    coverage: dict[str, float]
+    general_text: str | None
+    families: tuple[MapFamily, ...]
+    alignments: dict[str, MapAlignment]
+    timings_s: dict[str, float]
+    cpu_time_s: float | None
+    cpu_threads: int | None
+    cuda: str | None
+
+    @classmethod
+    def of(cls, result: RunResult) -> MapsSummary:
+        m = result.meta
+        p, corpus, env = m["parameters"], m["corpus"], m.get("environment") or {}
+        return cls(
+            **cls.fields_of(result), compare_models=tuple(p.get("compare_models") or ()),
+            n_test_tokens=int(p["n_test_tokens"]),
+            models={k: MapModel(int(v["n_layers"]), int(v["d_model"]), str(v["family"]))
+                    for k, v in m["models"].items()},
+            aligned_tokens=dict(corpus["aligned_tokens"]), texts=dict(corpus["texts"]),
+            texts_by_source=dict(corpus["texts_by_source"]), coverage=dict(corpus["coverage"]),
+            general_text=corpus.get("general_text"),
+            families=tuple(MapFamily(f["kind"], f["source"], f["target"], int(f["stride"]), tuple(f["labels"]))
+                           for f in m["maps"]),
+            alignments={k: MapAlignment(**v) for k, v in m["summaries"].items()},
+            timings_s=dict(m["timings_s"]), cpu_time_s=m.get("cpu_time_s"), cpu_threads=env.get("cpu_threads"),
+            cuda=env.get("cuda") or None)
+
+    def labels(self, kind: str) -> list[str]:
+        """Labels of the run's maps of one ``kind`` ("main", "self" or "shuffled"), in the order they were fitted."""
+        return [lab for f in self.families if f.kind == kind for lab in f.labels]
+
+
 __all__ = ["ANALYSIS", "MapsParams", "MapSpec", "map_specs", "collect", "best_matches", "best_sources",
-           "diagonal_summary", "summarize_map", "map_table", "run",
-           "map_labels", "mean_baseline", "error_over_baseline"]
+           "diagonal_summary", "summarize_map", "map_table", "run", "MapsSummary", "MapFamily", "MapAlignment", "MapModel",
+           "mean_baseline", "error_over_baseline"]

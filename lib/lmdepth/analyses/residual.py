@@ -17,7 +17,7 @@ from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 from lmdepth.metrics import layer_curves
 from lmdepth.data.datasets import dataset_id, Example, load_examples, selection_record
 from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats, residual_token_metrics
-from lmdepth.analyses.run import Job, require_tokens, concat_tables, per_unit, run_many as many
+from lmdepth.analyses.run import Job, SampleSummary, require_tokens, concat_tables, per_unit, run_many as many
 from lmdepth.model.registry import LoadedModel, load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
@@ -124,10 +124,34 @@ def _compute(p: ResidualParams, key: dict[str, Any], examples: list[Example], st
     return table, meta, units_table([uid for uid, _ in encoded], items, p.model_name)
 
 
-def run_many(model_names: list[str], **kwargs: Any) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
-    """:func:`run` for several models; returns the concatenated table and each model's sidecar."""
+@dataclass(frozen=True)
+class ResidualSummary(SampleSummary):
+    """What chapters 01–02 and the atlas read of a residual run (:meth:`of`).
+
+    Attributes:
+        d_model: the residual width.
+        n_tokens: tokens averaged over (position 0 included when ``include_bos``).
+        bos_policy: how the model's tokenizer treats the beginning of a text (the model's provenance).
+        additivity_error: the error of the load-time self-check that the writes add up to the residual (None
+            when it was skipped, e.g. on NDIF).
+    """
+
+    d_model: int
+    n_tokens: int
+    bos_policy: str
+    additivity_error: float | None
+
+    @classmethod
+    def of(cls, result: RunResult) -> ResidualSummary:
+        m = result.meta
+        return cls(**cls.fields_of(result), d_model=int(m["model"]["d_model"]), n_tokens=int(m["n_tokens"]),
+                   bos_policy=str(m["model"]["bos_policy"]), additivity_error=m["model"].get("additivity_error"))
+
+
+def run_many(model_names: list[str], **kwargs: Any) -> tuple[pd.DataFrame, dict[str, ResidualSummary]]:
+    """:func:`run` for several models; returns the concatenated table and each model's summary."""
     results = many(run, model_names, **kwargs)
-    return concat_tables(results), {m: r.meta for m, r in results.items()}
+    return concat_tables(results), {m: ResidualSummary.of(r) for m, r in results.items()}
 
 
 def run_units(model_names: list[str], **kwargs: Any) -> pd.DataFrame | None:
@@ -173,5 +197,5 @@ def cosine_transition_layer(table: pd.DataFrame, model: str | None = None) -> in
     return layer_curves.change_point(curve, EARLY_LAYERS)
 
 
-__all__ = ["ANALYSIS", "run", "run_many", "run_units", "select", "half_means", "half_ratio", "mean_cosine",
-           "cosine_transition_layer", "Example"]
+__all__ = ["ANALYSIS", "ResidualSummary", "run", "run_many", "run_units", "select", "half_means", "half_ratio",
+           "mean_cosine", "cosine_transition_layer", "Example"]

@@ -10,6 +10,9 @@ validation (the analysis's :class:`~lmdepth.params.Params`) → cache key → :c
 
 ``compute`` returns ``(table, meta)`` or ``(table, meta, units)`` (a per-unit table for claim verdicts); the template adds the analysis name, the environment and the wall time to
 the sidecar. :func:`per_unit` is the checkpointed loop over problems (or items, prompts, runs).
+
+What the book's pages and the atlas read of a finished run is its typed summary: :class:`RunSummary` (or
+:class:`SampleSummary`) extended by each analysis and built by its ``of(result)`` from the stored sidecar alone.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -135,3 +139,56 @@ def run_many(run: Callable[..., RunResult], model_names: Sequence[str], **kwargs
 
 def concat_tables(results: dict[str, RunResult]) -> pd.DataFrame:
     return pd.concat([r.table for r in results.values()], ignore_index=True)
+
+
+# ---- typed summaries: what the pages and the atlas read of a run ---------------------------------------------------
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What every finished run says about itself, typed; each analysis extends it with what its pages read.
+
+    An analysis's summary is built by its ``of(result)`` from the stored sidecar alone (no new storage format, nothing
+    recomputed), so every stored run reads as it was written, and the sidecar's layout is known in one place: the
+    module that writes it. A page never indexes a sidecar.
+
+    Attributes:
+        model: the model the run is filed under (its parameters' ``model_name``).
+        path: the run's folder.
+        from_cache: served from the results cache (True) or computed by this call.
+        wall_time_s: seconds the run took when it was computed (a cached run keeps that measurement).
+    """
+
+    model: str
+    path: Path
+    from_cache: bool
+    wall_time_s: float
+
+    @staticmethod
+    def fields_of(result: RunResult) -> dict[str, Any]:
+        """The :class:`RunSummary` fields of a finished run (for an analysis's ``of``)."""
+        return dict(model=result.meta["parameters"]["model_name"], path=Path(result.path),
+                    from_cache=result.from_cache, wall_time_s=float(result.meta.get("wall_time_s", np.nan)))
+
+
+@dataclass(frozen=True)
+class SampleSummary(RunSummary):
+    """A run of one model over a sample of a data set.
+
+    Attributes:
+        n_layers: the model's layers.
+        dataset: the data set as its parameters name it (a named set, or a user file by its content).
+        n_examples: problems asked for; ``n_problems``: problems the run evaluated (its data selection).
+    """
+
+    n_layers: int
+    dataset: str
+    n_examples: int
+    n_problems: int
+
+    @staticmethod
+    def fields_of(result: RunResult) -> dict[str, Any]:
+        """The :class:`SampleSummary` fields of a finished run."""
+        m = result.meta
+        return dict(RunSummary.fields_of(result), n_layers=int(m["model"]["n_layers"]),
+                    dataset=str(m["parameters"].get("dataset", "")), n_examples=int(m["parameters"]["n_examples"]),
+                    n_problems=int(m["data"]["n"]))

@@ -54,6 +54,49 @@ from lmdepth.scratch.training import (
 ARCH_LABELS = {"moeut": "MoEUT", "transformer": "Transformer"}
 
 
+@dataclass(frozen=True)
+class TrainingSummary:
+    """What chapter 07 reads of a finished training run's meta (:meth:`of`).
+
+    Attributes:
+        n_parameters: all parameters; ``active_parameters``: those one token uses (MoEUT: its selected experts).
+        steps, batch_size, lr, modules: the training configuration's (problems per step; DM-math modules).
+        wall_time_s: the training's wall time; ``cpu_time_s``: its CPU time (None for runs trained before it was
+            recorded); ``cpu_threads``: torch threads of the training process.
+        history: the loss per step, ``(step, loss)``.
+        skipped_updates: updates skipped for a non-finite gradient (0-based steps; for runs trained before the
+            guard, the steps whose loss was not finite).
+    """
+
+    n_parameters: int
+    active_parameters: int
+    steps: int
+    batch_size: int
+    lr: float
+    modules: tuple[str, ...]
+    wall_time_s: float
+    cpu_time_s: float | None
+    cpu_threads: int | None
+    history: tuple[tuple[int, float], ...]
+    skipped_updates: tuple[int, ...]
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> TrainingSummary:
+        tc, history = meta["train_config"], tuple((int(s), float(v)) for s, v in meta["history"])
+        skipped = meta.get("skipped_updates", [s - 1 for s, v in history if not np.isfinite(v)])
+        return cls(n_parameters=int(meta["n_parameters"]), active_parameters=int(meta["active_parameters"]),
+                   steps=int(tc["steps"]), batch_size=int(tc["batch_size"]), lr=float(tc["lr"]),
+                   modules=tuple(tc["modules"]), wall_time_s=float(meta["wall_time_s"]),
+                   cpu_time_s=meta.get("cpu_time_s"),
+                   cpu_threads=(meta.get("environment") or {}).get("cpu_threads"), history=history,
+                   skipped_updates=tuple(int(s) for s in skipped))
+
+    @property
+    def final_loss(self) -> float:
+        """The mean loss of the last 50 steps."""
+        return float(np.mean([loss for _, loss in self.history[-50:]]))
+
+
 @dataclass
 class TrainedRun:
     """One finished run: the model in eval mode, its tokenizer, its training meta (incl. loss ``history``), and
@@ -67,6 +110,11 @@ class TrainedRun:
     meta: dict[str, Any]
     path: Path
     trained_now: bool = False
+
+    @property
+    def summary(self) -> TrainingSummary:
+        """What the chapter reads of the run's meta, typed."""
+        return TrainingSummary.of(self.meta)
 
 
 def trained_runs(profile: str, checkpoint_dir: str | Path, data_dir: str | Path, train: bool = True,
@@ -416,7 +464,7 @@ def answer_only_rises(rises: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return rise["moeut-answer_only"], rise["transformer-answer_only"]
 
 
-__all__ = ["TrainedRun", "trained_runs", "evaluate_runs", "accuracy_summary", "paired_gains", "architecture_gaps",
-           "probe_erasure", "erasure_depth", "operation_sample", "depth_by_operations", "ARCH_LABELS",
+__all__ = ["TrainedRun", "TrainingSummary", "trained_runs", "evaluate_runs", "accuracy_summary", "paired_gains",
+           "architecture_gaps", "probe_erasure", "erasure_depth", "operation_sample", "depth_by_operations", "ARCH_LABELS",
            "ScratchParams", "evaluation_splits", "gains_by_split", "probe_erasures", "DepthByOperations",
            "depth_vs_operations", "RISE", "overall_rises", "extrapolation_gains", "answer_only_rises"]

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.run import Job, per_unit
+from lmdepth.analyses.run import Job, RunSummary, SampleSummary, per_unit
 from lmdepth.claims.report import control_models
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
@@ -116,9 +116,26 @@ class Cutoff:
     threshold: float
 
 
-def cutoffs(result: RunResult) -> dict[str, Cutoff]:
-    """The typed ``summary`` of a future-analysis run: variant → :class:`Cutoff`."""
-    return {v: Cutoff(**c) for v, c in result.meta.get("summary", {}).items()}
+@dataclass(frozen=True)
+class SkipSummary(SampleSummary):
+    """What chapter 03 and the atlas read of a skipping run (:meth:`of`).
+
+    Attributes:
+        analysis: "current" (all tokens) or "future" (future tokens).
+        n_cuts: cut points per problem (future tokens; None for all tokens).
+        cutoffs: variant → its future-effect cutoff with the bootstrap interval (future tokens; empty for all
+            tokens).
+    """
+
+    analysis: str
+    n_cuts: int | None
+    cutoffs: dict[str, Cutoff]
+
+    @classmethod
+    def of(cls, result: RunResult) -> SkipSummary:
+        p = result.meta["parameters"]
+        return cls(**cls.fields_of(result), analysis=str(p["analysis"]), n_cuts=p.get("n_cuts"),
+                   cutoffs={v: Cutoff(**c) for v, c in (result.meta.get("summary") or {}).items()})
 
 
 def run(params: SkipParams | None = None, **kwargs: Any) -> RunResult:
@@ -129,7 +146,8 @@ def run(params: SkipParams | None = None, **kwargs: Any) -> RunResult:
 
     Returns:
         Tidy table (``model, analysis, variant, stat, metric, skipped_layer, affected_layer, value``) and a
-        sidecar whose ``summary`` holds the cutoff layer per variant with its bootstrap interval (:func:`cutoffs`).
+        sidecar whose ``summary`` holds the cutoff layer per variant with its bootstrap interval
+        (:attr:`SkipSummary.cutoffs`).
     """
     p = SkipParams.of(params, **kwargs)
     parts = [x for x in PARTS if x in p.parts]
@@ -200,12 +218,12 @@ class Comparison:
     Attributes:
         table: every run's tidy table (main model: future, then current; then per comparison model future and,
             when run, current).
-        metas: model → sidecar of its future-token run (its ``summary`` holds the cutoffs).
+        futures: model → the summary of its future-token run (its sample and cutoffs).
         units: every run's per-problem table (:func:`units_table`), in the same order.
     """
 
     table: pd.DataFrame
-    metas: dict[str, dict[str, Any]]
+    futures: dict[str, SkipSummary]
     units: pd.DataFrame
 
 
@@ -220,14 +238,14 @@ def compare(models: Sequence[str], current: RunResult, future: RunResult, n_exam
         with_current: also run the all-token analysis on the comparison models (on ``n_examples`` problems).
         common: the remaining :class:`SkipParams` fields, shared by every run.
     """
-    runs, metas = [future, current], {models[0]: future.meta}
+    runs, futures = [future, current], {models[0]: SkipSummary.of(future)}
     for m in models[1:]:
         f = run(m, analysis="future", n_examples=n_examples, n_cuts=n_cuts, **common)
         runs.append(f)
-        metas[m] = f.meta
+        futures[m] = SkipSummary.of(f)
         if with_current:
             runs.append(run(m, analysis="current", n_examples=n_examples, **common))
-    return Comparison(pd.concat([r.table for r in runs], ignore_index=True), metas,
+    return Comparison(pd.concat([r.table for r in runs], ignore_index=True), futures,
                       pd.concat([r.units for r in runs], ignore_index=True))
 
 
@@ -333,3 +351,27 @@ def _benchmark(p: SkipParams, n_pool: int, tol: float) -> tuple[pd.DataFrame, di
             "model": lm.provenance(), "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_average": [load_before, load_average()]}
     return pd.DataFrame([row]), meta
+
+
+@dataclass(frozen=True)
+class BenchmarkSummary(RunSummary):
+    """When and where :func:`benchmark` timed the two paths (:meth:`of`); None where the sidecar does not say.
+
+    Attributes:
+        measured_at: the UTC date and time of the measurement.
+        platform: the machine's platform string; ``cuda``: its GPU, if any.
+        load_average: the machine's 1-minute load average before and after (the values it could read).
+    """
+
+    measured_at: str | None
+    platform: str | None
+    cuda: str | None
+    load_average: tuple[float, ...]
+
+    @classmethod
+    def of(cls, result: RunResult) -> BenchmarkSummary:
+        m = result.meta
+        env = m.get("environment") or {}
+        return cls(**cls.fields_of(result), measured_at=m.get("measured_at"), platform=env.get("platform"),
+                   cuda=env.get("cuda") or None,
+                   load_average=tuple(float(x) for x in m.get("load_average") or () if x is not None))

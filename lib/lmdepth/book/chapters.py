@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from jupyter_client import AsyncKernelManager
 
+from lmdepth.analyses.complexity import ComplexityParams, GridParams
+from lmdepth.analyses.erasure import CaseStudyParams, ErasureParams
 from lmdepth.analyses.lens import LensParams
 from lmdepth.analyses.maps import MapsParams
 from lmdepth.analyses.residual import ResidualParams
@@ -27,7 +29,7 @@ from lmdepth.data.datasets import NAMED_DATASETS, check_data_file
 from lmdepth.errors import MissingPackageError, ParameterError
 from lmdepth.model.ndif import preflight
 from lmdepth.model.registry import current_weights_id
-from lmdepth.params import CommonParams, Params, check_device, check_remote, check_results_dir
+from lmdepth.params import CommonParams, Params, check_device, check_remote, check_results_dir, check_type
 from lmdepth.runtime import REPO_ROOT
 
 CHAPTERS: dict[str, str] = {
@@ -43,11 +45,14 @@ CHAPTERS: dict[str, str] = {
     "reproducibility": "92_reproducibility",
 }
 PROFILES = ("smoke", "quick", "default", "paper")
-#: The parameters class whose checks a chapter's values go through before a kernel starts (the same checks the
-#: analysis runs when the chapter calls it). Chapter 05 is not here: its parameters cell spans two analyses and
-#: gives some names another meaning (``max_answer_tokens`` 0 = whole solutions); its library call checks them.
-CHAPTER_PARAMS: dict[str, type[Params]] = {"norms": ResidualParams, "cosine": ResidualParams, "skipping": SkipParams,
-                                           "lens": LensParams, "maps": MapsParams, "moeut": ScratchParams}
+#: The parameters classes whose checks a chapter's values go through before a kernel starts (the same checks the
+#: analyses run when the chapter calls them); a name that several classes hold is checked by the first. Chapter 05
+#: spans two analyses and gives some names the meaning of its grid (``max_answer_tokens`` 0 = whole solutions): its
+#: grid's and case studies' classes come first. A chapter not listed is checked by :class:`CommonParams`.
+CHAPTER_PARAMS: dict[str, tuple[type[Params], ...]] = {
+    "norms": (ResidualParams,), "cosine": (ResidualParams,), "skipping": (SkipParams,), "lens": (LensParams,),
+    "complexity": (GridParams, CaseStudyParams, ComplexityParams, ErasureParams), "maps": (MapsParams,),
+    "moeut": (ScratchParams,)}
 
 #: The chapter sources and profiles inside an installed wheel (``setup.py`` copies them there).
 PACKAGE_BOOK = Path(__file__).resolve().parents[1] / "_book"
@@ -155,29 +160,33 @@ def _declared(source: Path, mtime_ns: int) -> dict[str, ParamSpec]:
     return {k: ParamSpec(k, v["inferred_type_name"], v["default"], v["help"]) for k, v in found.items()}
 
 
-_PY_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,), "dict": (dict,)}
+#: The type papermill infers for a parameters cell's annotation (``remote: object`` declares none).
+_DECLARED_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict}
 
 
 def check_parameters(chapter: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Reject unknown names and wrong types before a kernel starts. Returns the (possibly coerced) params."""
+    """Reject unknown names, wrong types, ranges and choices before a kernel starts, by the chapter's declared types
+    and its parameters classes (:data:`CHAPTER_PARAMS`). Returns the (possibly coerced) params."""
     spec = declared_parameters(chapter)
     out = {}
     for name, value in params.items():
         if name not in spec:
             raise ParameterError(f"Chapter {chapter!r} has no parameter {name!r}. Parameters: {', '.join(spec)}.")
-        types = _PY_TYPES.get(spec[name].type_name)
-        if types and spec[name].type_name == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        declared = _DECLARED_TYPES.get(spec[name].type_name)
+        if declared is str and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # "-p dataset 123" arrives as a number from YAML parsing
-        if types and spec[name].type_name == "str" and isinstance(value, (dict, list)):
+        if declared is str and isinstance(value, (dict, list)):
             raise ParameterError(f"Parameter {name!r} of chapter {chapter!r} must be a string, but the value was read "
                                  f"as YAML {type(value).__name__} {value!r}. Quote it for YAML, e.g. "
                                  f"-p {name} \"'Answer: 42'\".")
-        if types and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
-            raise ParameterError(f"Parameter {name!r} of chapter {chapter!r} must be {spec[name].type_name} "
-                                 f"(default {spec[name].default}), got {value!r}.")
+        if declared is not None:
+            check_type(name, value, declared)
         out[name] = value
-    # ranges and choices, by the analysis's own parameter class (the shared vocabulary for the other pages)
-    CHAPTER_PARAMS.get(chapter, CommonParams).check_known(out)
+    # ranges and choices, by the analyses' own parameters classes (the shared vocabulary for the other pages)
+    owner = {n: cls for cls in reversed(CHAPTER_PARAMS.get(chapter, (CommonParams,))) for n in cls.names()}
+    for name, value in out.items():
+        if name in owner:
+            owner[name].check_known({name: value})
     if "device" in out:
         check_device(out["device"])  # before a kernel starts and a model loads
     model = out.get("model_name", spec["model_name"].default.strip("'\"") if "model_name" in spec else None)

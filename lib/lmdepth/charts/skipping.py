@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import altair as alt
 import pandas as pd
 
+from lmdepth.analyses.skipping import SkipSummary
 from lmdepth.charts.theme import COMPONENT_COLORS, MODEL_PALETTE
 
 
@@ -85,14 +85,14 @@ def later_effect_lines(d: pd.DataFrame, threshold: float, width: int = 560) -> a
     return alt.layer(line, rule).properties(width=width, height=260)
 
 
-def comparison_panels(table: pd.DataFrame, metas: dict[str, dict[str, Any]], models: Sequence[str],
+def comparison_panels(table: pd.DataFrame, futures: dict[str, SkipSummary], models: Sequence[str],
                       variants: list[str], title_by_variant: dict[str, str], n_current: int
                       ) -> list[tuple[str, alt.Chart, alt.Chart]]:
     """Smaller heatmaps and output-change bars of each comparison model, all tokens then future tokens.
 
     Args:
         table: tidy tables of :mod:`lmdepth.analyses.skipping` (an analysis absent for a model is left out).
-        metas: model → sidecar of its future-token run (for its number of problems).
+        futures: model → the summary of its future-token run (for its number of problems).
         n_current: problems of the comparison models' all-token runs.
 
     Returns:
@@ -103,7 +103,7 @@ def comparison_panels(table: pd.DataFrame, metas: dict[str, dict[str, Any]], mod
         for a, title in (("current", "all tokens"), ("future", "future tokens")):
             t = table[(table.model == m) & (table.analysis == a)]
             if len(t):
-                n = metas[m]["data"]["n"] if a == "future" else n_current
+                n = futures[m].n_problems if a == "future" else n_current
                 out.append((f"**{m}**, {title} ({n} problem(s)):",
                             # all tokens: the local variant pins every position, so nothing reaches a later layer
                             effect_heatmaps(t, a, [v for v in variants if a == "future" or v != "local"],

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmdepth.analyses.complexity import model_names, summary_frame
+from lmdepth.analyses.complexity import ComplexitySummary, model_names, summary_frame
+from lmdepth.analyses.erasure import ErasureSummary
 from lmdepth.claims import report
 from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
 from lmdepth.metrics.intervals import exact_match
@@ -17,9 +18,10 @@ from lmdepth.results import RunResult
 def runs_note(results: dict[tuple[str, str], RunResult]) -> str:
     """Markdown: how many runs and items, each model's depth, and how long the runs computed now took."""
     source = next(iter(results))[1]
-    depth = ", ".join(f"**{m}** {results[m, source].meta['summary']['n_layers']} layers" for m in model_names(results))
-    fresh = [r for r in results.values() if not r.from_cache]
-    wall = sum(r.meta["wall_time_s"] for r in fresh)
+    summaries = {k: ComplexitySummary.of(r) for k, r in results.items()}
+    depth = ", ".join(f"**{m}** {summaries[m, source].n_layers} layers" for m in model_names(results))
+    fresh = [s for s in summaries.values() if not s.from_cache]
+    wall = sum(s.wall_time_s for s in fresh)
     return (f"Depth-score runs: {len(results)} (model × source), {len(summary_frame(results, 'items'))} items in all; "
             f"{depth}. Computed now: {wall:.0f} s ({len(fresh)} runs; the rest from the cache).")
 
@@ -115,20 +117,19 @@ COMPLETENESS_COLUMNS = ["prompt", "f(X)", "median |error|", "max |error|", "laye
 
 def case_table(case: dict[str, RunResult]) -> pd.DataFrame:
     """One row per (model, case-study prompt): tokens, answer tokens and whether the greedy answer is right."""
-    return pd.DataFrame([{"model": m, "prompt": p, "tokens": v["n_tokens"],
-                          "answer tokens": v["n_tokens"] - v["a_start"],
-                          "greedy answer right": "yes" if v["correct"] else "no"}
-                         for m, r in case.items() for p, v in r.meta["summary"]["prompts"].items()])
+    return pd.DataFrame([{"model": m, "prompt": p, "tokens": v.n_tokens, "answer tokens": v.n_tokens - v.a_start,
+                          "greedy answer right": "yes" if v.correct else "no"}
+                         for m, r in case.items() for p, v in ErasureSummary.of(r).prompts.items()])
 
 
 def completeness_table(result: RunResult) -> pd.DataFrame:
     """Integrated-gradients completeness per prompt that has them (rounded to 4 decimals; empty if none): f(X),
     the median and max over layers of |Σ_t IG − (f(X) − f(B))| / |f(X) − f(B)|, and how many layers exceed 5 %."""
-    rows = [{"prompt": p, "f(X)": round(v["f_x"], 4), "median |error|": float(np.median(v["completeness_error"])),
-             "max |error|": float(np.max(v["completeness_error"])),
-             "layers with error > 5 %": int((np.array(v["completeness_error"]) > 0.05).sum()),
-             "of layers": len(v["completeness_error"])}
-            for p, v in result.meta["summary"]["prompts"].items() if "completeness_error" in v]
+    rows = [{"prompt": p, "f(X)": round(v.f_x, 4), "median |error|": float(np.median(v.completeness_error)),
+             "max |error|": float(np.max(v.completeness_error)),
+             "layers with error > 5 %": int((np.array(v.completeness_error) > 0.05).sum()),
+             "of layers": len(v.completeness_error)}
+            for p, v in ErasureSummary.of(result).prompts.items() if v.completeness_error is not None]
     return pd.DataFrame(rows, columns=COMPLETENESS_COLUMNS).round(4)
 
 
@@ -143,6 +144,6 @@ def completeness_note(result: RunResult) -> str:
     integrated gradients were skipped."""
     if completeness_table(result).empty:
         return "Integrated gradients were skipped (`ig_steps = 0` or `n_ig_prompts = 0`)."
-    p = result.meta["parameters"]
-    return (f"Integrated gradients with {p['ig_steps']} steps, {p['ig_rule']} rule (the paper: 256, left). "
+    s = ErasureSummary.of(result)
+    return (f"Integrated gradients with {s.ig_steps} steps, {s.ig_rule} rule (the paper: 256, left). "
             "Completeness error per layer, |Σ_t IG − (f(X) − f(B))| / |f(X) − f(B)|:")

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from lmdepth.analyses.lens import (KL_CRITERION, LENSES, OVERLAP_CRITERION, STATS, curve_ends,
+from lmdepth.analyses.lens import (KL_CRITERION, LENSES, OVERLAP_CRITERION, STATS, LensSummary, curve_ends,
                                    select, settled_depth, settling_summary)
 from lmdepth.scratch.tuned_lens import TrainConfig
 
@@ -29,23 +28,24 @@ def recipe_md(recipe: TrainConfig, enabled: bool = True) -> str:
             "of the training count.")
 
 
-def describe_run(model: str, meta: dict[str, Any], lens_dtype: str) -> str:
-    """One model's run from its sidecar: sizes, how the tuned lens was obtained, and the last-layer self-check."""
-    tl = meta.get("tuned_lens")
-    origin = "computed" if not tl else ("loaded from the cache" if tl["from_cache"] else f"trained in {tl['train_time_s']:.0f} s")
+def describe_run(model: str, run: LensSummary, lens_dtype: str) -> str:
+    """One model's run: sizes, how the tuned lens was obtained, and the last-layer self-check."""
+    tl = run.tuned
+    origin = "computed" if not tl else (
+        "loaded from the cache" if tl.from_cache else f"trained in {tl.train_time_s:.0f} s")
     tuned = "" if not tl else (
-        f"; tuned lens {origin} ({tl['train_tokens']:,} tokens × {tl['recipe']['epochs']} epochs, vocabulary head "
-        f"{tl['head_size']:,} + {tl['n_negatives']:,} sampled of {tl['vocab']:,}; {tl['layers_kept_identity']} of "
-        f"{meta['model']['n_layers']} layers kept the identity)")
-    return (f"**{model}**: {meta['model']['n_layers']} layers, {meta['data']['n']} problems, "
-            f"{meta['n_positions_evaluated']:,} of {meta['n_tokens']:,} positions evaluated{tuned}; "
-            f"last-layer check KL(lens on h_L ‖ model output) ≤ {meta['last_layer_check_kl_max']:.1e} nats "
+        f"; tuned lens {origin} ({tl.train_tokens:,} tokens × {tl.epochs} epochs, vocabulary head "
+        f"{tl.head_size:,} + {tl.n_negatives:,} sampled of {tl.vocab:,}; {tl.layers_kept_identity} of "
+        f"{run.n_layers} layers kept the identity)")
+    return (f"**{model}**: {run.n_layers} layers, {run.n_problems} problems, "
+            f"{run.n_positions_evaluated:,} of {run.n_tokens:,} positions evaluated{tuned}; "
+            f"last-layer check KL(lens on h_L ‖ model output) ≤ {run.last_layer_check_kl_max:.1e} nats "
             f"({lens_dtype} unembedding).")
 
 
-def runs_md(metas: dict[str, dict[str, Any]], models: Sequence[str], lens_dtype: str) -> str:
+def runs_md(runs: dict[str, LensSummary], models: Sequence[str], lens_dtype: str) -> str:
     """:func:`describe_run` for every model, one paragraph each."""
-    return "\n\n".join(describe_run(m, metas[m], lens_dtype) for m in models)
+    return "\n\n".join(describe_run(m, runs[m], lens_dtype) for m in models)
 
 
 def curve_ends_md(curves: pd.DataFrame, models: Sequence[str]) -> str:
@@ -69,11 +69,11 @@ def settled_at(summary: pd.DataFrame, model: str, lens: str, criterion: str, n_l
             else f"at layer {round(d * n_layers)} (l/L = {d:.2f})")
 
 
-def main_model_md(table: pd.DataFrame, metas: dict[str, dict[str, Any]], summary: pd.DataFrame,
+def main_model_md(table: pd.DataFrame, runs: dict[str, LensSummary], summary: pd.DataFrame,
                   transitions: dict[str, int | None], model: str, tuned: bool = True) -> str:
     """The main model's lens curves in one paragraph: overlap at the embeddings, mid-depth and the last layer, where
     each lens settles (:func:`settling_summary`), and the cosine phase transition of chapter 02."""
-    L = metas[model]["model"]["n_layers"]
+    L = runs[model].n_layers
     ov = {name: select(table, "top5_overlap", name, model=model) for name in lenses(tuned)}
     kl = {name: select(table, "kl", name, model=model) for name in lenses(tuned)}
     text = (f"**{model}.** Logit lens: top-5 overlap {ov['logit_lens'].iloc[0]:.2f} at the embeddings, "
@@ -98,7 +98,7 @@ def mid_depth_share(table: pd.DataFrame, model: str, n_layers: int) -> float:
     return float(klf.iloc[n_layers // 2] / klf.iloc[0])
 
 
-def disagreement_md(table: pd.DataFrame, metas: dict[str, dict[str, Any]], summary: pd.DataFrame,
+def disagreement_md(table: pd.DataFrame, runs: dict[str, LensSummary], summary: pd.DataFrame,
                     models: Sequence[str]) -> str:
     """Logit lens vs tuned lens, per model: where each overlap first exceeds 0.2, the tuned lens' overlap on the
     embeddings alone, and how much of its KL at the embeddings is left at mid-depth."""
@@ -106,7 +106,7 @@ def disagreement_md(table: pd.DataFrame, metas: dict[str, dict[str, Any]], summa
     for m in models:
         lo = settled_depth(summary, m, "logit_lens", OVERLAP_CRITERION)
         to = settled_depth(summary, m, "tuned_lens", OVERLAP_CRITERION)
-        n = metas[m]["model"]["n_layers"]
+        n = runs[m].n_layers
         o0 = select(table, "top5_overlap", "tuned_lens", model=m).iloc[0]
         share = mid_depth_share(table, m, n)
         shift = round((lo - to) * n)
@@ -117,7 +117,7 @@ def disagreement_md(table: pd.DataFrame, metas: dict[str, dict[str, Any]], summa
     return "Logit lens vs tuned lens: " + " ".join(parts)
 
 
-def check_invariants(table: pd.DataFrame, metas: dict[str, dict[str, Any]], curves: pd.DataFrame,
+def check_invariants(table: pd.DataFrame, runs: dict[str, LensSummary], curves: pd.DataFrame,
                      models: Sequence[str], lens_dtype: str, tuned: bool = True) -> None:
     """Invariants that must hold whatever the model (checks of the code, not of the paper's claim).
 
@@ -126,7 +126,7 @@ def check_invariants(table: pd.DataFrame, metas: dict[str, dict[str, Any]], curv
             negative or not finite; an overlap lies outside [0, 1]; a training curve lacks its start or has gaps.
     """
     for m in models:
-        if not metas[m]["last_layer_check_kl_max"] < (1e-2 if lens_dtype != "float32" else 1e-4):
+        if not runs[m].last_layer_check_kl_max < (1e-2 if lens_dtype != "float32" else 1e-4):
             raise AssertionError(f"{m}: lens on h_L != output")
         for name in lenses(tuned):
             for stat in STATS:

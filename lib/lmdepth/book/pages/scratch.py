@@ -3,11 +3,10 @@ invariants, from :mod:`lmdepth.analyses.scratch`."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from lmdepth.analyses.scratch import (ARCH_LABELS, RISE, DepthByOperations, TrainedRun, answer_only_rises,
-                                      evaluation_splits, extrapolation_gains)
+from lmdepth.analyses.scratch import (ARCH_LABELS, RISE, DepthByOperations, TrainedRun, TrainingSummary,
+                                      answer_only_rises, evaluation_splits, extrapolation_gains)
 from lmdepth.claims import report
 from lmdepth.data.dm_math import EXTRAPOLATE, MathData
 from lmdepth.scratch.shipped import PACKAGE_RUNS
@@ -60,35 +59,32 @@ def runs_table(runs: dict[str, TrainedRun]) -> pd.DataFrame:
     """One row per run, six columns (so it fits the text column): architecture, objective, parameters (total /
     active per token), steps × problems and learning rate, wall and CPU time (runs trained before CPU time was
     recorded show "—"), final loss (mean of the last 50 steps)."""
-    def minutes(r: TrainedRun) -> str:
-        cpu = f"{r.meta['cpu_time_s'] / 60:.1f}" if "cpu_time_s" in r.meta else "—"
-        return f"{r.meta['wall_time_s'] / 60:.1f} / {cpu}"
+    def minutes(s: TrainingSummary) -> str:
+        cpu = f"{s.cpu_time_s / 60:.1f}" if s.cpu_time_s is not None else "—"
+        return f"{s.wall_time_s / 60:.1f} / {cpu}"
 
     return pd.DataFrame([{"model": ARCH_LABELS[r.arch], "objective": OBJECTIVE_LABELS[r.objective],
-                          "parameters: total / active": f"{r.meta['n_parameters'] / 1e6:.2f}M / "
-                                                        f"{r.meta['active_parameters'] / 1e6:.2f}M",
-                          "steps × problems, lr": f"{r.meta['train_config']['steps']:,} × "
-                                                  f"{r.meta['train_config']['batch_size']}, "
-                                                  f"{r.meta['train_config']['lr']:g}",
-                          "training min: wall / CPU": minutes(r),
-                          "final loss": round(float(np.mean([l for _, l in r.meta["history"][-50:]])), 3)}
-                         for r in runs.values()])
+                          "parameters: total / active": f"{s.n_parameters / 1e6:.2f}M / "
+                                                        f"{s.active_parameters / 1e6:.2f}M",
+                          "steps × problems, lr": f"{s.steps:,} × {s.batch_size}, {s.lr:g}",
+                          "training min: wall / CPU": minutes(s), "final loss": round(s.final_loss, 3)}
+                         for r in runs.values() for s in [r.summary]])
 
 
 def scale_md(runs: dict[str, TrainedRun], profile: str) -> str:
     """The size of this page's runs, read from their metadata: parameters, steps, module and the measured cost
     of a retrain, with the command for it."""
-    first = next(iter(runs.values())).meta
-    tc = first["train_config"]
-    params = {ARCH_LABELS[r.arch]: r.meta["n_parameters"] for r in runs.values()}
-    wall = sum(r.meta["wall_time_s"] for r in runs.values()) / 60
-    cpu = [r.meta.get("cpu_time_s") for r in runs.values()]
+    summaries = {name: r.summary for name, r in runs.items()}
+    first = next(iter(summaries.values()))
+    params = {ARCH_LABELS[r.arch]: summaries[name].n_parameters for name, r in runs.items()}
+    wall = sum(s.wall_time_s for s in summaries.values()) / 60
+    cpu = [s.cpu_time_s for s in summaries.values()]
     cost = (f"{sum(cpu) / 60:.0f} CPU-minutes for all four (wall {wall:.0f} min summed over runs)" if None not in cpu
             else f"{wall:.0f} min of wall time summed over the four runs")
     return (f"The runs of the `{profile}` profile: "
             + ", ".join(f"{k} {v / 1e6:.2f}M parameters" for k, v in params.items())
-            + f"; {tc['steps']:,} steps of {tc['batch_size']} problems of {', '.join(tc['modules'])}. Training them "
-            f"took {cost} ({first['environment'].get('cpu_threads')} torch thread(s) per run; machine in each run's meta.json). "
+            + f"; {first.steps:,} steps of {first.batch_size} problems of {', '.join(first.modules)}. Training them "
+            f"took {cost} ({first.cpu_threads} torch thread(s) per run; machine in each run's meta.json). "
             f"To retrain: `lmdepth train --profile {profile}` (resumable; `--runs` picks runs, so two can train side "
             "by side with `--threads 1` each)." + skipped_md(runs))
 
@@ -96,8 +92,7 @@ def scale_md(runs: dict[str, TrainedRun], profile: str) -> str:
 def skipped_md(runs: dict[str, TrainedRun]) -> str:
     """A sentence on updates skipped for a non-finite gradient (``skipped_updates`` in a run's meta; for runs
     trained before the guard, the steps whose loss was not finite)."""
-    skipped = {name: r.meta.get("skipped_updates", [s - 1 for s, v in r.meta["history"] if not np.isfinite(v)])
-               for name, r in runs.items()}
+    skipped = {name: r.summary.skipped_updates for name, r in runs.items()}
     hit = {name: s for name, s in skipped.items() if s}
     if not hit:
         return " No update was skipped for a non-finite gradient."

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from lmdepth.analyses.skipping import matrix
-from lmdepth.metrics.effects import halves, later_effect
+from lmdepth.analyses.skipping import BenchmarkSummary, SkipSummary, matrix
+from lmdepth.metrics.effects import later_effect
+from lmdepth.metrics.layer_curves import half_means
 from lmdepth.results import RunResult
 
 
@@ -18,17 +18,17 @@ VARIANT_TITLES = {"layer": "Layer skipped", "attention": "Attention removed", "m
                   "local": "Layer, local (direct) effect"}
 
 
-def origin(result: RunResult) -> str:
+def origin(run: SkipSummary) -> str:
     """Where a run's numbers came from: "cached", or the seconds it took to compute them."""
-    return "cached" if result.from_cache else f"{result.meta['wall_time_s']:.0f} s"
+    return "cached" if run.from_cache else f"{run.wall_time_s:.0f} s"
 
 
 def runs_md(model_name: str, current: RunResult, future: RunResult, n_cuts: int) -> str:
     """One sentence on the main model's two runs (all-token and future-token analysis): sizes and provenance."""
-    cur_meta, fut_meta = current.meta, future.meta
-    L = fut_meta["model"]["n_layers"]
-    return (f"**{model_name}** ({L} layers): all-token analysis on {cur_meta['data']['n']} problems ({origin(current)}), "
-            f"future-token analysis on {fut_meta['data']['n']} problems with {n_cuts} cut points each ({origin(future)}).")
+    cur, fut = SkipSummary.of(current), SkipSummary.of(future)
+    return (f"**{model_name}** ({fut.n_layers} layers): all-token analysis on {cur.n_problems} problems "
+            f"({origin(cur)}), future-token analysis on {fut.n_problems} problems with {n_cuts} cut points each "
+            f"({origin(fut)}).")
 
 
 def later_effects_md(current: RunResult, future: RunResult, threshold: float) -> str:
@@ -36,30 +36,35 @@ def later_effects_md(current: RunResult, future: RunResult, threshold: float) ->
     layer skip with its bootstrap interval, as one paragraph."""
     fut_later = later_effect(matrix(future.table, "future", "layer"))
     cur_later = later_effect(matrix(current.table, "current", "layer"))
-    s = future.meta["summary"]["layer"]
-    L = future.meta["model"]["n_layers"]
+    fut = SkipSummary.of(future)
+    s, L = fut.cutoffs["layer"], fut.n_layers
     return (f"In the paper's aggregation — the largest relative change of any later layer, over positions and "
             f"problems, unclipped — the mean over the first vs the second half of the layers is: all tokens "
-            f"{halves(cur_later)[0]:.3g} → {halves(cur_later)[1]:.3g}; future tokens {halves(fut_later)[0]:.3g} → "
-            f"{halves(fut_later)[1]:.3g}. A max of a relative change is carried by its few exploding values (a layer "
+            f"{half_means(cur_later)[0]:.3g} → {half_means(cur_later)[1]:.3g}; future tokens "
+            f"{half_means(fut_later)[0]:.3g} → {half_means(fut_later)[1]:.3g}. A max of a relative change is "
+            f"carried by its few exploding values (a layer "
             f"whose clean contribution is near zero), so these numbers decide nothing: the verdicts below use "
             f"the robust per-problem mean and show the paper's clipped statistic beside it. **Cutoff** (the first layer from which skipping "
-            f"changes no later layer's future contribution by ≥ {threshold:g}): layer {s['cutoff']} of {L} "
-            f"(relative depth {s['rel_depth']:.2f}; 95 % bootstrap interval over problems: layers "
-            f"{s['ci_low']:.0f}–{s['ci_high']:.0f}).")
+            f"changes no later layer's future contribution by ≥ {threshold:g}): layer {s.cutoff} of {L} "
+            f"(relative depth {s.rel_depth:.2f}; 95 % bootstrap interval over problems: layers "
+            f"{s.ci_low:.0f}–{s.ci_high:.0f}).")
 
 
-def cutoff_table(metas: dict[str, dict[str, Any]], models: Sequence[str], variants: Sequence[str]) -> pd.DataFrame:
+def cutoff_table(futures: dict[str, SkipSummary], models: Sequence[str], variants: Sequence[str]) -> pd.DataFrame:
     """The future-effect cutoff of every (model, variant) with its bootstrap interval, for display (only the
-    variants each model ran; "—" where one problem gives no interval)."""
+    variants each model ran; "—" where one problem gives no interval).
+
+    Args:
+        futures: model → the summary of its future-token run.
+    """
     rows = []
     for m in models:
-        for v in (v for v in variants if v in metas[m]["summary"]):
-            c = metas[m]["summary"][v]
-            ci = f"{c['ci_low']:.0f}–{c['ci_high']:.0f}" if np.isfinite([c["ci_low"], c["ci_high"]]).all() else "—"
-            rows.append({"model": m, "part": VARIANT_TITLES[v], "problems": metas[m]["data"]["n"],
-                         "cutoff layer": c["cutoff"], "of layers": c["n_layers"],
-                         "relative depth": round(c["rel_depth"], 2), "95% CI (layers)": ci})
+        for v in (v for v in variants if v in futures[m].cutoffs):
+            c = futures[m].cutoffs[v]
+            ci = f"{c.ci_low:.0f}–{c.ci_high:.0f}" if np.isfinite([c.ci_low, c.ci_high]).all() else "—"
+            rows.append({"model": m, "part": VARIANT_TITLES[v], "problems": futures[m].n_problems,
+                         "cutoff layer": c.cutoff, "of layers": c.n_layers,
+                         "relative depth": round(c.rel_depth, 2), "95% CI (layers)": ci})
     return pd.DataFrame(rows)
 
 
@@ -102,14 +107,12 @@ def check_identities(table: pd.DataFrame, models: Sequence[str]) -> None:
 def benchmark_md(result: RunResult) -> list[str]:
     """Chapter 03's benchmark (:func:`lmdepth.analyses.skipping.benchmark`) as four Markdown paragraphs: when and
     where it was measured, the two paths timed, the work both do counted, and the counted ratio over many problems."""
-    b, meta = result.table.iloc[0], result.meta
-    env = meta.get("environment", {})
-    load = [x for x in meta.get("load_average", []) if x is not None]
-    when = (f"Measured {meta.get('measured_at', '(date not recorded)')} on {env.get('platform', 'an unrecorded machine')}"
-            f"{', ' + env['cuda'] if env.get('cuda') else ''}, {int(b.threads)} CPU threads"
-            + (f", load average {max(load):.1f}" if load else "") + " — "
+    b, s = result.table.iloc[0], BenchmarkSummary.of(result)
+    when = (f"Measured {s.measured_at or '(date not recorded)'} on {s.platform or 'an unrecorded machine'}"
+            f"{', ' + s.cuda if s.cuda else ''}, {int(b.threads)} CPU threads"
+            + (f", load average {max(s.load_average):.1f}" if s.load_average else "") + " — "
             + ("stored with the book's results, so rebuilding the page does not time it again (`use_cache=False` "
-               "re-times it on your machine)." if result.from_cache else "timed in this build."))
+               "re-times it on your machine)." if s.from_cache else "timed in this build."))
     ratio = b.naive_cpu_s / b.fast_cpu_s
     verdict = (f"**{ratio:.1f}× less**" if ratio >= 1 else
                f"**{1 / ratio:.1f}× more** — timings on a shared machine vary by more than the work saved; the counted "
