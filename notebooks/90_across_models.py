@@ -102,7 +102,7 @@ if len(verdicts):
        f"{report.registry_commit()}; every verdict here was "
        + ("executed by this build." if source.profile else "saved by the chapters' runs under this results directory.")
        + " Criteria changed after their numbers were seen carry a dated note in their chapter.")
-    show_table(findings.row_table(verdicts, shown))
+    show_table(findings.row_table(verdicts, shown), sortable=True)  # click a header to sort by it
 
 # %% tags=["hide-input"]
 links = {f.chapter: f"[{f.chapter.split('_', 1)[1].replace('_', ' ')}]({f.chapter}.html)" for f in atlas.FINDINGS}

@@ -12,6 +12,7 @@ import pytest
 from lmdepth.analyses.atlas import CHAPTER_KEYS
 from lmdepth.book.build import execute_book, render_html, repository_url, stage_book
 from lmdepth.book.chapters import CHAPTERS
+from lmdepth.claims.findings import ROW_COLUMNS
 from lmdepth.runtime import REPO_ROOT
 
 MAX_NOTEBOOK_BYTES = 2_000_000
@@ -141,8 +142,81 @@ def test_pages_have_no_reader_visible_defects(smoke_book, stem):
     rendered (lmdepth.book.defects; `python scripts/check_pages.py` runs the same check on the default book)."""
     from lmdepth.book.defects import expected_tables, page_defects, rendered
 
-    dom = rendered(smoke_book / "_build" / "html" / "book" / f"{stem}.html")
+    findings = stem == FINDINGS_PAGE  # its table is also clicked (same page load: no extra Chromium run)
+    dom = rendered(smoke_book / "_build" / "html" / "book" / f"{stem}.html", script=SORT_PROBE if findings else "")
     assert page_defects(dom, expected_tables((REPO_ROOT / "notebooks" / f"{stem}.py").read_text())) == []
+    if findings:
+        assert findings_page_problems(dom) == []
+
+
+FINDINGS_PAGE = "90_across_models"
+# Clicks the findings table's headers (found by its first column's title, not by the sortable class, so a table that
+# lost the class is found and fails) and records its rows: before, after one, two and three clicks on the statistic,
+# after one on the model; written into the DOM after the measuring script (lmdepth.book.defects.MEASURE_JS, 3000 ms) ran.
+SORT_PROBE = """
+<script>
+window.addEventListener('load', () => setTimeout(() => {
+  const out = {found: false};
+  const last = t => t.tHead.rows[t.tHead.rows.length - 1];
+  const table = [...document.querySelectorAll('table')].find(t => t.tHead && t.tHead.rows.length &&
+    last(t).cells[0].textContent.trim() === TITLE);
+  if (table) {
+    const heads = [...last(table).cells];
+    const rows = () => [...table.tBodies[0].rows].map(r => [...r.cells].map(c => c.textContent.trim()));
+    Object.assign(out, {found: true, classes: table.className, before: rows()});
+    heads[3].click(); out.up = rows();
+    heads[3].click(); out.down = rows();
+    heads[3].click(); out.again = rows();
+    heads[1].click(); out.by_model = rows();
+  }
+  const pre = document.createElement('pre');
+  pre.id = 'lmdepth-sort-probe';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}, 3500));
+</script>
+""".replace("TITLE", json.dumps(ROW_COLUMNS[0]))
+_NUMBER = re.compile(r"-?\d+\.?\d*(?:e[-+]?\d+)?")
+
+
+def findings_page_problems(dom: str) -> list[str]:
+    """What is wrong with the rendered findings page beyond lmdepth.book.defects: every table and figure within
+    the text column (whatever its number of columns), and a verdict table that sorts by a clicked header with its
+    rows intact: by the statistic's number (ascending, then descending; rows without one last; a third click: the
+    table's own order again), by the model (each model's rows together)."""
+    import html as html_lib
+
+    from lmdepth.book.defects import measurements
+    from lmdepth.book.table_sort import SORTABLE_CLASS
+
+    meas = measurements(dom)
+    if meas is None:
+        return ["no layout measurements: the page's scripts did not finish"]
+    col = meas["width"]
+    out = [f"{kind[:-1]} {x['i'] + 1} is {x['width']:.0f} px wide, the text column {col:.0f} px"
+           for kind in ("figures", "tables") for x in meas[kind] if x["width"] > col + 1]
+    m = re.search(r'<pre id="lmdepth-sort-probe"[^>]*>(.*?)</pre>', dom, re.S)
+    probe = json.loads(html_lib.unescape(m[1])) if m else {}
+    if not probe.get("found"):
+        return out + [f"no table headed {ROW_COLUMNS[0]!r}, or the probe did not run"]
+    if SORTABLE_CLASS not in probe["classes"].split():
+        out.append(f"the findings table lacks the class {SORTABLE_CLASS!r}")
+    numbers = lambda rows: [float(n[0]) for r in rows if (n := _NUMBER.match(r[3]))]  # noqa: E731
+    up, down = numbers(probe["up"]), numbers(probe["down"])
+    if len(set(up)) < 2:
+        out.append(f"fewer than two distinct statistics ({len(up)} rows with one): the sort is not tested")
+    if up != sorted(up) or down != sorted(down, reverse=True):
+        out.append("clicks on the statistic's header do not sort the rows by it (ascending, then descending)")
+    if any(_NUMBER.match(r[3]) for r in probe["up"][len(up):]):
+        out.append("after a click on the statistic's header, rows without a number precede rows with one")
+    if probe["again"] != probe["before"]:
+        out.append("a third click on the statistic's header does not give back the table's own order")
+    models = [r[1] for r in probe["by_model"]]
+    if len([m for i, m in enumerate(models) if i == 0 or m != models[i - 1]]) != len(set(models)):
+        out.append("a click on the model's header does not bring each model's rows together")
+    if any(sorted(map(tuple, probe[k])) != sorted(map(tuple, probe["before"])) for k in ("up", "down", "by_model")):
+        out.append("sorting lost, duplicated or changed rows")
+    return out
 
 
 @pytest.mark.slow

@@ -33,6 +33,9 @@ def test_each_defect_is_found():
     assert page_defects(cells) == ["3 table cells read ['&lt;NA&gt;', 'None', 'nan']"]
     assert page_defects(page("", tables=[(300, 2, "T_c")]), n_tables=2) == ["1 of 2 show_table tables rendered"]
     assert page_defects("<html>no scripts ran</html>") == ["no layout measurements: the page's scripts did not finish"]
+    # the theme gives a <pre> wider than the page tabindex="0": the measurements are still read
+    themed = page("", figures=[991]).replace('<pre id="lmdepth-measure">', '<pre id="lmdepth-measure" tabindex="0">')
+    assert page_defects(themed) == ["figure 1 is 991 px wide, the text column 800 px"]
 
 
 def test_expected_tables_counts_unconditional_calls_only():

@@ -122,3 +122,40 @@ def test_the_findings_page_opens_with_the_pictures_and_a_short_legend():
     assert len(text.split()) < 200
     # the wide claim × model matrices are gone from the page
     assert not any("verdict_matrices" in c.source for c in cells)
+
+
+def test_the_row_table_is_sortable_in_the_book_and_the_same_table_elsewhere(verdicts):  # noqa: F811
+    from lmdepth.book.notebook import styled
+    from lmdepth.book.table_sort import SORTABLE_CLASS
+
+    t = row_table(verdicts)
+    plain, sortable = styled(t).to_html(), styled(t, sortable=True).to_html()
+    tag = re.search(r"<table[^>]*>", sortable)[0]
+    assert re.fullmatch(rf'<table id="T_[0-9a-f]+" class="{SORTABLE_CLASS}">', tag)
+    assert SORTABLE_CLASS not in plain
+    assert sortable.replace(f' class="{SORTABLE_CLASS}"', "", 1) == plain  # same cells, order and ids: only the class
+    # the findings page asks for it; the JS that reads the class ships with the book (no CDN, no dependency)
+    assert re.search(r"^\s*show_table\(findings\.row_table\(verdicts, shown\), sortable=True\)", PAGE.read_text(), re.M)
+
+
+def test_the_sort_script_ships_with_every_html_build(tmp_path):
+    import yaml
+
+    from lmdepth.book import table_sort
+
+    class App:  # what setup() asks of Sphinx
+        outdir, js, css, hooks = tmp_path / "html", [], [], {}
+        builder = type("Builder", (), {"format": "html"})()
+        add_js_file = lambda self, name: self.js.append(name)  # noqa: E731
+        add_css_file = lambda self, name: self.css.append(name)  # noqa: E731
+        connect = lambda self, event, fn: self.hooks.setdefault(event, fn)  # noqa: E731
+
+    app = App()
+    assert table_sort.setup(app)["parallel_read_safe"]
+    app.hooks["builder-inited"](app)
+    assert app.js == [table_sort.JS_NAME] and app.css == [table_sort.CSS_NAME]
+    js = (app.outdir / "_static" / table_sort.JS_NAME).read_text()
+    assert f"table.{table_sort.SORTABLE_CLASS}" in js and "http" not in js  # attaches by the class, fetches nothing
+    assert f"table.{table_sort.SORTABLE_CLASS}" in (app.outdir / "_static" / table_sort.CSS_NAME).read_text()
+    config = yaml.safe_load((REPO / "_config.yml").read_text())
+    assert "lmdepth.book.table_sort" in config["sphinx"]["extra_extensions"]

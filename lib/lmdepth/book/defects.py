@@ -47,6 +47,8 @@ window.addEventListener('load', () => setTimeout(() => {
 </script>
 """
 
+# The theme may give the <pre> attributes of its own (tabindex="0" on a block wider than the page, once it is there)
+_MEASURED = re.compile(r'<pre id="lmdepth-measure"[^>]*>(.*?)</pre>', re.S)
 _LATEXISH = re.compile(r"\$[^$<>\n]*[\\^_{][^$<>\n]*\$")
 _BAD_CELL = re.compile(r"<td[^>]*>\s*(nan|NaN|&lt;NA&gt;|None)\s*</td>")
 _STRIP = re.compile(r"<(mjx-container|script|style|pre|code|svg)\b.*?</\1>", re.S)
@@ -75,10 +77,11 @@ def headless(page: Path, *flags: str, budget_ms: int = 12000, timeout: int = 120
             capture_output=True, text=True, timeout=timeout)
 
 
-def rendered(page: Path, timeout: int = 120) -> str:
-    """The DOM of ``page`` after its scripts ran, with the layout measurements in ``<pre id="lmdepth-measure">``."""
+def rendered(page: Path, timeout: int = 120, script: str = "") -> str:
+    """The DOM of ``page`` after its scripts ran, with the layout measurements in ``<pre id="lmdepth-measure">``;
+    ``script``: more HTML (a ``<script>`` of a test) added after the measuring one."""
     probe = page.with_name(f".{page.stem}.measure.html")
-    probe.write_text(page.read_text().replace("</body>", MEASURE_JS + "</body>", 1))
+    probe.write_text(page.read_text().replace("</body>", MEASURE_JS + script + "</body>", 1))
     try:
         return headless(probe, f"--window-size={WINDOW}", timeout=timeout).stdout
     finally:
@@ -90,6 +93,13 @@ def expected_tables(source: str) -> int:
     return sum(1 for line in source.splitlines() if line.startswith("show_table(") and " if " not in line)
 
 
+def measurements(dom: str) -> dict | None:
+    """The layout measurements :func:`rendered` left in ``dom`` (the text column's width, each figure's and table's),
+    or None where the page's scripts did not finish."""
+    m = _MEASURED.search(dom)
+    return json.loads(html_lib.unescape(m[1])) if m else None
+
+
 def page_defects(dom: str, n_tables: int = 0) -> list[str]:
     """The defects of one rendered page (see the module docstring); empty when the page is clean.
 
@@ -98,16 +108,15 @@ def page_defects(dom: str, n_tables: int = 0) -> list[str]:
         n_tables: tables the page must show at least (:func:`expected_tables` of its chapter).
     """
     out = []
-    m = re.search(r'<pre id="lmdepth-measure">(.*?)</pre>', dom, re.S)
-    if not m:
+    meas = measurements(dom)
+    if meas is None:
         return ["no layout measurements: the page's scripts did not finish"]
-    meas = json.loads(html_lib.unescape(m[1]))
     col = meas["width"]
     out += [f"figure {f['i'] + 1} is {f['width']:.0f} px wide, the text column {col:.0f} px"
             for f in meas["figures"] if f["width"] > col + 1]
     out += [f"table {t['i'] + 1} ({t['columns']} columns) is {t['width']:.0f} px wide, the text column {col:.0f} px"
             for t in meas["tables"] if t["width"] > col + 1 and t["columns"] > MAX_COLUMNS_UNSCROLLED]
-    body = _STRIP.sub("", dom.split('<pre id="lmdepth-measure">')[0])
+    body = _STRIP.sub("", dom[:_MEASURED.search(dom).start()])
     text = html_lib.unescape(re.sub(r"<[^>]+>", " ", body))
     out += [f"raw LaTeX: {s!r}" for s in dict.fromkeys(_LATEXISH.findall(text))]
     bad = _BAD_CELL.findall(body)
@@ -119,4 +128,4 @@ def page_defects(dom: str, n_tables: int = 0) -> list[str]:
     return out
 
 
-__all__ = ["MAX_COLUMNS_UNSCROLLED", "headless", "rendered", "expected_tables", "page_defects"]
+__all__ = ["MAX_COLUMNS_UNSCROLLED", "headless", "rendered", "expected_tables", "measurements", "page_defects"]

@@ -9,6 +9,7 @@ import warnings
 import pandas as pd
 
 from lmdepth.runtime import seed_everything
+from lmdepth.book.table_sort import SORTABLE_CLASS
 from lmdepth.charts import vega_offline
 from lmdepth.model.registry import current_weights_id
 from lmdepth.params import check_type
@@ -60,18 +61,23 @@ def md(text: str) -> None:
     display(Markdown(text))
 
 
-def styled(df: pd.DataFrame):
+def styled(df: pd.DataFrame, sortable: bool = False):
     """A table without its integer index; cell text is HTML-escaped (tokens such as ``<s>`` or ``<|endoftext|>``
     are shown, not read as markup); a missing value reads "—", never "nan" or "None". The HTML element ids come
     from the table's columns and shape (pandas draws them at random), so re-rendering gives the same HTML and a
-    changed number changes only its own cell's line in a diff of the executed notebook."""
+    changed number changes only its own cell's line in a diff of the executed notebook.
+
+    ``sortable``: the ``<table>`` gets the class :data:`lmdepth.book.table_sort.SORTABLE_CLASS`, so in the book a
+    click on a column header sorts the rows by it; elsewhere (Jupyter, Colab) it is the same table, unsorted."""
     digest = hashlib.sha1(repr((list(map(str, df.columns)), df.shape)).encode()).hexdigest()[:8]
-    return df.style.hide(axis="index").format(escape="html", na_rep="—").set_uuid(digest)
+    out = df.style.hide(axis="index").format(escape="html", na_rep="—").set_uuid(digest)
+    return out.set_table_attributes(f'class="{SORTABLE_CLASS}"') if sortable else out
 
 
-def show_table(df: pd.DataFrame) -> None:
+def show_table(df: pd.DataFrame, sortable: bool = False) -> None:
     """Display :func:`styled` ``df`` now — wherever the call stands in its cell (a table returned by a cell's
-    non-last line would otherwise never render)."""
+    non-last line would otherwise never render); ``sortable``: its rows sort by a clicked column header in the book
+    (:mod:`lmdepth.book.table_sort`)."""
     from IPython.display import display
 
-    display(styled(df))
+    display(styled(df, sortable))
