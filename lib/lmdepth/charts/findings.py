@@ -260,7 +260,7 @@ def claims_forest(verdicts: pd.DataFrame, width: int = TEXT_WIDTH - 40) -> alt.T
         fontSize=11, fontWeight="normal", anchor="start", offset=6))
 
 
-def headline_bar(verdicts: pd.DataFrame, width: int = TEXT_WIDTH - 240) -> alt.Chart | None:
+def headline_bar(verdicts: pd.DataFrame, width: int = TEXT_WIDTH - 290) -> alt.Chart | None:
     """The headline as a picture: counted verdict rows per state, stacked, one bar per model or subject (the
     numbers of :func:`lmdepth.claims.findings.state_counts`, its total row left out). None without counted rows."""
     counts = state_counts(verdicts) if len(verdicts) else pd.DataFrame()
@@ -276,7 +276,7 @@ def headline_bar(verdicts: pd.DataFrame, width: int = TEXT_WIDTH - 240) -> alt.C
     return alt.Chart(long).mark_bar(height=STEP - 2).encode(
         x=alt.X("rows:Q", title="(claim × model) verdicts counted", axis=alt.Axis(tickMinStep=1)),
         y=alt.Y("model:N", sort=list(counts["model"]), title=None,
-                axis=alt.Axis(labelLimit=LABEL_PX, labelFontSize=10)),
+                axis=alt.Axis(labelLimit=LABEL_PX + 50, labelFontSize=10)),  # a model pair's name whole
         color=alt.Color("state:N", scale=_colors([]), title=None, legend=alt.Legend(orient="top", columns=3)),
         order=alt.Order("order:Q"),
         tooltip=["model:N", "state:N", "rows:Q"], description="label:N",
