@@ -34,6 +34,7 @@ from lmdepth.data.dm_tokens import CharTokenizer
 from lmdepth.errors import DataError
 from lmdepth.hooks.skipping import prompt_effects
 from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
+from lmdepth.metrics.bootstrap import draws, percentile_interval
 from lmdepth.metrics.depth import group_statistics, level_statistics
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.params import Params, param
@@ -190,12 +191,11 @@ def _paired_differences(per_example: pd.DataFrame, split: str,
     d = per_example[per_example.split == split].copy()
     d["item"] = d.groupby("run").cumcount()  # evaluate() keeps the order of the examples for every run
     n = int(d.item.nunique())
-    idx = np.random.default_rng(seed).integers(0, n, (n_boot, n))
     rows = []
     for metric, col, sign in (("exact match", "correct", 1.0), ("answer loss reduction", "answer_nll", -1.0)):
         w = sign * d.pivot(index="item", columns="run", values=col).astype(float)
-        for name, g in differences(w).items():
-            lo, hi = np.quantile(g[idx].mean(1), [0.025, 0.975])
+        for name, g in differences(w).items():  # the same seed: every comparison on the same resamples
+            lo, hi = percentile_interval(draws(lambda x: x.mean(1), (g,), n_boot, seed, vectorised=True))
             rows.append({"split": split, "metric": metric, "comparison": name, "gain": float(g.mean()),
                          "ci_low": float(lo), "ci_high": float(hi), "n": n})
     return pd.DataFrame(rows)

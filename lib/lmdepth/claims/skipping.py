@@ -22,6 +22,7 @@ import pandas as pd
 from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 from lmdepth.errors import DataError
 from lmdepth.metrics.effects import sustained_cutoff
+from lmdepth.metrics.layer_curves import half_layers
 from lmdepth.metrics.verdicts import Rule, at_bound
 
 CLIP = 1.0  # the paper's per-problem maxima are clipped here (its heatmaps clip relative change at 1)
@@ -70,11 +71,11 @@ def paper_statistic(analysis: str, metric: str, reduce: Callable[[np.ndarray], f
     return paper
 
 
-def _halves(L: int, metric: str) -> tuple[slice, slice]:
-    """The first half without layers 0–1 and the second half; for the later effect without the last layer: it has
-    no later layer, so its effect is 0 by construction and would pull the second half down in the paper's
-    direction."""
-    return slice(EARLY_LAYERS, L // 2), slice((L + 1) // 2, L - 1 if metric == "later_effect" else L)
+def _halves(L: int, metric: str, skip: int = EARLY_LAYERS) -> tuple[slice, slice]:
+    """The halves (:func:`~lmdepth.metrics.layer_curves.half_layers`), layers < ``skip`` out of the first; for the
+    later effect without the last layer: it has no later layer, so its effect is 0 by construction and would pull
+    the second half down in the paper's direction."""
+    return half_layers(L, skip, L - 1 if metric == "later_effect" else L)
 
 
 def halves_ratio(metric: str, skip: int) -> Callable[[np.ndarray], float]:
@@ -82,8 +83,8 @@ def halves_ratio(metric: str, skip: int) -> Callable[[np.ndarray], float]:
     (layers < ``skip`` out of the first half); NaN when the denominator vanishes."""
 
     def reduce(v: np.ndarray) -> float:
-        first, second = _halves(v.shape[1], metric)
-        den = float(v[:, skip : first.stop].mean())
+        first, second = _halves(v.shape[1], metric, skip)
+        den = float(v[:, first].mean())
         return float(v[:, second].mean() / den) if den != 0 else float("nan")
 
     return reduce

@@ -31,10 +31,10 @@ from functools import cached_property
 
 import torch
 
+from lmdepth.metrics.residual import REL_EPS, relative_norm
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.paths import resolve, take
 from lmdepth.model.taps import forward_hooks, layer_output
-from lmdepth.metrics.residual import REL_EPS
 
 PARTS = ("layer", "attention", "mlp")
 LOGIT_CHUNK = 64  # positions unembedded at once: bounds memory at chunk × vocab floats
@@ -149,12 +149,6 @@ def intervention_hooks(
     return hooks
 
 
-def relative_change(new: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """||new − ref|| / max(||ref||, 1e-6) over the last dim, in fp32. [..., D] → [...]."""
-    new, ref = new.float(), ref.float()
-    return (new - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(REL_EPS)
-
-
 # ---- the naive baseline ---------------------------------------------------------------------------------------
 
 def robust_floor(clean: CleanPass, floor: float) -> torch.Tensor:
@@ -192,7 +186,9 @@ def naive_effect(adapter: ModelAdapter, ids: torch.Tensor, clean: CleanPass, row
     with forward_hooks(hooks):
         logits = adapter.model(ids).logits[0]
     meas = row.measured(positions)
-    e = torch.stack([relative_change(contrib[l][meas], clean.contrib[l][meas]).max() for l in range(adapter.n_layers)])
+    # contributions are fp32 already: the difference is taken in fp32, as the metric requires
+    e = torch.stack([relative_norm(contrib[l][meas] - clean.contrib[l][meas], clean.contrib[l][meas]).max()
+                     for l in range(adapter.n_layers)])
     d = (logits.float().softmax(-1) - clean.probs).norm(dim=-1)  # [T]
     if floor is None:
         return e, float(d[meas].max())
@@ -280,7 +276,7 @@ def run_rows(
         ref = clean.contrib[j][positions]  # [W, D]
 
         def hook(mod, args, out):
-            rel = relative_change(layer_output(out).float() - args[0].float(), ref)  # [B, W]
+            rel = relative_norm(layer_output(out).float() - args[0].float() - ref, ref)  # [B, W]
             E[:, j] = rel.masked_fill(~meas, float("-inf")).amax(1).clamp_min(0)
             if j == L - 1:
                 final.append(layer_output(out))

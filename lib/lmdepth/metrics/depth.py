@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from lmdepth.metrics.bootstrap import draws, percentile_interval
+
 METRICS = ("layer_effect", "logit_effect")
 AGGREGATIONS = ("max", "mean")
 
@@ -50,10 +52,6 @@ def _scores(E: np.ndarray, O: np.ndarray, how: str) -> dict[str, float]:
     return {m: float(depth_score(v)) for m, v in effect_vectors(E, O, how).items()}
 
 
-def _stratified(rng: np.random.Generator, groups: list[np.ndarray]) -> list[np.ndarray]:
-    return [g[rng.integers(0, len(g), len(g))] for g in groups]
-
-
 def slope(x: Sequence[float], y: Sequence[float]) -> float:
     """Least-squares slope of y on x (NaN values dropped; NaN if fewer than 2 distinct x remain)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
@@ -79,22 +77,24 @@ def level_statistics(E: np.ndarray, O: np.ndarray, levels: np.ndarray, n_boot: i
     """
     uniq = np.array(sorted(set(levels.tolist())))
     idx = [np.nonzero(levels == lv)[0] for lv in uniq]
-    rng = np.random.default_rng(seed)
-    boots = [_stratified(rng, idx) for _ in range(n_boot)]
-    rows, slopes = [], []
-    for how in AGGREGATIONS:
-        point = [_scores(E[i], O[i], how) for i in idx]
-        dist = [[_scores(E[i], O[i], how) for i in b] for b in boots]  # [boot][level][metric]
-        for m in METRICS:
-            for k, lv in enumerate(uniq):
-                vals = np.array([d[k][m] for d in dist])
-                lo, hi = np.nanquantile(vals, [0.025, 0.975]) if np.isfinite(vals).any() else (np.nan, np.nan)
-                rows.append({"level": int(lv), "aggregation": how, "metric": m, "depth_score": point[k][m],
-                             "ci_low": float(lo), "ci_high": float(hi), "n": len(idx[k])})
-            sl = np.array([slope(uniq, [d[k][m] for k in range(len(uniq))]) for d in dist])
-            lo, hi = np.nanquantile(sl, [0.025, 0.975]) if np.isfinite(sl).any() else (np.nan, np.nan)
-            slopes.append({"aggregation": how, "metric": m, "slope": slope(uniq, [p[m] for p in point]),
-                           "ci_low": float(lo), "ci_high": float(hi), "n_levels": len(uniq)})
+    order, bounds = np.concatenate(idx), np.cumsum([len(i) for i in idx])[:-1]
+
+    def statistics(E: np.ndarray, O: np.ndarray) -> np.ndarray:
+        """Items of every level end to end → [aggregation, metric, level + 1]: the depth scores, then the slope."""
+        per_level = [[_scores(e, o, how) for e, o in zip(np.split(E, bounds), np.split(O, bounds))]
+                     for how in AGGREGATIONS]
+        return np.array([[[s[m] for s in sc] + [slope(uniq, [s[m] for s in sc])] for m in METRICS]
+                         for sc in per_level])
+
+    point = statistics(E[order], O[order])
+    boots = draws(statistics, (E[order], O[order]), n_boot, seed, groups=[len(i) for i in idx])
+    lo, hi = percentile_interval(boots)
+    rows = [{"level": int(lv), "aggregation": how, "metric": m, "depth_score": point[a, b, k],
+             "ci_low": float(lo[a, b, k]), "ci_high": float(hi[a, b, k]), "n": len(idx[k])}
+            for a, how in enumerate(AGGREGATIONS) for b, m in enumerate(METRICS) for k, lv in enumerate(uniq)]
+    slopes = [{"aggregation": how, "metric": m, "slope": point[a, b, -1], "ci_low": float(lo[a, b, -1]),
+               "ci_high": float(hi[a, b, -1]), "n_levels": len(uniq)}
+              for a, how in enumerate(AGGREGATIONS) for b, m in enumerate(METRICS)]
     return pd.DataFrame(rows), pd.DataFrame(slopes)
 
 
@@ -108,15 +108,16 @@ def group_statistics(E: np.ndarray, O: np.ndarray, groups: dict[str, np.ndarray]
     Returns:
         ``group, metric, depth_score, ci_low, ci_high, n``.
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # one stream: each group continues the previous group's draws
     rows = []
     for name, mask in groups.items():
         i = np.nonzero(mask)[0]
         point = _scores(E[i], O[i], how) if len(i) else {m: np.nan for m in METRICS}
-        dist = [_scores(E[b], O[b], how) for b in (i[rng.integers(0, len(i), len(i))] for _ in range(n_boot))] if len(i) else []
-        for m in METRICS:
-            vals = np.array([d[m] for d in dist]) if dist else np.array([np.nan])
-            lo, hi = np.nanquantile(vals, [0.025, 0.975]) if np.isfinite(vals).any() else (np.nan, np.nan)
-            rows.append({"group": name, "metric": m, "depth_score": point[m], "ci_low": float(lo), "ci_high": float(hi),
-                         "n": len(i)})
+        if len(i):
+            boots = draws(lambda e, o: [_scores(e, o, how)[m] for m in METRICS], (E[i], O[i]), n_boot, rng)
+            lo, hi = percentile_interval(boots)
+        else:
+            lo = hi = np.full(len(METRICS), np.nan)
+        rows += [{"group": name, "metric": m, "depth_score": point[m], "ci_low": float(lo[k]),
+                  "ci_high": float(hi[k]), "n": len(i)} for k, m in enumerate(METRICS)]
     return pd.DataFrame(rows)

@@ -1,11 +1,14 @@
 """Summaries of layer-skip effect matrices (chapter 03): the later effect of each skipped layer, the future-effect
-cutoff with its bootstrap interval over problems, and half-network means. Pure numpy."""
+cutoff with its bootstrap interval over problems. Pure numpy (half-network means:
+:func:`lmdepth.metrics.layer_curves.half_means`)."""
 
 from __future__ import annotations
 
 import warnings
 
 import numpy as np
+
+from lmdepth.metrics.bootstrap import draws, percentile_interval
 
 
 def later_effect(E: np.ndarray) -> np.ndarray:
@@ -28,23 +31,15 @@ def cutoff_with_ci(E_per_problem: np.ndarray, threshold: float, n_boot: int = 10
         E_per_problem: [P, L, L] per-problem effects. With one problem the interval is NaN (and a warning says so).
     """
     point = cutoff_layer(E_per_problem.max(0), threshold)
-    rng = np.random.default_rng(seed)
-    P = len(E_per_problem)
-    if P < 2:
+    if len(E_per_problem) < 2:
         warnings.warn("One problem: no interval for the cutoff (NaN); use at least 10 problems.", stacklevel=2)
         lo = hi = float("nan")
     else:
-        boots = [cutoff_layer(E_per_problem[rng.integers(0, P, P)].max(0), threshold) for _ in range(n_boot)]
-        lo, hi = np.quantile(boots, [0.025, 0.975])
+        boots = draws(lambda E: cutoff_layer(E.max(0), threshold), (E_per_problem,), n_boot, seed)
+        lo, hi = percentile_interval(boots)
     L = E_per_problem.shape[1]
     return {"cutoff": point, "ci_low": float(lo), "ci_high": float(hi), "n_layers": L, "rel_depth": point / L,
             "threshold": threshold}
-
-
-def halves(values: np.ndarray) -> tuple[float, float]:
-    """Mean over the first and over the second half of the layers (the middle layer of an odd L goes to neither)."""
-    n = len(values)
-    return float(values[: n // 2].mean()), float(values[(n + 1) // 2 :].mean())
 
 
 def sustained_cutoff(curve: np.ndarray, level: float, skip: int = 0) -> int:

@@ -1,5 +1,5 @@
-"""Proportions: interval estimates that are not bootstraps (the bootstraps live with the statistics they
-resample), and the constant-answer baseline that an accuracy must beat."""
+"""Proportions: interval estimates that are not bootstraps (the percentile bootstrap of every other statistic is
+:mod:`lmdepth.metrics.bootstrap`), and the constant-answer baseline that an accuracy must beat."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Pure statistics of one per-layer curve (a value per layer, e.g. a mean relative contribution or cosine).
 
-Halves: the first half is layers ``[skip, L // 2)``, the second ``[(L + 1) // 2, L)`` (the middle layer of an odd L
-goes to neither). ``skip`` leaves the first layers out of the first half (the book's convention for verdicts:
-:data:`lmdepth.claims.spec.EARLY_LAYERS`).
+Halves, the book's one rule (:func:`half_layers`): the first half is layers ``[skip, L // 2)``, the second
+``[(L + 1) // 2, L)`` — the middle layer of an odd L goes to neither. ``skip`` leaves the first layers out of the
+first half (the book's convention for verdicts: :data:`lmdepth.claims.spec.EARLY_LAYERS`).
 """
 
 from __future__ import annotations
@@ -10,11 +10,17 @@ from __future__ import annotations
 import numpy as np
 
 
+def half_layers(n_layers: int, skip: int = 0, stop: int | None = None) -> tuple[slice, slice]:
+    """(first half, second half) of ``n_layers`` layers as slices: ``[skip, L // 2)`` and ``[(L + 1) // 2, stop)``
+    (``stop`` defaults to L; a curve whose last layer is 0 by construction ends the second half before it)."""
+    return slice(skip, n_layers // 2), slice((n_layers + 1) // 2, n_layers if stop is None else stop)
+
+
 def half_means(curve: np.ndarray, skip: int = 0) -> tuple[float, float]:
     """(first-half mean, second-half mean) of a [L] curve."""
     curve = np.asarray(curve, dtype=float)
-    n = len(curve)
-    return float(curve[skip : n // 2].mean()), float(curve[(n + 1) // 2 :].mean())
+    first, second = half_layers(len(curve), skip)
+    return float(curve[first].mean()), float(curve[second].mean())
 
 
 def half_ratio(curve: np.ndarray, skip: int = 0) -> float:

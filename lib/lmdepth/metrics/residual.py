@@ -8,12 +8,13 @@ bf16; see the chapters' "Differences from the paper").
 from __future__ import annotations
 
 import warnings
-
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from lmdepth.metrics.bootstrap import draws, percentile_interval, tails
 
 REL_EPS = 1e-6
 COS_EPS = 1e-8
@@ -35,7 +36,11 @@ RESIDUAL_METRICS: tuple[tuple[str, str], ...] = (
 
 
 def relative_norm(x: torch.Tensor, ref: torch.Tensor, eps: float = REL_EPS) -> torch.Tensor:
-    """||x|| / max(||ref||, eps) over the last dimension, in fp32. [..., d] → [...]."""
+    """||x|| / max(||ref||, eps) over the last dimension, in fp32. [..., d] → [...].
+
+    The library's one relative change: a skip effect is ``relative_norm(new − ref, ref)`` (fp32 operands: the
+    difference is taken in fp32), the additivity check ``relative_norm(residual error, h_{l+1})``. The nnsight
+    traces (:mod:`lmdepth.traces`) write the same formula inline: no library code runs inside a trace."""
     return x.float().norm(dim=-1) / ref.float().norm(dim=-1).clamp_min(eps)
 
 
@@ -135,8 +140,6 @@ class DatasetStats:
                           stacklevel=2)
             return np.full(sums.shape[1:], np.nan), np.full(sums.shape[1:], np.nan)
         counts = np.array([p.count for p in self.prompts], dtype=float)  # [P]
-        rng = np.random.default_rng(seed)
-        idx = rng.integers(0, len(counts), size=(n_boot, len(counts)))
-        boots = sums[idx].sum(1) / counts[idx].sum(1)[:, None, None]  # [B, M, L]
-        alpha = (1 - level) / 2
-        return np.quantile(boots, alpha, axis=0), np.quantile(boots, 1 - alpha, axis=0)
+        boots = draws(lambda s, c: s.sum(1) / c.sum(1)[:, None, None], (sums, counts), n_boot, seed,
+                      vectorised=True)  # [B, M, L]
+        return percentile_interval(boots, tails(level))

@@ -27,10 +27,14 @@ from typing import Literal
 
 import numpy as np
 
+from lmdepth.metrics import bootstrap
+from lmdepth.metrics.bootstrap import percentile_interval, tails
+
 State = Literal["agrees", "disagrees", "inconclusive", "not testable"]
 STATES: tuple[State, ...] = ("agrees", "disagrees", "inconclusive", "not testable")
 MIN_UNITS = 10
 MIN_BOOT = 1000  # at least 1000 resamples (book/method.md#method-intervals)
+LEVEL = 0.95  # of every interval here
 
 
 @dataclass(frozen=True)
@@ -90,21 +94,6 @@ class Verdict:
         return f"{self.state}: {self.estimate:.3g} [{self.ci_low:.3g}, {self.ci_high:.3g}], n = {self.n}"
 
 
-def bootstrap(values: np.ndarray, statistic: Callable[[np.ndarray], float], n_boot: int = 1000, seed: int = 0,
-              level: float = 0.95) -> tuple[float, float, float, int]:
-    """(statistic, low, high, undefined): percentile bootstrap over the rows of ``values`` (units; rows resampled
-    together, so columns measured on the same unit stay paired); ``undefined`` counts resamples where the statistic
-    is not finite (the interval then ignores them, and the caller should not trust it)."""
-    values = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(seed)
-    n = len(values)
-    boots = np.array([statistic(values[rng.integers(0, n, n)]) for _ in range(n_boot)], dtype=float)
-    bad = int((~np.isfinite(boots)).sum())
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(boots[np.isfinite(boots)], [alpha, 1 - alpha]) if bad < n_boot else (np.nan, np.nan)
-    return float(statistic(values)), float(lo), float(hi), bad
-
-
 def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], float] | None = None,
            min_units: int = MIN_UNITS, n_boot: int = 1000, seed: int = 0,
            precondition: tuple[bool, str] = (True, "")) -> Verdict:
@@ -119,7 +108,7 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
     """
     values = np.asarray(values, dtype=float)
     statistic = statistic or (lambda v: float(np.mean(v)))
-    n = int(len(values))
+    n = len(values)
     ok, why = precondition
     if n < min_units:  # the precondition's failure too, so a reader sees whether more units alone would do
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
@@ -133,7 +122,10 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
     if n_boot < MIN_BOOT:
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
                        f"{n_boot} bootstrap resamples, at least {MIN_BOOT} needed")
-    est, lo, hi, bad = bootstrap(values, statistic, n_boot, seed)
+    boots = bootstrap.draws(statistic, (values,), n_boot, seed)
+    bad = int((~np.isfinite(boots)).sum())  # the interval leaves these out; the verdict does not trust it then
+    est = float(statistic(values))
+    lo, hi = percentile_interval(boots, tails(LEVEL))
     if bad or not np.isfinite(est):
         return Verdict("not testable", est, lo, hi, n, f"the statistic is undefined on {bad} of {n_boot} resamples "
                                                         "(a denominator that can vanish, or an empty range of "
@@ -171,7 +163,7 @@ class Paired:
 
 
 def paired_interval(real: np.ndarray, control: np.ndarray, statistic: Callable[[np.ndarray], float],
-                    n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> Paired:
+                    n_boot: int = 1000, seed: int = 0, level: float = LEVEL) -> Paired:
     """The 95 % percentile interval of statistic(real) − statistic(control), the same resample of unit rows applied
     to both (row i of ``real`` and of ``control`` is the same unit, e.g. the same problem).
 
@@ -181,17 +173,9 @@ def paired_interval(real: np.ndarray, control: np.ndarray, statistic: Callable[[
     real, control = np.asarray(real, dtype=float), np.asarray(control, dtype=float)
     if len(real) != len(control):
         raise ValueError(f"paired values need the same units: {len(real)} real rows, {len(control)} control rows")
-    rng = np.random.default_rng(seed)
-    n = len(real)
-    boots = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, n, n)
-        boots.append(statistic(real[idx]) - statistic(control[idx]))
-    b = np.asarray(boots, dtype=float)
-    b = b[np.isfinite(b)]
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(b, [alpha, 1 - alpha]) if len(b) == n_boot else (np.nan, np.nan)
-    return Paired(float(statistic(real) - statistic(control)), float(lo), float(hi), n)
+    b = bootstrap.draws(lambda r, c: statistic(r) - statistic(c), (real, control), n_boot, seed)
+    lo, hi = percentile_interval(b, tails(level)) if np.isfinite(b).all() else (np.nan, np.nan)
+    return Paired(float(statistic(real) - statistic(control)), float(lo), float(hi), len(real))
 
 
 @dataclass(frozen=True)
@@ -211,14 +195,13 @@ class Null:
         return bool(np.isfinite(self.estimate) and (self.estimate < self.low or self.estimate > self.high))
 
 
-def permutation_null(real: float, draws: np.ndarray, level: float = 0.95) -> Null:
+def permutation_null(real: float, draws: np.ndarray, level: float = LEVEL) -> Null:
     """Summarise ``draws`` (the statistic on each permuted copy of the data) against the ``real`` statistic."""
     d = np.asarray(draws, dtype=float)
     d = d[np.isfinite(d)]
     if not len(d):
         return Null(real, float("nan"), float("nan"), float("nan"), 0)
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(d, [alpha, 1 - alpha])
+    lo, hi = percentile_interval(d, tails(level))
     centre = float(np.median(d))
     p = (1 + int((np.abs(d - centre) >= abs(real - centre)).sum())) / (len(d) + 1)
     return Null(float(real), float(lo), float(hi), float(p), len(d))

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from lmdepth.errors import UnsupportedArchitectureError
+from lmdepth.metrics.residual import relative_norm
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.paths import resolve, take
 
@@ -74,7 +75,7 @@ def additivity_error(adapter: ModelAdapter, input_ids: torch.Tensor) -> float:
     """Max over layers and tokens of ||h_{l+1} − (h_l + a_l + m_l)|| / ||h_{l+1}||, computed in fp32."""
     r = {k: v.float() for k, v in hooked_residuals(adapter, input_ids, logits_to_keep=1).items()}
     resid = r["resid_post"] - (r["resid_pre"] + r["attn_out"] + r["mlp_out"])
-    return float((resid.norm(dim=-1) / r["resid_post"].norm(dim=-1).clamp_min(1e-6)).max())
+    return float(relative_norm(resid, r["resid_post"]).max())
 
 
 def check_additivity(adapter: ModelAdapter, input_ids: torch.Tensor, tol: float | None = None) -> float:
