@@ -12,6 +12,7 @@ import pytest
 from lmdepth.analyses.atlas import CHAPTER_KEYS
 from lmdepth.book.build import execute_book, render_html, repository_url, stage_book
 from lmdepth.book.chapters import CHAPTERS
+from lmdepth.book.table_sort import SORTABLE_CLASS
 from lmdepth.claims.findings import ROW_COLUMNS
 from lmdepth.runtime import REPO_ROOT
 
@@ -150,24 +151,39 @@ def test_pages_have_no_reader_visible_defects(smoke_book, stem):
 
 
 FINDINGS_PAGE = "90_across_models"
-# Clicks the findings table's headers (found by its first column's title, not by the sortable class, so a table that
-# lost the class is found and fails) and records its rows: before, after one, two and three clicks on the statistic,
-# after one on the model; written into the DOM after the measuring script (lmdepth.book.defects.MEASURE_JS, 3000 ms) ran.
+# A sample of the statistic cells, with the order a numeric sort gives them (10 after 9: numbers, not text; "−" is
+# U+2212; a cell without a number last, either way).
+SORT_SAMPLE = ["9 [8, 10], n = 3", "—, n = 2", "10 [9, 11], n = 3", "-0.5 [-1, 0]", "1e-3", "0.02: short of it", "−2"]
+SAMPLE_SORTED = ["−2", "-0.5 [-1, 0]", "1e-3", "0.02: short of it", "9 [8, 10], n = 3", "10 [9, 11], n = 3", "—, n = 2"]
+# The probe (i) adds a table of SORT_SAMPLE with the sortable class while the page is parsed, so the book's sorter
+# attaches to it like to any other (its data do not depend on the build), and (ii) after load clicks the headers of
+# the findings table, found by its first column's title (not by the class, so a table that lost it is found and
+# fails): the model three times, then the statistic twice. What it saw goes into the DOM after the measuring script
+# (lmdepth.book.defects.MEASURE_JS, 3000 ms) ran.
 SORT_PROBE = """
 <script>
+(() => {
+  const t = document.createElement('table');
+  t.id = 'lmdepth-sort-sample';
+  t.className = CLASS;
+  t.innerHTML = '<thead><tr><th>statistic</th><th>row</th></tr></thead><tbody>' +
+    SAMPLE.map((c, i) => '<tr><td>' + c + '</td><td>' + i + '</td></tr>').join('') + '</tbody>';
+  document.body.appendChild(t);
+})();
 window.addEventListener('load', () => setTimeout(() => {
-  const out = {found: false};
   const last = t => t.tHead.rows[t.tHead.rows.length - 1];
+  const rows = t => [...t.tBodies[0].rows].map(r => [...r.cells].map(c => c.textContent.trim()));
+  const sample = document.getElementById('lmdepth-sort-sample');
+  const out = {found: false, sample: []};
+  last(sample).cells[0].click(); out.sample.push(rows(sample));
+  last(sample).cells[0].click(); out.sample.push(rows(sample));
   const table = [...document.querySelectorAll('table')].find(t => t.tHead && t.tHead.rows.length &&
     last(t).cells[0].textContent.trim() === TITLE);
   if (table) {
     const heads = [...last(table).cells];
-    const rows = () => [...table.tBodies[0].rows].map(r => [...r.cells].map(c => c.textContent.trim()));
-    Object.assign(out, {found: true, classes: table.className, before: rows()});
-    heads[3].click(); out.up = rows();
-    heads[3].click(); out.down = rows();
-    heads[3].click(); out.again = rows();
-    heads[1].click(); out.by_model = rows();
+    Object.assign(out, {found: true, classes: table.className, before: rows(table), model: [], statistic: []});
+    for (let i = 0; i < 3; i++) { heads[1].click(); out.model.push(rows(table)); }
+    for (let i = 0; i < 2; i++) { heads[3].click(); out.statistic.push(rows(table)); }
   }
   const pre = document.createElement('pre');
   pre.id = 'lmdepth-sort-probe';
@@ -175,19 +191,27 @@ window.addEventListener('load', () => setTimeout(() => {
   document.body.appendChild(pre);
 }, 3500));
 </script>
-""".replace("TITLE", json.dumps(ROW_COLUMNS[0]))
+"""
+for _k, _v in {"CLASS": SORTABLE_CLASS, "SAMPLE": SORT_SAMPLE, "TITLE": ROW_COLUMNS[0]}.items():
+    SORT_PROBE = SORT_PROBE.replace(_k, json.dumps(_v))
 _NUMBER = re.compile(r"-?\d+\.?\d*(?:e[-+]?\d+)?")
+
+
+def _groups(values: list[str]) -> list[str]:
+    """The runs of equal values, in order: ["a", "a", "b", "a"] → ["a", "b", "a"]."""
+    return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
 
 
 def findings_page_problems(dom: str) -> list[str]:
     """What is wrong with the rendered findings page beyond lmdepth.book.defects: every table and figure within
-    the text column (whatever its number of columns), and a verdict table that sorts by a clicked header with its
-    rows intact: by the statistic's number (ascending, then descending; rows without one last; a third click: the
-    table's own order again), by the model (each model's rows together)."""
+    the text column (whatever its number of columns); the book's sorter orders a sample of statistic cells by their
+    numbers (cells without one last); the verdict table has the sortable class and sorts by a clicked header with
+    its rows intact: by the model (each model's rows together, reversed on a second click, the table's own order on
+    a third), by the statistic (ascending, then descending; tested where the build has two distinct statistics:
+    the smoke profile's checks are too small to have any)."""
     import html as html_lib
 
     from lmdepth.book.defects import measurements
-    from lmdepth.book.table_sort import SORTABLE_CLASS
 
     meas = measurements(dom)
     if meas is None:
@@ -196,26 +220,30 @@ def findings_page_problems(dom: str) -> list[str]:
     out = [f"{kind[:-1]} {x['i'] + 1} is {x['width']:.0f} px wide, the text column {col:.0f} px"
            for kind in ("figures", "tables") for x in meas[kind] if x["width"] > col + 1]
     m = re.search(r'<pre id="lmdepth-sort-probe"[^>]*>(.*?)</pre>', dom, re.S)
-    probe = json.loads(html_lib.unescape(m[1])) if m else {}
-    if not probe.get("found"):
-        return out + [f"no table headed {ROW_COLUMNS[0]!r}, or the probe did not run"]
+    if not m:
+        return out + ["the sorting probe did not run"]
+    probe = json.loads(html_lib.unescape(m[1]))
+    if [[r[0] for r in rows] for rows in probe["sample"]] != [SAMPLE_SORTED, SAMPLE_SORTED[-2::-1] + ["—, n = 2"]]:
+        out.append(f"the book's sorter does not order statistic cells by their numbers: {probe['sample']}")
+    if not probe["found"]:
+        return out + [f"no table headed {ROW_COLUMNS[0]!r}"]
     if SORTABLE_CLASS not in probe["classes"].split():
         out.append(f"the findings table lacks the class {SORTABLE_CLASS!r}")
-    numbers = lambda rows: [float(n[0]) for r in rows if (n := _NUMBER.match(r[3]))]  # noqa: E731
-    up, down = numbers(probe["up"]), numbers(probe["down"])
-    if len(set(up)) < 2:
-        out.append(f"fewer than two distinct statistics ({len(up)} rows with one): the sort is not tested")
-    if up != sorted(up) or down != sorted(down, reverse=True):
-        out.append("clicks on the statistic's header do not sort the rows by it (ascending, then descending)")
-    if any(_NUMBER.match(r[3]) for r in probe["up"][len(up):]):
-        out.append("after a click on the statistic's header, rows without a number precede rows with one")
-    if probe["again"] != probe["before"]:
-        out.append("a third click on the statistic's header does not give back the table's own order")
-    models = [r[1] for r in probe["by_model"]]
-    if len([m for i, m in enumerate(models) if i == 0 or m != models[i - 1]]) != len(set(models)):
-        out.append("a click on the model's header does not bring each model's rows together")
-    if any(sorted(map(tuple, probe[k])) != sorted(map(tuple, probe["before"])) for k in ("up", "down", "by_model")):
+    rows = [probe["before"], *probe["model"], *probe["statistic"]]
+    if any(sorted(map(tuple, r)) != sorted(map(tuple, probe["before"])) for r in rows):
         out.append("sorting lost, duplicated or changed rows")
+    up, down = ([r[1] for r in rows] for rows in probe["model"][:2])
+    if len(set(up)) < 2:
+        out.append(f"fewer than two models or subjects ({set(up)}): the sort is not tested")
+    if len(_groups(up)) != len(set(up)) or _groups(down) != _groups(up)[::-1]:
+        out.append("clicks on the model's header do not bring each model's rows together, then in reverse")
+    if probe["model"][2] != probe["before"]:
+        out.append("a third click on the model's header does not give back the table's own order")
+    numbers = [[float(n[0]) for r in rows if (n := _NUMBER.match(r[3]))] for rows in probe["statistic"]]
+    if len(set(numbers[0])) >= 2 and (
+            numbers != [sorted(numbers[0]), sorted(numbers[0], reverse=True)]
+            or any(_NUMBER.match(r[3]) for r in probe["statistic"][0][len(numbers[0]):])):
+        out.append("clicks on the statistic's header do not sort the rows by its number (rows without one last)")
     return out
 
 
