@@ -53,7 +53,7 @@ def preflight(model_name: str, timeout: float = 3.0) -> dict[str, Any]:
                                 "for a gated model (e.g. Llama) run `huggingface-cli login` first.") from None
     if not running:
         raise RemoteUnavailable(f"remote=true: NDIF does not run {model_name!r} now: `python -c \"import nnsight; "
-                                "print(nnsight.ndif_status())\"` lists the hosted models.")
+                                "print(nnsight.status())\"` lists the hosted models.")
     env = ndif.compare()
     critical = {p: v for p, v in env.packages.items() if p.lower() in ("nnsight", "transformers", "torch")
                 and not v["match"]}
