@@ -24,6 +24,13 @@
 #
 # The interactive form needs a live kernel — open this page in Jupyter or with the Colab button at the top. On the
 # static page below, the same computation is shown once for a fixed example.
+#
+# The three computations are the chapters' own nnsight traces, so they also run on
+# [NDIF](https://ndif.us): with `remote = True`, an NDIF API key (`NDIF_API_KEY`, e.g. a Colab secret) and
+# `model_name` a hub id that NDIF hosts (e.g. `"meta-llama/Llama-3.1-70B"`, with `compare_models = []`), you explore
+# a 70B model live from this notebook, three requests per click; the weights stay on the server. Without a key, the
+# network or the model hosted, NDIF's preflight stops the notebook in seconds, before anything is loaded, with one
+# line saying which (`lmdepth run explorer -p remote=true` checks the same before the notebook starts).
 
 # %% tags=["remove-cell"]
 # Colab only. Fetches the repository (a shallow clone: the library, the stored results/ and the trained checkpoints),
@@ -53,6 +60,7 @@ top_k: int = 5  # logit-lens tokens per layer
 profile: str = "default"  # label of the parameter profile this run came from (smoke/default/paper)
 device: str = "auto"  # "auto" (a GPU where there is one, else the CPU), "cpu", "cuda"
 dtype: str = "float32"  # "float32", "bfloat16", "float16"
+remote: object = False  # false: here; true: on NDIF (a hosted hub id; NDIF_API_KEY); "local": the offline simulation of NDIF
 
 # %% tags=["remove-cell"]
 import os
@@ -60,14 +68,15 @@ import os
 from lmdepth.book import explorer
 from lmdepth.charts.explorer import exploration_charts
 from lmdepth.book.notebook import md, setup, show_table
-from lmdepth.params import check_type
-from lmdepth.model.registry import load_model
+from lmdepth.params import check_remote, check_type
 from lmdepth.runtime import resolve_device
 
 setup(0)
 check_type("compare_models", compare_models, list)
 check_type("skip_layer", skip_layer, int)
-lm = load_model(model_name, device=resolve_device(device), dtype=dtype)
+for name in [model_name, *compare_models]:  # remote=true takes hub ids only: a packaged name stops here, in one line
+    check_remote(name, remote)
+lm = explorer.load(model_name, resolve_device(device), dtype, remote)  # remote=true: NDIF's preflight first
 if not 0 <= skip_layer < lm.adapter.n_layers:
     raise ValueError(f"skip_layer must be in 0..{lm.adapter.n_layers - 1} for {model_name}, got {skip_layer}")
 live = os.environ.get("LMDEPTH_BOOK_BUILD") != "1"
@@ -83,7 +92,7 @@ if live:
     from IPython.display import display
 
     display(explorer.explorer_widget([model_name, *compare_models], prompt, skip_layer, device=resolve_device(device),
-                                     dtype=dtype, k=top_k, loaded=lm))
+                                     dtype=dtype, k=top_k, loaded=lm, remote=remote))
 else:
     md("*Live kernel only: the explorer's form appears here when this notebook runs in Jupyter or Colab. The "
        "static example below was computed when the book was built.*")
@@ -93,8 +102,9 @@ else:
 
 # %% tags=["hide-input"]
 x = explorer.explore(lm, prompt, skip_layer, position, top_k)
-md(f"**{model_name}** ({lm.adapter.n_layers} layers), {len(x.tokens)} tokens; logit lens at token {x.position} "
-   f"({x.tokens[x.position]!r}); layer {skip_layer} skipped at every position ≥ 1.")
+where = {True: " on NDIF", "local": " through the offline simulation of NDIF"}.get(remote, "")
+md(f"**{model_name}** ({lm.adapter.n_layers} layers){where}, {len(x.tokens)} tokens; logit lens at token "
+   f"{x.position} ({x.tokens[x.position]!r}); layer {skip_layer} skipped at every position ≥ 1.")
 
 # %% mystnb={"figure": {"caption": "One prompt: relative contributions of each layer (left), the logit lens' top-1 probability at the chosen token for the residual entering each layer, the last bar being the model's output (middle; hover for the token), and the largest relative change of every layer's contribution when the chosen layer is skipped (right).", "name": "fig-explorer"}}
 exploration_charts(x)

@@ -171,3 +171,56 @@ def test_explorer_traces_equal_the_plain_hook_reference_here_and_under_the_stric
             assert not [m for r in records for m in r.modules if m.split(".")[0] == "lmdepth"]
         else:
             assert len(server.REQUESTS) == before
+
+
+def test_explore_under_the_strict_server_equals_the_local_explore(tiny_dirs):
+    """``remote='local'`` (the chapter's and the widget's parameter, through :func:`explorer.load`): every panel of an
+    explore equals the local one, in three requests that survive the strict server."""
+    from lmdepth.traces import server
+
+    here = explorer.explore(explorer.load(str(tiny_dirs["qwen2"])), TEXT, layer=1, position=2)
+    sim_lm = explorer.load(str(tiny_dirs["qwen2"]), remote="local")
+    assert sim_lm.remote_mode == "local"
+    before = len(server.REQUESTS)
+    sim = explorer.explore(sim_lm, TEXT, layer=1, position=2)
+    records = server.REQUESTS[before:]
+    assert len(records) == 3 and not [m for r in records for m in r.modules if m.split(".")[0] == "lmdepth"]
+    assert sim.tokens == here.tokens and sim.lens[["layer", "rank", "token_id"]].equals(here.lens[["layer", "rank", "token_id"]])
+    assert (sim.lens.prob - here.lens.prob).abs().max() <= 1e-5
+    assert (sim.contributions.value - here.contributions.value).abs().max() <= 1e-5
+    assert (sim.skip.relative_change - here.skip.relative_change).abs().max() <= 1e-5
+    assert here.skip.relative_change.max() > 0.01 and abs(sim.output_change - here.output_change) <= 1e-5
+
+
+def test_remote_true_is_checked_in_one_line_before_anything_loads(tiny_dirs, monkeypatch):
+    """The widget and the chapter with ``remote=True``: a local model is refused by name, and a hub id without an
+    NDIF key stops at the preflight; one line each, and no model is loaded."""
+    from nnsight.schema.config import CONFIG
+
+    from lmdepth.errors import ParameterError, RemoteUnavailable
+    from lmdepth.model import registry
+
+    monkeypatch.setattr(CONFIG.API, "APIKEY", None)
+    monkeypatch.delenv("NDIF_API_KEY", raising=False)
+    monkeypatch.setattr(explorer, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(ParameterError, match="remote=True runs a Hugging Face hub id") as e:
+        explorer.load(str(tiny_dirs["llama"]), remote=True)
+    assert "\n" not in str(e.value)
+    monkeypatch.setattr(explorer, "load_model", registry.load_model)
+    monkeypatch.setattr("nnsight.LanguageModel", lambda *a, **k: pytest.fail("asked the hub for a model"))
+    with pytest.raises(RemoteUnavailable, match="NDIF API key") as e:
+        explorer.load("meta-llama/Llama-3.1-70B", remote=True)
+    assert "\n" not in str(e.value)
+    pytest.importorskip("ipywidgets", reason="the explorer widget needs ipywidgets")
+    with pytest.raises(ParameterError, match="is not one"):
+        explorer.explorer_widget(["meta-llama/Llama-3.1-70B", str(tiny_dirs["llama"])], "ab cd", 0, remote=True)
+
+
+def test_the_widget_runs_under_the_strict_server(tiny_dirs, capsys):
+    pytest.importorskip("ipywidgets", reason="the explorer widget needs ipywidgets")
+    from lmdepth.traces import server
+
+    w = explorer.explorer_widget([str(tiny_dirs["gemma3"])], "ab cd ef", 1, remote="local")
+    before = len(server.REQUESTS)
+    w.children[1].children[3].click()
+    assert "ConcatChart" in capsys.readouterr().out and len(server.REQUESTS) - before == 3

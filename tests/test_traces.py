@@ -208,7 +208,8 @@ def test_preflight_says_what_is_missing_in_one_line(case, message, monkeypatch):
 
 
 @pytest.mark.unit
-def test_remote_true_fails_before_any_kernel_or_model(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize("chapter", ["norms", "explorer"])
+def test_remote_true_fails_before_any_kernel_or_model(chapter, monkeypatch, capsys, tmp_path):
     from nnsight.schema.config import CONFIG
 
     from lmdepth.book import cli
@@ -220,7 +221,7 @@ def test_remote_true_fails_before_any_kernel_or_model(monkeypatch, capsys, tmp_p
     import papermill
 
     monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: pytest.fail("started a kernel"))
-    assert cli.main(["run", "norms", "--model", "meta-llama/Llama-3.1-70B", "-p", "remote", "true",
+    assert cli.main(["run", chapter, "--model", "meta-llama/Llama-3.1-70B", "-p", "remote", "true",
                      "--results-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "NDIF API key" in err and err.count("error") == 1
@@ -336,11 +337,70 @@ def test_the_sessions_forward_count_is_what_the_cost_table_says(current):
     assert len(calls) == session_forwards(adapter.n_layers, 3, current)
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_skip_session_for_chosen_layers_equals_those_rows_of_the_full_session(family):
+    """``skipped``: only the chosen skipped layers run (the explorer's one-layer skip effect); their rows equal the
+    full session's for every variant, analysis and statistic, here and under the strict server, the others are NaN,
+    and the session makes the clean pass plus one pass per (chosen layer, cut point)."""
+    from lmdepth.traces.skip_effects import session_forwards, skip_effects
+
+    model = tiny_model(family)
+    adapter = ModelAdapter.for_model(model)
+    ids = tiny_tokenizer()("Natalia sold 48 clips in April and half as many in May.", return_tensors="pt").input_ids
+    nn, paths, L = _wrap(model), TapPaths.of(adapter), adapter.n_layers
+    kw = dict(cuts=[9, 24], current=True, config=model.config, floor=0.1)
+    full = skip_effects(nn, paths, ids, **kw)
+    chosen = [1, L - 1]
+    calls = []
+    handle = model.model.register_forward_pre_hook(lambda mod, args: calls.append(1))
+    here = skip_effects(nn, paths, ids, skipped=chosen, **kw)
+    handle.remove()
+    assert len(calls) == 1 + len(chosen) * 3  # the clean pass, then per chosen layer: all tokens + 2 cut points
+    assert len(calls) < session_forwards(L, 2, True)
+    before = len(server.REQUESTS)
+    sim = skip_effects(nn, paths, ids, skipped=chosen, remote="local", **kw)
+    assert len(server.REQUESTS) - before == 1
+    others = [s for s in range(L) if s not in chosen]
+    assert sorted(here) == sorted(full) == sorted(sim)
+    for k in full:
+        for f, h, r in zip(full[k], here[k], sim[k]):  # E [L, L], O [L], M [L, L], Q [L]: row/entry s = layer s
+            assert (h[chosen] - f[chosen]).abs().max() <= 1e-6 and (r[chosen] - f[chosen]).abs().max() <= 1e-6, k
+            assert h[others].isnan().all() and r[others].isnan().all()
+    assert any(full[k][0][chosen].max() > 0.01 for k in full)  # not all zero: the check can fail
+    with pytest.raises(ValueError, match="skipped layers must be in"):
+        skip_effects(nn, paths, ids, skipped=[L], **kw)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_trace_reaches_the_families_modules_through_envoys_resolved_before_the_block(family, ids):
+    """:meth:`TapPaths.envoys` is every trace's one way to its modules: the envoys wrap the adapter's own modules,
+    and one read inside a block survives the strict round trip by reference (the model is not in the payload)."""
+    model = tiny_model(family)
+    adapter = ModelAdapter.for_model(model)
+    nn = _wrap(model)
+    envoys = TapPaths.of(adapter).envoys(nn)
+    fam = adapter.family
+    assert len(envoys.layers) == len(envoys.attn) == len(envoys.mlp) == adapter.n_layers
+    for l, layer in enumerate(adapter.layers):
+        assert envoys.layers[l]._module is layer
+        assert envoys.attn[l]._module is getattr(layer, fam.attn_contrib[0])
+        assert envoys.mlp[l]._module is getattr(layer, fam.mlp_contrib[0])
+    assert envoys.final_norm._module is adapter.final_norm and envoys.lm_head._module is adapter.lm_head
+    mlp = envoys.mlp[0]  # resolved out here, read in there
+    with torch.no_grad(), nn.trace(ids, backend=StrictServer(nn, max_payload=50_000)):
+        out = mlp.output
+        got = (out[0] if isinstance(out, tuple) else out).float().norm(dim=-1).cpu().save()
+    ref = hooked_residuals(adapter, ids)["mlp_out"][0].float().norm(dim=-1)
+    assert (got - ref).abs().max() <= 1e-5
+
+
 # ---- the logit and tuned lens (chapter 04) --------------------------------------------------------------------------
 
 def _random_translators(adapter: ModelAdapter, seed: int = 0):
     """Translators far from the identity, so the tuned lens differs from the logit lens (the check can fail)."""
-    from lmdepth.scratch.tuned_lens import Translators
+    from lmdepth.model.translators import Translators
 
     g = torch.Generator().manual_seed(seed)
     tr = Translators(adapter.n_layers, adapter.d_model, scale=torch.rand(adapter.n_layers, generator=g) + 0.5)

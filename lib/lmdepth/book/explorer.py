@@ -1,10 +1,11 @@
 """Live explorer: one prompt, one model, one layer — its residual contributions, logit-lens tokens and skip effect.
 
 The compute functions are plain (testable on tiny models); :func:`explorer_widget` wraps them in ipywidgets for a
-live Jupyter or Colab kernel. Everything is computed on the spot through the remote-ready traces of the chapters
-(``lm.remote_mode``: here or under the strict offline simulation of NDIF): the residual-metrics trace for the
-contributions (chapter 01), a logit-lens trace for the top tokens (:func:`lmdepth.traces.lens.lens_top_k`) and chapter
-03's skip session for the skip effect (all tokens, whole layer).
+live Jupyter or Colab kernel. Everything is computed on the spot through the remote-ready traces of the chapters, in
+the loaded model's ``remote_mode`` (here, on NDIF, or under the strict offline simulation of NDIF; :func:`load`):
+the residual-metrics trace for the contributions (chapter 01), a logit-lens trace for the top tokens
+(:func:`lmdepth.traces.lens.lens_top_k`) and chapter 03's skip session run for the chosen layer alone (all tokens,
+whole layer). One explore is three requests on NDIF: a reader explores a hosted 70B model live from a notebook.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from lmdepth.charts.explorer import Exploration, exploration_charts
 from lmdepth.metrics.residual import RESIDUAL_METRICS
 from lmdepth.model.registry import LoadedModel, load_model
+from lmdepth.params import check_remote
 from lmdepth.traces.lens import lens_top_k
 from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 from lmdepth.traces.skip_effects import skip_effects
@@ -54,7 +56,7 @@ def lens_top_tokens(lm: LoadedModel, ids: torch.Tensor, position: int = -1, k: i
 @torch.no_grad()
 def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int) -> tuple[pd.DataFrame, float]:
     """Effect of skipping ``layer`` at every position ≥ 1 on every layer's contribution (chapter 03, all tokens,
-    whole layer: its skip session, which computes every skipped layer of the prompt and keeps this one's row).
+    whole layer: its skip session for this skipped layer alone, i.e. the clean pass and one intervened pass).
 
     Returns:
         (``layer, relative_change`` with the largest change over positions, output change ‖P − P′‖₂).
@@ -62,7 +64,7 @@ def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int) -> tuple[pd.Data
     if not 0 <= layer < lm.adapter.n_layers:
         raise ValueError(f"layer must be in 0..{lm.adapter.n_layers - 1} for {lm.name}, got {layer}")
     E, O = skip_effects(lm.nn, TapPaths.of(lm.adapter), ids, parts=("layer",), local=False, current=True,
-                        config=lm.model.config, remote=lm.remote_mode)[("current", "layer")][:2]
+                        config=lm.model.config, remote=lm.remote_mode, skipped=[layer])[("current", "layer")][:2]
     return pd.DataFrame({"layer": range(lm.adapter.n_layers), "relative_change": E[layer].numpy()}), float(O[layer])
 
 
@@ -89,43 +91,65 @@ def lens_token_table(x: Exploration) -> pd.DataFrame:
 
 # ---- the widget (live kernels only) -----------------------------------------------------------------------------
 
-_MODELS: dict[tuple[str, str, str], LoadedModel] = {}
+def load(name: str, device: str = "cpu", dtype: str = "float32", remote: bool | str = False) -> LoadedModel:
+    """The explorer's model: ``remote`` false (here), true (NDIF: a hosted hub id; checked by the NDIF preflight in
+    seconds, before anything is loaded) or ``"local"`` (the strict offline simulation of NDIF).
+
+    Raises:
+        ParameterError: a bad ``remote`` or, with ``remote=True``, a name that is not a hub id;
+        RemoteUnavailable: ``remote=True`` without an NDIF API key, the network, or the model hosted (one line).
+    """
+    check_remote(name, remote)
+    return load_model(name, device=device, dtype=dtype, remote=remote)
 
 
-def _cached_model(name: str, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
-    if (name, device, dtype) not in _MODELS:
+_MODELS: dict[tuple[str, str, str, bool | str], LoadedModel] = {}
+
+
+def _cached_model(name: str, device: str = "cpu", dtype: str = "float32", remote: bool | str = False) -> LoadedModel:
+    key = (name, device, dtype, remote)
+    if key not in _MODELS:
         if len(_MODELS) >= 2:  # keep at most two models in memory
             _MODELS.pop(next(iter(_MODELS)))
-        _MODELS[name, device, dtype] = load_model(name, device=device, dtype=dtype)
-    return _MODELS[name, device, dtype]
+        _MODELS[key] = load(name, device, dtype, remote)
+    return _MODELS[key]
 
 
 def explorer_widget(models: list[str], prompt: str, layer: int = 0, device: str = "cpu", dtype: str = "float32",
-                    k: int = 5, loaded: LoadedModel | None = None):
+                    k: int = 5, loaded: LoadedModel | None = None, remote: bool | str = False):
     """Prompt box, model picker, layer slider and a Run button; results appear below. Returns the widget.
 
-    ``loaded``: an already loaded model (one of ``models``, on ``device``/``dtype``) to reuse instead of loading it
-    again."""
+    ``loaded``: an already loaded model (one of ``models``, on ``device``/``dtype``, in mode ``remote``) to reuse
+    instead of loading it again. ``remote``: where every model of the picker runs (:func:`load`); each name is
+    checked for it before the widget is built, so a packaged name with ``remote=True`` stops here in one line."""
     import ipywidgets as w
     from IPython.display import display
 
+    for name in models:
+        check_remote(name, remote)
     if loaded is not None:
-        _MODELS[loaded.name, device, dtype] = loaded
+        _MODELS[loaded.name, device, dtype, remote] = loaded
     text = w.Textarea(value=prompt, layout=w.Layout(width="100%", height="80px"), description="Prompt")
     model = w.Dropdown(options=models, value=models[0], description="Model")
-    lay = w.IntSlider(value=layer, min=0, max=_cached_model(models[0], device, dtype).adapter.n_layers - 1, description="Skip layer")
+    first = _cached_model(models[0], device, dtype, remote)
+    lay = w.IntSlider(value=layer, min=0, max=first.adapter.n_layers - 1, description="Skip layer")
     pos = w.IntText(value=-1, description="Position", layout=w.Layout(width="180px"))
     run = w.Button(description="Run", button_style="primary")
     out = w.Output()
 
     def on_model(change) -> None:
-        lay.max = _cached_model(change["new"], device, dtype).adapter.n_layers - 1
+        try:
+            lay.max = _cached_model(change["new"], device, dtype, remote).adapter.n_layers - 1
+        except Exception as err:  # e.g. NDIF unreachable: one line in the output area, the widget stays usable
+            out.clear_output()
+            with out:
+                print(f"{type(err).__name__}: {err}")
 
     def on_run(_) -> None:
         out.clear_output()
         with out:
             try:
-                x = explore(_cached_model(model.value, device, dtype), text.value, lay.value, pos.value, k)
+                x = explore(_cached_model(model.value, device, dtype, remote), text.value, lay.value, pos.value, k)
             except Exception as err:  # shown to the user, the widget stays usable
                 print(f"{type(err).__name__}: {err}")
                 return
@@ -137,5 +161,5 @@ def explorer_widget(models: list[str], prompt: str, layer: int = 0, device: str 
     return w.VBox([text, w.HBox([model, lay, pos, run]), out])
 
 
-__all__ = ["contributions", "lens_top_tokens", "skip_effect", "explore",
-           "lens_token_table", "explorer_widget"]
+__all__ = ["contributions", "lens_top_tokens", "skip_effect", "explore", "lens_token_table", "load",
+           "explorer_widget"]

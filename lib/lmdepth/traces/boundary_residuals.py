@@ -36,11 +36,8 @@ def boundary_residuals_at(nn_model: Any, paths: TapPaths, input_ids: torch.Tenso
     Returns:
         [L + 1, R, d_model] float32, on CPU.
     """
-    n_layers, layers_path = paths.n_layers, paths.layers  # plain data for the block
+    layers, n_layers = paths.envoys(nn_model).layers, paths.n_layers  # envoys and plain data for the block
     with torch.no_grad(), nn_model.trace(input_ids, logits_to_keep=1, **trace_kwargs(nn_model, remote)):
-        layers = nn_model
-        for name in layers_path:
-            layers = getattr(layers, name)
         kept = []
         for l in range(n_layers):
             kept.append(layers[l].input[rows, positions].float())

@@ -5,9 +5,10 @@ The session holds one clean trace (the residual at every boundary stays where th
 and group of erased positions one batched trace: row 0 the clean residual, each other row the clean residual with
 one position replaced by the mean μ_b; layers before b return that residual without computing (b = 0: it replaces
 the embeddings). The effect ``max_p ||P_p − P'_p||₂`` over the answer-predicting positions is reduced inside, so
-only [L + 1, T] numbers leave it. The block reads only torch, the model's envoys and plain data (the means are a
-[L + 1, d] tensor). Its reference twin is :func:`lmdepth.hooks.stack.erasure_map` (plain hooks), which the tests
-hold it to; :func:`boundary_means` is that of :func:`lmdepth.hooks.stack.mean_residuals`.
+only [L + 1, T] numbers leave it. The block reads only torch, the model's envoys (resolved before it) and plain data
+(the means are a [L + 1, d] tensor). Its reference twin is :func:`lmdepth.hooks.stack.erasure_map` (plain hooks),
+which the tests hold it to; :func:`boundary_sums` (divided by the token count) is that of
+:func:`lmdepth.hooks.stack.mean_residuals`.
 """
 
 from __future__ import annotations
@@ -29,12 +30,9 @@ def boundary_sums(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, remot
     Returns:
         [L + 1, d] fp32 sums (divide by the token count for :func:`lmdepth.hooks.stack.mean_residuals`' means).
     """
-    n_layers, layers_path = paths.n_layers, paths.layers  # plain data for the block
+    layers, n_layers = paths.envoys(nn_model).layers, paths.n_layers  # envoys and plain data for the block
     with torch.no_grad(), nn_model.trace(input_ids, use_cache=False, logits_to_keep=1,
                                          **trace_kwargs(nn_model, remote)):
-        layers = nn_model
-        for name in layers_path:
-            layers = getattr(layers, name)
         kept = [layers[0].input]
         for l in range(n_layers):
             o = layers[l].output
@@ -62,7 +60,8 @@ def erasure_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, a_s
     if batch_size < 2:
         raise ValueError("batch_size must be at least 2 (the clean copy plus one erased position)")
     L, T = paths.n_layers, int(input_ids.shape[1])
-    layers_path, norm_path, head_path = paths.layers, paths.final_norm, paths.lm_head  # plain data for the block
+    envoys = paths.envoys(nn_model)  # envoys for the block (it must not read `envoys`, a library object)
+    layers, norm, head = envoys.layers, envoys.final_norm, envoys.lm_head
     groups = [list(range(i, min(i + batch_size - 1, T))) for i in range(0, T, batch_size - 1)]
     pred = torch.arange(a_start - 1, T - 1)  # the positions whose next token is an answer token
     means = means.detach().cpu()
@@ -70,29 +69,18 @@ def erasure_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, a_s
                                                           extra_payload=means.numel() * means.element_size())):
         effects = torch.zeros(L + 1, T)
         with nn_model.trace(input_ids, use_cache=False, logits_to_keep=1):
-            layers = nn_model
-            for name in layers_path:
-                layers = getattr(layers, name)
             kept = [layers[0].input[0].clone()]
             for l in range(L):
                 o = layers[l].output
                 kept.append((o[0] if isinstance(o, (tuple, list)) else o)[0].clone())
         clean = torch.stack(kept)  # [L+1, T, d]
         mu = means.to(clean.device)
-        norm, head = nn_model, nn_model
-        for name in norm_path:
-            norm = getattr(norm, name)
-        for name in head_path:
-            head = getattr(head, name)
         for b in range(L + 1):
             for ts in groups:
                 B = len(ts) + 1
                 h = clean[b].unsqueeze(0).repeat(B, 1, 1)
                 h[torch.arange(1, B), torch.tensor(ts)] = mu[b].to(h.dtype)
                 with nn_model.trace(input_ids.expand(B, -1), use_cache=False, logits_to_keep=1):
-                    layers = nn_model
-                    for name in layers_path:
-                        layers = getattr(layers, name)
                     if b == 0:
                         layers[0].input = h
                     for j in range(b):  # they return h without computing: only the last one's value is used

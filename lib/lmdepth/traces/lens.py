@@ -1,13 +1,13 @@
 """The lens trace of chapter 04: the logit lens and the tuned lens (its translators applied) of one problem, reduced
 inside one nnsight trace so that only [lenses × metrics × layers × positions] numbers leave it (here or on NDIF).
 
-The block reads only torch, the model's envoys and plain data: module paths as strings, the lens dtype's name, the
-soft-cap as a float, and the translators as three tensors (``A`` [L, d, d], ``b`` [L, d], ``scale`` [L]). The
-translators are trained here (:mod:`lmdepth.scratch.tuned_lens`) and travel with the request: L·d² floats
-(40 MB for SmolLM2-135M, ~21 GB for a 70B model, too large for a request), so on NDIF a large model runs the logit
-lens alone. The metrics are those of :func:`lmdepth.metrics.distributions.lens_metrics` on the unembedding of
-:class:`lmdepth.model.unembed.Unembedding` with the same block sizes and buffers, written out with torch inside the
-block; :func:`lmdepth.hooks.lens.prompt_lens` is the reference twin the tests hold it to.
+The block reads only torch, the model's envoys (:meth:`~lmdepth.traces.residual_metrics.TapPaths.envoys`) and plain
+data: the lens dtype's name, the soft-cap as a float, and the translators as three tensors (``A`` [L, d, d], ``b``
+[L, d], ``scale`` [L]). The translators are trained here (:mod:`lmdepth.scratch.tuned_lens`) and travel with the
+request: L·d² floats (40 MB for SmolLM2-135M, ~21 GB for a 70B model, too large for a request), so on NDIF a large
+model runs the logit lens alone. The metrics are those of :func:`lmdepth.metrics.distributions.lens_metrics` on the
+unembedding of :class:`lmdepth.model.unembed.Unembedding` with the same block sizes and buffers, written out with
+torch inside the block; :func:`lmdepth.hooks.lens.prompt_lens` is the reference twin the tests hold it to.
 """
 
 from __future__ import annotations
@@ -47,21 +47,15 @@ def lens_readings(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, posit
         KL(P_final‖P_lens), top-k overlap —, KL(lens on h_L ‖ the model's own output) at the last position: a
         self-check that the lens at the last layer reproduces the model's logits).
     """
-    # plain data for the block (it must not read `paths`, a library object)
-    n_layers, layers_path, norm_path, head_path = paths.n_layers, paths.layers, paths.final_norm, paths.lm_head
+    # envoys and plain data for the block (it must not read `paths` or `envoys`, library objects)
+    envoys = paths.envoys(nn_model)
+    layers, norm, head, n_layers = envoys.layers, envoys.final_norm, envoys.lm_head, paths.n_layers
     A, b, scale = translators if translators is not None else (None, None, None)
     n_lens = 1 if translators is None else 2
     n_pos = int(positions.shape[0])
     extra = 0 if translators is None else sum(t.numel() * t.element_size() for t in translators)
     with torch.no_grad(), nn_model.trace(input_ids, logits_to_keep=1,
                                          **trace_kwargs(nn_model, remote, extra_payload=extra)):
-        layers, norm, head = nn_model, nn_model, nn_model
-        for name in layers_path:
-            layers = getattr(layers, name)
-        for name in norm_path:
-            norm = getattr(norm, name)
-        for name in head_path:
-            head = getattr(head, name)
         hs = [layers[l].input[0, positions] for l in range(n_layers)]  # a gather copies: [P, d] each
         last = layers[n_layers - 1].output
         h_last = (last[0] if isinstance(last, (tuple, list)) else last)[0]  # [T, d]
@@ -159,16 +153,10 @@ def lens_top_k(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, position
     Returns:
         (probabilities [L + 1, k] fp32, token ids [L + 1, k] int64), on CPU, best first.
     """
-    n_layers, layers_path, norm_path, head_path = paths.n_layers, paths.layers, paths.final_norm, paths.lm_head
+    envoys = paths.envoys(nn_model)  # envoys and plain data for the block
+    layers, norm, head, n_layers = envoys.layers, envoys.final_norm, envoys.lm_head, paths.n_layers
     position = int(position)
     with torch.no_grad(), nn_model.trace(input_ids, logits_to_keep=1, **trace_kwargs(nn_model, remote)):
-        layers, norm, head = nn_model, nn_model, nn_model
-        for name in layers_path:
-            layers = getattr(layers, name)
-        for name in norm_path:
-            norm = getattr(norm, name)
-        for name in head_path:
-            head = getattr(head, name)
         hs = [layers[l].input[0, position] for l in range(n_layers)]
         last = layers[n_layers - 1].output
         hs.append((last[0] if isinstance(last, (tuple, list)) else last)[0, position])

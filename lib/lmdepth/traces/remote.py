@@ -24,12 +24,13 @@ REMOTE_READY = {"norms": "residual metrics (lmdepth.traces.residual_metrics)",
                 "lens": "logit lens and tuned lens applied (lmdepth.traces.lens); the tuned lens is trained here, on "
                          "residuals collected by a remote-ready trace (lmdepth.traces.boundary_residuals.token_residuals)",
                 "complexity": "depth score (lmdepth.traces.skip_effects), correctness check (lmdepth.traces.generation) "
-                              "and erasure (lmdepth.traces.erasure); integrated gradients run here (ig_steps=0)"}
+                              "and erasure (lmdepth.traces.erasure); integrated gradients run here (ig_steps=0)",
+                "explorer": "residual metrics, logit-lens top tokens (lmdepth.traces.lens.lens_top_k) and the skip "
+                            "session for the chosen layer alone (lmdepth.traces.skip_effects): three requests per "
+                            "explore"}
 #: The chapters that do not run remotely, and why (the ones with a model refuse ``remote`` in one line).
 NOT_REMOTE = {"moeut": "its models are trained here, not hosted on NDIF",
               "atlas": "runs no model (reads the other chapters' results)",
-              "explorer": "its computations are the chapters' remote-ready traces (lmdepth.book.explorer follows "
-                          "the loaded model's remote mode), but the widget and the chapter take no remote parameter yet",
               "reproducibility": "runs no model"}
 
 def trace_kwargs(nn_model: Any, remote: bool | str, extra_payload: int = 0) -> dict[str, Any]:

@@ -8,9 +8,10 @@ inside each trace — E[b, j] the max relative change of layer j's contribution,
 [variants × layers] numbers leave it: here, under the strict simulation (``remote="local"``) and on NDIF, one
 request per prompt.
 
-The block reads only torch, transformers' ``DynamicCache``, the model's envoys and plain data. Its reference twins
-are :func:`lmdepth.hooks.skipping.prompt_effects` (plain hooks, the same algorithm) and
-:func:`~lmdepth.hooks.skipping.prompt_effects_naive` (one full forward per intervention), which the tests hold it to.
+The block reads only torch, transformers' ``DynamicCache``, the model's envoys (resolved before it) and plain data.
+Its reference twins are :func:`lmdepth.hooks.skipping.prompt_effects` (plain hooks, the same algorithm) and
+:func:`~lmdepth.hooks.skipping.prompt_effects_naive` (one full forward per intervention), which the tests hold it
+to.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ LOGIT_CHUNK = 64  # positions unembedded at once: bounds memory at chunk × voca
 
 def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: Sequence[int] = (),
                  parts: Sequence[str] = PARTS, local: bool = True, current: bool = True, config: Any = None,
-                 remote: bool | str = False, floor: float | None = None,
+                 remote: bool | str = False, floor: float | None = None, skipped: Sequence[int] | None = None,
                  rel_eps: float = 1e-6) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
     """All skip effects of one prompt (the semantics of :func:`lmdepth.hooks.skipping.prompt_effects`).
 
@@ -48,19 +49,27 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
             measured positions ≥ 1 of ``||Δ_j − Δ'_j|| / max(||Δ_j||, floor · median_p ||Δ_j||)`` (the median over
             the prompt's positions of layer j's clean contribution norm) and of the output change; for the future
             analysis averaged over the cut points. None: the paper's max only.
+        skipped: the skipped layers s to run (None: every layer). Each costs its own traces (one per cut point and
+            analysis) and nothing else, so one layer costs the clean pass plus those (the explorer's skip effect);
+            its rows equal the full session's.
 
     Returns:
         ``{(analysis, variant): (E [L, L], O [L])}``: analysis "current" or "future", variant a part or "local";
-        with ``floor``, ``(E, O, M [L, L], Q [L])``, M and Q the robust means.
+        with ``floor``, ``(E, O, M [L, L], Q [L])``, M and Q the robust means. Row s of E (and M), entry s of O (and
+        Q) belong to skipped layer s; those of layers not in ``skipped`` are NaN.
     """
     L, T = paths.n_layers, int(input_ids.shape[1])
+    run_layers = list(range(L)) if skipped is None else sorted({int(s) for s in skipped})
+    if any(not 0 <= s < L for s in run_layers):
+        raise ValueError(f"skipped layers must be in 0..{L - 1}, got {list(skipped or [])}")
     variants = [(p, False) for p in parts] + ([("layer", True)] if local else [])
     names = ["local" if loc else p for p, loc in variants]
     cuts = sorted({int(t) for t in cuts if t > 1}, reverse=True)  # t ≤ 1 intervenes nowhere: zero effect
     analyses = (["current"] if current else []) + (["future"] if cuts else [])
-    # plain data for the block
-    layers_path, attn_path, attn_index = paths.layers, paths.attn, paths.attn_index
-    mlp_path, mlp_index, norm_path, head_path = paths.mlp, paths.mlp_index, paths.final_norm, paths.lm_head
+    # envoys and plain data for the block (it must not read `paths` or `envoys`, library objects)
+    envoys = paths.envoys(nn_model)
+    layers, attns, mlps, norm, head = envoys.layers, envoys.attn, envoys.mlp, envoys.final_norm, envoys.lm_head
+    attn_index, mlp_index = paths.attn_index, paths.mlp_index
     B = len(variants)
     kinds = torch.tensor([[p == "layer" and not loc, p == "attention", p == "mlp", loc] for p, loc in variants])
     softcap = getattr(config, "final_logit_softcapping", None) or None  # Gemma: cap·tanh(z/cap) on the logits
@@ -81,9 +90,6 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
         if analyses:
             # the clean pass: residuals in and out of every layer, keys/values, output distribution
             with nn_model.trace(input_ids, use_cache=True):
-                layers = nn_model
-                for name in layers_path:
-                    layers = getattr(layers, name)
                 ins, outs = [], []
                 for l in range(L):
                     ins.append(layers[l].input[0].clone())
@@ -96,12 +102,7 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
             contrib = resid_out.float() - resid_in.float()
             # [L] the denominators' floor: a stated fraction of each layer's median clean contribution norm
             den_floor = (contrib.norm(dim=-1).median(dim=1).values * (floor if robust else 0.0)).clamp_min(rel_eps)
-            norm, head = nn_model, nn_model
-            for name in norm_path:
-                norm = getattr(norm, name)
-            for name in head_path:
-                head = getattr(head, name)
-            for s in range(L):
+            for s in run_layers:
                 lead_kv = None
                 for k, t in enumerate([lead_t, *rest]):
                     start = 0 if (k == 0 or not reuse_prefix) else t
@@ -129,9 +130,6 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                     h_s = resid_in[s][positions].unsqueeze(0).expand(B, -1, -1).contiguous()
                     removed = contrib[s][positions]  # [W, D]
                     with nn_model.trace(ids_w, past_key_values=cache, use_cache=cache is not None, logits_to_keep=1):
-                        layers = nn_model
-                        for name in layers_path:
-                            layers = getattr(layers, name)
                         for j in range(s):  # cannot change: return the clean residual h_s without computing
                             layers[j].skip(h_s)
                         E = torch.zeros(B, L)
@@ -141,11 +139,8 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                             layer = layers[j]
                             h_in = layer.input
                             # attention, then MLP (execution order): that contribution := 0 at the intervened positions
-                            for path, index, mask in ((attn_path, attn_index, attn_m), (mlp_path, mlp_index, mlp_m)):
+                            for part, index, mask in ((attns[j], attn_index, attn_m), (mlps[j], mlp_index, mlp_m)):
                                 if j == s and bool(mask.any()):
-                                    part = layer
-                                    for name in path:
-                                        part = getattr(part, name)
                                     y = part.output
                                     packed = index >= 0 and isinstance(y, (tuple, list))
                                     y0 = y[index] if packed else y
@@ -193,6 +188,9 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
         E_all, O_all = E_all.save(), O_all.save()
         if robust:
             M_all, Q_all = M_all.save(), Q_all.save()
+    not_run = [s for s in range(L) if s not in run_layers]
+    for values in ((E_all, O_all, M_all, Q_all) if robust else (E_all, O_all)) if not_run else ():
+        values[:, :, not_run] = float("nan")  # not run: no value, rather than a zero that reads as "no effect"
     return {(a, n): ((E_all[i, b].clone(), O_all[i, b].clone())
                      + ((M_all[i, b].clone(), Q_all[i, b].clone()) if robust else ()))
             for i, a in enumerate(analyses) for b, n in enumerate(names)}
