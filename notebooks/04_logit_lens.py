@@ -80,7 +80,7 @@ from lmdepth.book.cost import announce_cost
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
 from lmdepth.claims import report
 from lmdepth.book.pages import lens as page
-from lmdepth.scratch.tuned_lens import TrainConfig
+from lmdepth.model.translators import TunedLensRecipe
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
@@ -144,7 +144,7 @@ models = chapter_models(model_name, compare_models)  # checked: a typo stops her
 # so that the loss estimates the full-vocabulary KL. The evaluation below always uses the full vocabulary.
 
 # %% tags=["hide-input"]
-md(page.recipe_md(TrainConfig(n_tokens=n_train_tokens, epochs=train_epochs, seed=seed), enabled=tuned_lens))
+md(page.recipe_md(TunedLensRecipe(n_tokens=n_train_tokens, epochs=train_epochs, seed=seed), enabled=tuned_lens))
 
 # %% tags=["hide-input"]
 all_tables, all_runs, curves = lens.run_many(models, **lens_kw)

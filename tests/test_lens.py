@@ -4,6 +4,7 @@
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,8 +15,8 @@ from lmdepth.hooks.lens import lens_stats
 from lmdepth.metrics.distributions import FinalDistribution, Scratch, kl_divergence, lens_metrics, sampled_kl, topk_overlap
 from lmdepth.model.translators import Translators
 from lmdepth.model.unembed import Unembedding
-from lmdepth.scratch.tuned_lens import TrainConfig, sample_candidates, train_translators
-from lmdepth.analyses import lens
+from lmdepth.model.translators import TunedLensRecipe, sample_candidates, train_translators
+from lmdepth.analyses import lens, tuned_lens
 from lmdepth.model.taps import hooked_residuals
 from lmdepth.errors import ParameterError
 from lmdepth.model.registry import load_model
@@ -187,7 +188,7 @@ def test_training_reduces_the_tuned_lens_loss(tiny_dirs):
     lm = load_model(str(tiny_dirs["llama"]))
     texts = [f"Problem {i}: {i} apples and {2 * i} pears; {3 * i} fruits in all. " * 3 for i in range(8)]
     h = torch.cat([torch.stack(_residuals(lm, lm.encode(t)), 1) for t in texts])  # [tokens, L+1, d]
-    cfg = TrainConfig(n_tokens=len(h) - 64, epochs=6, batch_tokens=32, lr=1e-2, head_k=8, n_negatives=16)
+    cfg = TunedLensRecipe(n_tokens=len(h) - 64, epochs=6, batch_tokens=32, lr=1e-2, head_k=8, n_negatives=16)
     tr, curve, info = train_translators(lm, h[:-64], h[-64:], cfg, lens_dtype="float32", log_every=2)
     train = curve[curve.split == "train"].groupby("step")["value"].mean()
     held = curve[curve.split == "held-out"].groupby("step")["value"].mean()
@@ -231,15 +232,15 @@ def test_run_writes_both_lenses_and_caches_translators(tiny_dirs, texts, tmp_pat
     assert meta["last_layer_check_kl_max"] < 1e-5 and meta["n_positions_evaluated"] == meta["n_tokens"]
     tl = meta["tuned_lens"]
     assert tl["train_tokens"] == 128 and (tmp_path / "tuned_lens").exists()
-    assert (lens.Path(tl["path"]) / "translators.npz").exists()
-    curve = lens.training_curve(r)
+    assert (Path(tl["path"]) / "translators.npz").exists()
+    curve = tuned_lens.training_curve(r)
     assert {"split", "step", "layer", "value"} <= set(curve.columns) and (curve.step == 0).any()
     # the typed summary chapter 04 and the atlas read, from the sidecar the run wrote
     s = lens.LensSummary.of(r)
     assert (s.n_layers, s.n_problems, s.n_examples, s.n_tokens) == (4, 4, 4, meta["n_tokens"])
     assert s.n_positions_evaluated == s.n_tokens and s.last_layer_check_kl_max < 1e-5 and s.eval_time_s >= 0
     assert s.tuned.train_tokens == 128 and s.tuned.epochs == 1 and not s.tuned.from_cache
-    assert s.tuned.path == lens.Path(tl["path"]) and 0 <= s.tuned.layers_kept_identity <= 4
+    assert s.tuned.path == Path(tl["path"]) and 0 <= s.tuned.layers_kept_identity <= 4
     assert 0 < s.tuned.head_size <= s.tuned.vocab and s.tuned.train_time_s >= 0
     again = lens.run(str(tiny_dirs["gemma3"]), dataset=str(texts), results_dir=tmp_path, **RUN_KW)
     assert again.from_cache
@@ -248,10 +249,10 @@ def test_run_writes_both_lenses_and_caches_translators(tiny_dirs, texts, tmp_pat
     assert other.meta["tuned_lens"]["from_cache"] and other.meta["tuned_lens"]["cache_key"] == tl["cache_key"]
     # stored results omit the translators (large, regenerable): a run whose problems are all checkpointed finishes
     # without them, and does not retrain
-    (lens.Path(tl["path"]) / "translators.npz").unlink()
+    (Path(tl["path"]) / "translators.npz").unlink()
     shutil.rmtree(other.path)
     refinished = lens.run(str(tiny_dirs["gemma3"]), dataset=str(texts), results_dir=tmp_path, **{**RUN_KW, "n_examples": 3})
-    assert not (lens.Path(tl["path"]) / "translators.npz").exists()
+    assert not (Path(tl["path"]) / "translators.npz").exists()
     assert refinished.table.equals(other.table) and refinished.meta["tuned_lens"]["cache_key"] == tl["cache_key"]
 
 
@@ -260,7 +261,7 @@ def test_logit_lens_only_run(tiny_dirs, texts, tmp_path):
     r = lens.run(str(tiny_dirs["olmo2"]), dataset=str(texts), results_dir=tmp_path, **{**RUN_KW, "tuned_lens": False})
     assert set(r.table.component) == {"logit_lens"} and r.meta["tuned_lens"] is None
     assert lens.LensSummary.of(r).tuned is None
-    assert not (tmp_path / "tuned_lens").exists() and lens.training_curve(r).empty
+    assert not (tmp_path / "tuned_lens").exists() and tuned_lens.training_curve(r).empty
 
 
 @pytest.mark.integration
@@ -340,7 +341,7 @@ def test_the_training_curve_is_found_in_a_results_folder_read_from_elsewhere(tmp
     folder, read from another working directory, still finds the curve beside the lens run."""
     import pandas as pd
 
-    from lmdepth.analyses.lens import training_curve
+    from lmdepth.analyses.tuned_lens import training_curve
     from lmdepth.results import RunResult
 
     root = tmp_path / "copied" / "results"
@@ -351,3 +352,100 @@ def test_the_training_curve_is_found_in_a_results_folder_read_from_elsewhere(tmp
                     root / "logit_lens" / "m" / "k2")
     monkeypatch.chdir(tmp_path)  # "results/tuned_lens/m/k1" does not exist from here
     assert list(training_curve(run).loss) == [2.0, 1.0]
+
+
+# ---- the tuned lens as its own job; the model name resolved once per run ------------------------------------------
+
+def _count_resolutions(monkeypatch) -> list[str]:
+    """Every resolution of a model name (:meth:`ModelRef.of`, the one resolver) from here on, by name."""
+    from lmdepth.model.registry import ModelRef
+
+    calls: list[str] = []
+    real = ModelRef.of.__func__
+
+    def counted(cls, name, remote=False):
+        calls.append(name)
+        return real(cls, name, remote)
+
+    monkeypatch.setattr(ModelRef, "of", classmethod(counted))
+    return calls
+
+
+@pytest.mark.integration
+def test_a_lens_run_resolves_its_model_name_once(tiny_dirs, texts, tmp_path, monkeypatch):
+    """Once per run, computing (the tuned lens trained as its own job, the model loaded, the translators trained again
+    where the stored entry keeps none) or served from the cache; run_many once per model."""
+    calls = _count_resolutions(monkeypatch)
+    model, other = str(tiny_dirs["llama"]), str(tiny_dirs["qwen2"])
+    kw = dict(RUN_KW, dataset=str(texts), results_dir=tmp_path)
+    computed = lens.run(model, **kw)
+    assert not computed.from_cache and not computed.meta["tuned_lens"]["from_cache"]
+    assert calls == [model]
+    calls.clear()
+    assert lens.run(model, **kw).from_cache and calls == [model]
+    # computing again from nothing but the tuned lens's curve: its translators are trained again, same resolution
+    (Path(computed.meta["tuned_lens"]["path"]) / tuned_lens.TRANSLATORS).unlink()
+    for d in (tmp_path / "logit_lens").glob("*/*"):
+        shutil.rmtree(d)
+    calls.clear()
+    again = lens.run(model, **kw)
+    assert not again.from_cache and not again.meta["tuned_lens"]["from_cache"] and calls == [model]
+    assert (Path(again.meta["tuned_lens"]["path"]) / tuned_lens.TRANSLATORS).exists()
+    calls.clear()
+    _, runs, curves = lens.run_many([model, other], **kw)
+    assert calls == [model, other] and runs[model].from_cache and not runs[other].from_cache
+    assert set(curves.model) == {model, other}
+
+
+@pytest.mark.integration
+def test_the_tuned_lens_is_its_own_cached_job_with_its_old_keys(tiny_dirs, tmp_path):
+    """Its entry keeps the key it had before it ran through the run template (stored entries load), the translators
+    land in the same atomic finish with their digest, and translators that no longer match it are not used."""
+    from dataclasses import asdict
+
+    from lmdepth.model.registry import current_weights_id
+    from lmdepth.results import RunStore
+
+    model = str(tiny_dirs["olmo2"])
+    p = tuned_lens.TunedLensParams(model_name=model, n_train_tokens=128, train_epochs=1, lens_dtype="float32",
+                                   results_dir=tmp_path)
+    r = tuned_lens.run(p)
+    legacy = RunStore(tmp_path, "tuned_lens", model, {**asdict(p.recipe), "train_data": "gsm8k/train",
+                                                      "dtype": "float32", "lens_dtype": "float32",
+                                                      "weights": current_weights_id(model)})
+    assert r.path == legacy.dir and r.meta["cache_key"] == legacy.key
+    assert set(r.meta["files"]) == {"table.csv"} and set(r.meta["artifacts"]) == {tuned_lens.TRANSLATORS}
+    assert not list(tmp_path.rglob("*.partial")) and not list(tmp_path.rglob(".lmdepth-tmp-*"))
+    t = tuned_lens.translators_of(r)
+    assert t is not None and t.A.shape[0] == 4 and (t.A != 0).any()
+    served = tuned_lens.run(p)
+    assert served.from_cache and served.table.equals(r.table)
+    assert torch.equal(tuned_lens.translators_of(served).A, t.A)
+    # a changed translators file is not used (a digest mismatch), and the entry itself still serves its curve
+    npz = r.path / tuned_lens.TRANSLATORS
+    npz.write_bytes(npz.read_bytes()[:-8] + b"\0" * 8)
+    assert tuned_lens.translators_of(tuned_lens.run(p)) is None and tuned_lens.run(p).from_cache
+    # an entry written before artifacts were recorded reads its translators as they are
+    meta = json.loads((r.path / "meta.json").read_text())
+    del meta["artifacts"]
+    (r.path / "meta.json").write_text(json.dumps(meta))
+    npz.write_bytes(t.to_npz())
+    assert torch.equal(tuned_lens.translators_of(tuned_lens.run(p)).A, t.A)
+
+
+@pytest.mark.integration
+def test_a_remote_lens_run_that_would_train_the_tuned_lens_is_refused_before_the_model_loads(
+        tiny_dirs, texts, tmp_path, monkeypatch):
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(lens, "load_model", no_load)
+    kw = dict(RUN_KW, dataset=str(texts), results_dir=tmp_path, remote="local")
+    with pytest.raises(ParameterError, match="trained here, not on NDIF"):  # no entry: its job would train
+        lens.run(str(tiny_dirs["llama"]), **kw)
+    # an entry that keeps only its curve (as stored results do): the translators would be trained again
+    model = str(tiny_dirs["llama"])
+    r = tuned_lens.run(lens.LensParams(model_name=model, **dict(kw, remote=False)).tuned())
+    (r.path / tuned_lens.TRANSLATORS).unlink()
+    with pytest.raises(ParameterError, match="trained here, not on NDIF"):
+        lens.run(model, **kw)

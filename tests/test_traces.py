@@ -540,7 +540,8 @@ def test_the_bigram_reference_of_chapter_04_is_computed_under_the_strict_server_
 @pytest.mark.unit
 @pytest.mark.parametrize("remote", [True, "local"])
 def test_tuned_lens_training_refuses_remote_in_one_line(remote):
-    from lmdepth.analyses.lens import LensParams, refuse_remote_training
+    from lmdepth.analyses.lens import LensParams
+    from lmdepth.analyses.tuned_lens import refuse_remote_training
     from lmdepth.errors import ParameterError
 
     assert LensParams(model_name="org/model", remote=remote).remote == remote  # the lens itself goes remote
@@ -557,7 +558,8 @@ def test_tuned_lens_training_residuals_trace_equals_the_hook_reference(family):
     [L + 1, T, d] back) equal the plain-hook collection exactly: stored translators stay valid."""
     from lmdepth.data.datasets import Example
     from lmdepth.model.registry import LoadedModel
-    from lmdepth.scratch.tuned_lens import collect_residuals, collect_residuals_hooked
+    from lmdepth.analyses.tuned_lens import collect_residuals
+    from lmdepth.hooks.lens import collect_residuals_hooked
 
     model = tiny_model(family)
     adapter = ModelAdapter.for_model(model)

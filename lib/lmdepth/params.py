@@ -65,6 +65,15 @@ def param(default: Any, help: str = "", choices: Iterable[Any] | None = None, lo
     return field(default=default, metadata=meta)
 
 
+def param_of(cls: type[Params], name: str) -> Any:
+    """A field declared like the field ``name`` of another :class:`Params` class (same default, constraints and help):
+    a parameter one analysis passes on to another (chapter 04's tuned-lens budget) is declared once, by the analysis
+    that uses it."""
+    f = next(f for f in fields(cls) if f.name == name)
+    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return param(default, **{k: f.metadata[k] for k in ("help", "choices", "lo", "hi", "nullable")})
+
+
 def _check_value(name: str, value: Any, hint: Any, meta: dict[str, Any]) -> None:
     if value is None and meta.get("nullable"):
         return

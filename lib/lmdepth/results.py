@@ -208,21 +208,25 @@ class RunStore:
         if self._kept_partial is None:
             return
         fresh, self.partial, self._kept_partial = self.partial, self._kept_partial, None
-        if finished:
+        new = sorted(fresh.glob("*.npz"))
+        if finished and new:  # a run without units (the tuned lens) leaves no empty checkpoint folder
             self.partial.mkdir(parents=True, exist_ok=True)
-            for f in fresh.glob("*.npz"):
+            for f in new:
                 os.replace(f, self.partial / f.name)
         shutil.rmtree(fresh, ignore_errors=True)
 
     # ---- finishing ------------------------------------------------------------------------------------
     def finalize(self, table: pd.DataFrame, meta: dict[str, Any], units: pd.DataFrame | None = None,
-                 replace: bool = False) -> RunResult:
-        """Write table, per-unit table (if any) and sidecar into a temporary directory, then move it into place in one step.
+                 replace: bool = False, artifacts: dict[str, bytes] | None = None) -> RunResult:
+        """Write table, per-unit table (if any), artifacts (if any) and sidecar into a temporary directory, then move
+        it into place in one step.
 
         The sidecar records each file's sha256 and row count (``meta["files"]``), which :meth:`load_verified` checks.
-        Two processes finishing the same run (same parameters, so the same numbers) is safe: the first one to
-        land stays and the other discards its copy. ``replace=True`` (a recomputation) swaps a finished run for
-        the new one instead.
+        ``artifacts`` are files a run keeps beside its tables that stored results may omit (large and regenerable:
+        the tuned lens's translators); the sidecar records their digests apart (``meta["artifacts"]``), checked when
+        one is read (:func:`read_artifact`), never required. Two processes finishing the same run (same parameters,
+        so the same numbers) is safe: the first one to land stays and the other discards its copy. ``replace=True``
+        (a recomputation) swaps a finished run for the new one instead.
         """
         mark_root(self.root)
         self.dir.parent.mkdir(parents=True, exist_ok=True)
@@ -230,12 +234,17 @@ class RunStore:
         files = {"table.csv": table.to_csv(index=False)}
         if units is not None:
             files["units.csv"] = units.to_csv(index=False)
+        artifacts = artifacts or {}
         meta = {**meta, "cache_key": self.key, "compute_version": COMPUTE_VERSION,
-                "files": {name: _file_record(text.encode("utf-8")) for name, text in files.items()}}
+                "files": {name: _file_record(text.encode("utf-8")) for name, text in files.items()},
+                **({"artifacts": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+                                  for name, data in artifacts.items()}} if artifacts else {})}
         asides: list[Path] = []  # what stood at self.dir: removed only once the new run is in place
         try:
             for name, text in files.items():
                 _write_synced(tmp / name, text)
+            for name, data in artifacts.items():
+                _write_synced(tmp / name, data)
             _write_synced(tmp / "meta.json", json.dumps(meta, indent=2, default=str))
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700: give the result ordinary permissions
             while True:
@@ -315,11 +324,28 @@ def mark_root(root: str | Path) -> None:
                           + "\n")
 
 
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+def _write_synced(path: Path, content: str | bytes) -> None:
+    with (open(path, "wb") if isinstance(content, bytes) else open(path, "w", encoding="utf-8")) as f:
+        f.write(content)
         f.flush()
         os.fsync(f.fileno())
+
+
+def read_artifact(result: RunResult, name: str) -> bytes | None:
+    """An artifact a finished run kept beside its tables (:meth:`RunStore.finalize`): its bytes, or None when the
+    run keeps none of that name (stored results omit them) or it no longer matches the digest its sidecar recorded
+    (one line says so). A run finished before artifacts were recorded is read as it is."""
+    path = Path(result.path) / name
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    want = (result.meta.get("artifacts") or {}).get(name)
+    if want is not None and hashlib.sha256(data).hexdigest() != want.get("sha256"):
+        print(f"lmdepth: {path} has {len(data)} bytes, not the {want.get('bytes')} it was written with; not used",
+              file=sys.stderr, flush=True)
+        return None
+    return data
 
 
 #: Set by the book build while it executes a chapter: the directory where that chapter's runs and claims are

@@ -21,11 +21,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.lens import LensParams, sample_positions, train_examples
-from lmdepth.analyses.run import Job, per_unit, run_many as many
+from lmdepth.analyses.lens import LensParams, sample_positions
+from lmdepth.analyses.run import Job, per_unit, resolved
+from lmdepth.analyses.run import run_many as many
+from lmdepth.analyses.tuned_lens import train_examples
 from lmdepth.data.datasets import dataset_id, load_examples
 from lmdepth.metrics.distributions import LENS_METRICS, FinalDistribution, lens_metrics
-from lmdepth.model.registry import load_model
+from lmdepth.model.registry import ModelRef, load_model
 from lmdepth.results import RunResult, RunStore
 
 ANALYSIS = "bigram_baseline"
@@ -57,7 +59,7 @@ class BigramCounts:
         return torch.stack(rows).float()
 
 
-def run(params: LensParams | None = None, **kwargs: Any) -> RunResult:
+def run(params: LensParams | ModelRef | str | None = None, **kwargs: Any) -> RunResult:
     """The baseline's lens metrics per problem, at the positions the lens run of the same parameters evaluates.
 
     Args:
@@ -68,18 +70,18 @@ def run(params: LensParams | None = None, **kwargs: Any) -> RunResult:
         Tidy table (``model, metric, value``: means over problems) and the per-problem table (``units``:
         ``model, unit, metric, value`` with ``model`` = the lens model's name).
     """
-    p = LensParams.of(params, **kwargs)
+    p, ref = resolved(LensParams, params, kwargs)
     examples = load_examples(p.dataset, n_examples=p.n_examples, seed=p.seed, selection=p.selection)
     key = dict(dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed, selection=p.selection,
                include_bos=p.include_bos, dtype=p.dtype, positions_per_example=p.positions_per_example,
                n_train_tokens=p.n_train_tokens, mu=MU)
     item_key = {k: v for k, v in key.items() if k not in ("n_examples", "selection")}
-    return Job(ANALYSIS, p, key, item_key).execute(lambda store: _compute(p, key, examples, store))
+    return Job(ANALYSIS, p, key, item_key, refs=ref).execute(lambda store: _compute(p, ref, key, examples, store))
 
 
-def _compute(p: LensParams, key: dict[str, Any], examples: list, store: RunStore
+def _compute(p: LensParams, ref: ModelRef, key: dict[str, Any], examples: list, store: RunStore
              ) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
-    lm = load_model(p.model_name, device=p.device, dtype=p.dtype)
+    lm = load_model(ref.here(), device=p.device, dtype=p.dtype)  # plain torch: the weights here
     train = train_examples(p.dataset, p.n_train_tokens, p.seed)
     seqs = [lm.tokenizer(e.text).input_ids for e in train[: len(train) // 2]]  # the tuned lens' training half
     budget, kept = p.n_train_tokens, []

@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.run import Job, RunSummary
+from lmdepth.analyses.run import Job, RunSummary, resolved
 from lmdepth.data.datasets import Example, load_examples
 from lmdepth.errors import ParameterError
 from lmdepth.hooks.stack import AdapterStack, IGResult, integrated_gradients
-from lmdepth.model.registry import LoadedModel, load_model
+from lmdepth.model.registry import LoadedModel, ModelRef, load_model
 from lmdepth.params import ModelParams, Params, check_remote, param
 from lmdepth.results import RunResult, RunStore
 from lmdepth.runtime import progress
@@ -87,7 +87,7 @@ def refuse_remote_ig(remote: bool | str, ig_steps: int, ig_prompts: int | None) 
             "for the erasure alone, or remote=false.")
 
 
-def run(params: ErasureParams | str | None = None, lm: LoadedModel | Any = None, **kwargs: Any) -> RunResult:
+def run(params: ErasureParams | ModelRef | str | None = None, lm: LoadedModel | Any = None, **kwargs: Any) -> RunResult:
     """Erasure maps and integrated gradients of the case-study prompts for one model (cached per prompt).
 
     Args:
@@ -99,18 +99,18 @@ def run(params: ErasureParams | str | None = None, lm: LoadedModel | Any = None,
         are boundaries 0..L, IG rows blocks 0..L−1) and a sidecar whose ``summary`` holds per prompt the answer
         start, f(X), f(B_l), the completeness error per layer and whether the model's greedy answer is right.
     """
-    p = ErasureParams.of(params, **kwargs)
+    p, ref = resolved(ErasureParams, params, kwargs)
     studies = CASE_STUDIES[:p.n_case_studies]
     n_ig = len(studies) if p.ig_prompts is None else min(p.ig_prompts, len(studies))
     key = dict(prompts=[list(c) for c in studies], n_mean_examples=p.n_mean_examples, ig_steps=p.ig_steps,
                ig_rule=p.ig_rule, ig_prompts=n_ig, dtype=p.dtype)
     per_item = {k: v for k, v in key.items() if k not in ("prompts", "ig_prompts")}
-    return Job(ANALYSIS, p, key, per_item).execute(lambda store: _compute(p, lm, studies, n_ig, key, store))
+    return Job(ANALYSIS, p, key, per_item, refs=ref).execute(lambda store: _compute(p, ref, lm, studies, n_ig, key, store))
 
 
-def _compute(p: ErasureParams, lm: Any, studies: tuple[tuple[str, str, str], ...], n_ig: int, key: dict[str, Any],
+def _compute(p: ErasureParams, ref: ModelRef, lm: Any, studies: tuple[tuple[str, str, str], ...], n_ig: int, key: dict[str, Any],
              store: RunStore) -> tuple[pd.DataFrame, dict[str, Any]]:
-    lm = lm() if callable(lm) else (lm or load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote))
+    lm = lm() if callable(lm) else (lm or load_model(ref, device=p.device, dtype=p.dtype))
     stack, paths = AdapterStack(lm.adapter), TapPaths.of(lm.adapter)
     softcap = getattr(lm.model.config, "final_logit_softcapping", None) or None
     means = store.load_item("means")

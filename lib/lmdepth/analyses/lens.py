@@ -17,44 +17,39 @@ immediately after its logits are computed; a [layers × tokens × vocab] tensor 
 matmul runs in ``lens_dtype`` (fp32 by default; bf16 as in the paper's models is fast on GPUs but several times
 slower than fp32 on CPUs without bf16 units); log-softmax is always fp32.
 
-Training cost: a full-vocabulary softmax for every (token, layer) pair is what makes the tuned lens expensive on a
-CPU (~30 ns per logit for forward and backward). Training therefore uses a *sampled softmax*: per step the logits
-are computed for a candidate set S = (the union of the top-16 final tokens of all training tokens) ∪ (uniform
-negatives from the rest, importance-weighted), which estimates the full-vocabulary KL and its gradient.
-Evaluation always uses the full vocabulary.
+The tuned lens is an analysis of its own (:mod:`lmdepth.analyses.tuned_lens`: its parameters, training and cache
+entry), fitted as its own cached job before this run's problems are read; this run applies its translators and
+names its entry in the sidecar (``tuned_lens``).
 """
 
 from __future__ import annotations
 
 import random
-import sys
 import time
-import zipfile
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.run import Job, SampleSummary, require_tokens, concat_tables, per_unit, run_many as many
+from lmdepth.analyses import tuned_lens
+from lmdepth.analyses.run import Job, SampleSummary, concat_tables, per_unit, require_tokens, resolved
+from lmdepth.analyses.run import run_many as many
+from lmdepth.analyses.tuned_lens import TunedLensParams, TunedLensTraining
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
-from lmdepth.metrics.distributions import LENS_METRICS as METRICS, TOP_K
+from lmdepth.metrics.distributions import LENS_METRICS as METRICS
+from lmdepth.metrics.distributions import TOP_K
 from lmdepth.metrics.residual import DatasetStats, PromptStats
-from lmdepth.model.registry import LoadedModel, current_weights_id, load_model
+from lmdepth.model.registry import LoadedModel, ModelRef, load_model
 from lmdepth.model.translators import Translators
 from lmdepth.model.unembed import DEFAULT_LENS_DTYPE
-from lmdepth.errors import ParameterError
-from lmdepth.params import DTYPE_NAMES, CommonParams, param
-from lmdepth.results import RunResult, RunStore, atomic_write
-from lmdepth.runtime import environment
+from lmdepth.params import CommonParams, param, param_of
+from lmdepth.results import RunResult, RunStore
 from lmdepth.traces.lens import lens_readings
 from lmdepth.traces.residual_metrics import TapPaths
-from lmdepth.scratch.tuned_lens import TrainConfig, collect_residuals, train_translators
 
 ANALYSIS = "logit_lens"
-TUNED_ANALYSIS = "tuned_lens"
 LENSES = ("logit_lens", "tuned_lens")
 STATS = ("mean", "token_mean")  # per-problem mean then mean over problems (paper); token-weighted ([NB])
 
@@ -69,106 +64,6 @@ def sample_positions(n_tokens: int, n: int, key: str, include_bos: bool = True) 
     if 0 < n < len(pool):
         pool = sorted(random.Random(key).sample(pool, n))
     return torch.tensor(pool, dtype=torch.long)
-
-
-# ---- tuned-lens training -------------------------------------------------------------------------------------
-
-
-def train_examples(dataset: str, n_tokens: int, seed: int) -> list[Example]:
-    """Held-out training text: the *train* split of the named data set (GSM8K for user files), in random order.
-
-    Twice as many problems as ~100 tokens each would need (GSM8K and MATH problems are longer): the first half
-    is for training, the second for the held-out curve.
-    """
-    name = dataset if dataset in ("gsm8k", "math") else "gsm8k"
-    return load_examples(name, n_examples=2 * (n_tokens // 100 + 5), seed=seed, selection="random", split="train")
-
-
-def fit_tuned_lens(
-    lm: LoadedModel,
-    cfg: TrainConfig,
-    dataset: str = "gsm8k",
-    dtype: str = "float32",
-    lens_dtype: str = DEFAULT_LENS_DTYPE,
-    results_dir: str | Path = "results",
-    use_cache: bool = True,
-) -> tuple[Translators, RunResult]:
-    """Train (or load from the results cache) the tuned-lens translators of one model.
-
-    Cached under ``<results_dir>/tuned_lens/<model>/<key>/``: ``table.csv`` (training curve), ``meta.json``,
-    ``translators.npz``.
-
-    Returns:
-        (translators, the cache entry's RunResult; its table is the training curve).
-    """
-    store = tuned_store(lm.name, cfg, dataset, dtype, lens_dtype, results_dir)
-    state = store.dir / "translators.npz"
-    cached = store.load_verified() if use_cache else None
-    if cached is not None and state.exists():
-        try:
-            with np.load(state) as z:
-                return Translators.from_arrays({k: z[k] for k in z.files}).eval(), cached
-        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
-            print(f"lmdepth: the translators {state} cannot be read ({type(e).__name__}); training them again",
-                  file=sys.stderr, flush=True)
-    refuse_remote_training(lm.remote_mode)
-    exs = train_examples(dataset, cfg.n_tokens, cfg.seed)
-    # Held-out problems are the last ones of the shuffled list: never read for training.
-    n_val = max(1, int(cfg.n_tokens * cfg.val_fraction))
-    train_h = collect_residuals(lm, exs[: len(exs) // 2], cfg.n_tokens)
-    val_h = collect_residuals(lm, exs[len(exs) // 2 :], n_val)
-    translators, curve, info = train_translators(lm, train_h, val_h, cfg, lens_dtype)
-    curve.insert(0, "model", lm.name)
-    meta = {"analysis": TUNED_ANALYSIS, "parameters": {"model_name": lm.name, **store.params},
-            "model": lm.provenance(), "training": info, "environment": environment()}
-    result = store.finalize(curve, meta, replace=True)  # the old entry stays until this one is complete
-    atomic_write(state, lambda tmp: np.savez(tmp, **translators.state_arrays()))
-    return translators, result
-
-
-def refuse_remote_training(remote: bool | str) -> None:
-    """Tuned-lens training runs here only: one line, before any work, for a remote run that would need it.
-
-    Raises:
-        ParameterError: ``remote`` is true or ``"local"``.
-    """
-    if remote is not False:
-        raise ParameterError(
-            f"remote={remote!r}: the tuned lens is trained here, not on NDIF (its translators are L x d^2 floats, "
-            "~21 GB for a 70B model, fitted by thousands of optimiser steps); train them first with remote=false "
-            "(a GPU for a large model; same model_name, dataset, dtype, lens_dtype, n_train_tokens, train_epochs and "
-            "results_dir), then rerun: the stored translators are applied inside the trace. Or set tuned_lens=false.")
-
-
-def translators_stored(model_name: str, cfg: TrainConfig, dataset: str, dtype: str, lens_dtype: str,
-                       results_dir: str | Path) -> bool:
-    """Whether a finished, intact translators entry (its sidecar and ``translators.npz``) is in the results."""
-    store = tuned_store(model_name, cfg, dataset, dtype, lens_dtype, results_dir)
-    return store.load_verified() is not None and (store.dir / "translators.npz").exists()
-
-
-def tuned_store(model_name: str, cfg: TrainConfig, dataset: str, dtype: str, lens_dtype: str,
-                results_dir: str | Path) -> RunStore:
-    """Cache entry of a model's translators, keyed by the recipe, the training text, the numerics and the model's
-    weights (translators trained on other weights are never reused)."""
-    train_data = (dataset if dataset in ("gsm8k", "math") else "gsm8k") + "/train"
-    return RunStore(results_dir, TUNED_ANALYSIS, model_name,
-                    {**asdict(cfg), "train_data": train_data, "dtype": dtype, "lens_dtype": lens_dtype,
-                     "weights": current_weights_id(model_name)})
-
-
-def training_curve(result: RunResult) -> pd.DataFrame:
-    """The tuned-lens training curve of a lens run (read from the translators' cache entry named in its sidecar).
-
-    The entry is looked up beside the lens run, in the same results folder (``<results>/tuned_lens/<model>/<key>``):
-    the sidecar's path was written relative to the directory the run was computed from, so a results folder that
-    was copied, moved or read from elsewhere would not find it there."""
-    info = result.meta.get("tuned_lens")
-    if not info:
-        return pd.DataFrame()
-    stored = Path(info["path"])
-    beside = Path(result.path).parents[2] / "tuned_lens" / stored.parent.name / stored.name
-    return pd.read_csv((beside if beside.exists() else stored) / "table.csv")
 
 
 # ---- the run ------------------------------------------------------------------------------------------------
@@ -208,12 +103,14 @@ class LensParams(CommonParams):
     include_bos: bool = param(True, help="include position 0 (faithful default; book/method.md#method-positions)")
     positions_per_example: int = param(64, lo=0, hi=100_000,
                                        help="positions evaluated per problem, a seeded uniform sample (0 = all)")
-    lens_dtype: str = param(DEFAULT_LENS_DTYPE, choices=DTYPE_NAMES,
-                            help="dtype of the unembedding matmul (log-softmax is always fp32)")
+    lens_dtype: str = param_of(TunedLensParams, "lens_dtype")
     tuned_lens: bool = param(True, help="also train (or load) and evaluate the tuned lens")
-    n_train_tokens: int = param(TrainConfig.n_tokens, lo=64, hi=10_000_000, help="tuned-lens training tokens")
-    train_epochs: int = param(TrainConfig.epochs, lo=1, hi=1000, help="tuned-lens training epochs")
+    n_train_tokens: int = param_of(TunedLensParams, "n_train_tokens")
+    train_epochs: int = param_of(TunedLensParams, "train_epochs")
 
+    def tuned(self) -> TunedLensParams | None:
+        """The parameters of the tuned lens this run applies (None when it is switched off)."""
+        return TunedLensParams.of(**{k: getattr(self, k) for k in TunedLensParams.names()}) if self.tuned_lens else None
 
 
 @torch.no_grad()
@@ -239,48 +136,62 @@ def prompt_lens(lm: LoadedModel, ids: torch.Tensor, positions: torch.Tensor, len
                          remote=lm.remote_mode)
 
 
-def run(params: LensParams | None = None, **kwargs: Any) -> RunResult:
+def run(params: LensParams | ModelRef | str | None = None, **kwargs: Any) -> RunResult:
     """Compute (or load from cache) the logit lens and the tuned lens of one model on a data set.
 
     Args:
-        params: a :class:`LensParams`, or its fields as keyword arguments. ``positions_per_example`` positions
-            per problem are a seeded uniform sample, so the per-problem mean over positions stays unbiased;
-            ``n_train_tokens``, ``train_epochs``: the tuned-lens budget (:class:`TrainConfig`; the rest is fixed).
+        params: a :class:`LensParams`, or its fields as keyword arguments (or the model already resolved, with
+            them). ``positions_per_example`` positions per problem are a seeded uniform sample, so the per-problem
+            mean over positions stays unbiased; ``n_train_tokens``, ``train_epochs``: the tuned-lens budget
+            (:class:`~lmdepth.analyses.tuned_lens.TunedLensParams`; the rest of the recipe is fixed).
 
     Returns:
         The tidy table (``model, metric, component, stat, layer, n_layers, rel_depth, value, ci_low, ci_high``;
         component = lens) and the sidecar (with ``tuned_lens``: the translators' cache entry and training info).
     """
-    p = LensParams.of(params, **kwargs)
+    p, ref = resolved(LensParams, params, kwargs)
     examples = load_examples(p.dataset, n_examples=p.n_examples, seed=p.seed, selection=p.selection)
-    cfg = TrainConfig(n_tokens=p.n_train_tokens, epochs=p.train_epochs, seed=p.seed)
-    tuned_key = (tuned_store(p.model_name, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir).key
-                 if p.tuned_lens else None)
+    tp = p.tuned()
     key = dict(dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed, selection=p.selection,
                include_bos=p.include_bos, dtype=p.dtype, n_boot=p.n_boot, positions_per_example=p.positions_per_example,
-               lens_dtype=p.lens_dtype, top_k=TOP_K, tuned_lens=tuned_key,
+               lens_dtype=p.lens_dtype, top_k=TOP_K, tuned_lens=None if tp is None else tuned_lens.cache_key(tp, ref),
                outputs=2)  # 2: also the per-problem table (runs finished before it recompute from their checkpoints)
     # A problem's numbers do not depend on which other problems are in the sample: share its checkpoint.
     item_key = {k: v for k, v in key.items() if k not in ("n_examples", "selection", "n_boot", "outputs")}
-    return Job(ANALYSIS, p, key, item_key).execute(lambda store: _compute(p, cfg, key, examples, store))
+    return Job(ANALYSIS, p, key, item_key, refs=ref).execute(lambda store: _compute(p, tp, ref, key, examples, store))
 
 
-def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: list[Example], store: RunStore
-             ) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
-    if p.tuned_lens and not translators_stored(p.model_name, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir):
-        refuse_remote_training(p.remote)  # before the model loads
-    lm = load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote)
+def _compute(p: LensParams, tp: TunedLensParams | None, ref: ModelRef, key: dict[str, Any], examples: list[Example],
+             store: RunStore) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
+    loaded: list[LoadedModel] = []
+
+    def model() -> LoadedModel:
+        """Loaded on first use: by the tuned lens's job when it trains, else by this run."""
+        if not loaded:
+            loaded.append(load_model(ref, device=p.device, dtype=p.dtype))
+        return loaded[0]
+
+    # The tuned lens first, as its own cached job: its entry (curve and sidecar) is served or trained here.
+    tuned = None if tp is None else tuned_lens.run(ref, model, p.remote, **tp.asdict())
+    if tuned is not None and p.remote is not False and not tuned_lens.has_translators(tuned):
+        tuned_lens.refuse_remote_training(p.remote)  # they would be trained again: refused before the model loads
+    lm = model()
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
     if not p.include_bos:
         require_tokens(encoded, 2, "include_bos=False leaves no position to average")
-    fitted: dict[str, tuple[Translators, RunResult]] = {}
+    fitted: list[Translators] = []
 
     def translators() -> Translators | None:
-        """Trained (or loaded) on first use only: a run whose every problem is checkpointed needs no translators
-        (stored results omit them: they are large and regenerable)."""
-        if p.tuned_lens and not fitted:
-            fitted["t"] = fit_tuned_lens(lm, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir, p.use_cache)
-        return fitted["t"][0] if fitted else None
+        """Read (or trained again) on first use only: a run whose every problem is checkpointed needs no
+        translators (stored results omit them: they are large and regenerable)."""
+        nonlocal tuned
+        if tuned is not None and not fitted:
+            t = tuned_lens.translators_of(tuned)
+            if t is None:  # the entry keeps no translators (stored results omit them): train again, replacing it
+                tuned = tuned_lens.run(ref, model, p.remote, **dict(tp.asdict(), use_cache=False))
+                t = tuned_lens.translators_of(tuned)
+            fitted.append(t)
+        return fitted[0] if fitted else None
 
     t_eval = time.time()
 
@@ -291,13 +202,6 @@ def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: lis
                 "positions": pos.numpy(), "check": np.array(check)}
 
     items = per_unit(store, encoded, one, desc=f"{p.model_name}: lenses")
-    tuned = None
-    if p.tuned_lens:  # the translators' cache entry (its sidecar and training curve); trained now if it is missing
-        entry = tuned_store(p.model_name, cfg, p.dataset, p.dtype, p.lens_dtype, p.results_dir)
-        tuned = None if fitted else entry.load_verified()
-        if tuned is None:
-            translators()
-            tuned = fitted["t"][1]
     counts = np.array([int(it["count"]) for it in items])
     table = tidy_table(np.stack([it["mean"] for it in items]), counts, p.model_name, n_boot=p.n_boot, seed=p.seed)
     meta = {
@@ -309,9 +213,7 @@ def _compute(p: LensParams, cfg: TrainConfig, key: dict[str, Any], examples: lis
         "n_tokens": int(counts.sum()),
         "n_positions_evaluated": int(sum(len(it["positions"]) for it in items)),
         "last_layer_check_kl_max": max(float(it["check"]) for it in items),
-        "tuned_lens": None if tuned is None else {
-            "path": str(tuned.path), "cache_key": tuned.meta["cache_key"], "from_cache": tuned.from_cache,
-            "recipe": asdict(cfg), **tuned.meta["training"]},
+        "tuned_lens": None if tuned is None else tuned_lens.sidecar(tuned, tp),
         "eval_time_s": round(time.time() - t_eval, 2),
     }
     return table, meta, units_table(p.model_name, [uid for uid, _ in encoded], [it["mean"] for it in items])
@@ -330,31 +232,6 @@ def units_table(model: str, ids: list[str], means: list[np.ndarray]) -> pd.DataF
             for uid, mean in zip(ids, means) for i in range(mean.shape[0]) for j, metric in enumerate(METRICS)
             for layer, v in enumerate(mean[i, j])]
     return pd.DataFrame(rows)
-
-
-@dataclass(frozen=True)
-class TunedLensTraining:
-    """How a lens run's tuned-lens translators were obtained (its sidecar's ``tuned_lens``).
-
-    Attributes:
-        path: the translators' cache entry, as the sidecar recorded it (see :func:`training_curve`).
-        from_cache: loaded from that entry (True) or trained by the lens run.
-        train_time_s: seconds the training took (when it was trained).
-        train_tokens: training tokens; ``epochs``: passes over them (the recipe's).
-        head_size: the vocabulary head (top final tokens of the training tokens); ``n_negatives``: uniform
-            negatives sampled per step; ``vocab``: the model's vocabulary.
-        layers_kept_identity: layers whose translator the held-out selection left at the identity (step 0).
-    """
-
-    path: Path
-    from_cache: bool
-    train_time_s: float
-    train_tokens: int
-    epochs: int
-    head_size: int
-    n_negatives: int
-    vocab: int
-    layers_kept_identity: int
 
 
 @dataclass(frozen=True)
@@ -378,12 +255,7 @@ class LensSummary(SampleSummary):
     @classmethod
     def of(cls, result: RunResult) -> LensSummary:
         m = result.meta
-        t = m.get("tuned_lens")
-        tuned = None if not t else TunedLensTraining(
-            path=Path(t["path"]), from_cache=bool(t["from_cache"]), train_time_s=float(t["train_time_s"]),
-            train_tokens=int(t["train_tokens"]), epochs=int(t["recipe"]["epochs"]), head_size=int(t["head_size"]),
-            n_negatives=int(t["n_negatives"]), vocab=int(t["vocab"]),
-            layers_kept_identity=int(t["layers_kept_identity"]))
+        tuned = TunedLensTraining.of(m["tuned_lens"]) if m.get("tuned_lens") else None
         return cls(**cls.fields_of(result), n_tokens=int(m["n_tokens"]),
                    n_positions_evaluated=int(m["n_positions_evaluated"]),
                    last_layer_check_kl_max=float(m["last_layer_check_kl_max"]), eval_time_s=float(m["eval_time_s"]),
@@ -393,7 +265,7 @@ class LensSummary(SampleSummary):
 def run_many(model_names: list[str], **kwargs: Any) -> tuple[pd.DataFrame, dict[str, LensSummary], pd.DataFrame]:
     """:func:`run` for several models: (concatenated table, each model's summary, concatenated training curves)."""
     results = many(run, model_names, **kwargs)
-    curves = [training_curve(r) for r in results.values()]
+    curves = [tuned_lens.training_curve(r) for r in results.values()]
     curves = [c for c in curves if not c.empty]
     return (concat_tables(results),
             {m: LensSummary.of(r) for m, r in results.items()},
@@ -536,8 +408,9 @@ def settled_depth(summary: pd.DataFrame, model: str, lens: str, criterion: str) 
 
 
 __all__ = [
-    "ANALYSIS", "LENSES", "METRICS", "LensParams", "LensSummary", "TunedLensTraining", "fit_tuned_lens", "refuse_remote_training", "translators_stored",
-    "prompt_lens", "run", "run_many", "training_curve", "select", "settling_layers", "settling_summary", "settled_depth", "summary_wide", "curve_ends", "tuned_convergence", "STATS", "KL_CRITERION", "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
+    "ANALYSIS", "LENSES", "METRICS", "LensParams", "LensSummary", "prompt_lens", "run", "run_many", "run_units",
+    "select", "settling_layers", "settling_summary", "settled_depth", "summary_wide", "curve_ends", "tuned_convergence",
+    "STATS", "KL_CRITERION", "OVERLAP_CRITERION", "SHARED_KL_CRITERION", "COSINE_CRITERION",
 ]
 
 

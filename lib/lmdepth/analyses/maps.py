@@ -42,7 +42,7 @@ import pandas as pd
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from lmdepth.analyses.run import Job, RunSummary
+from lmdepth.analyses.run import Job, RunSummary, resolved
 from lmdepth.data.alignment import GENERAL_TEXTS, general_text_id
 from lmdepth.data.corpus import CorpusPlan, corpus_docs, plan_corpus
 from lmdepth.data.datasets import dataset_id
@@ -50,7 +50,7 @@ from lmdepth.errors import ParameterError
 from lmdepth.traces.boundary_residuals import boundary_residuals_at
 from lmdepth.traces.residual_metrics import TapPaths
 from lmdepth.metrics.ridge import DEFAULT_ALPHAS, PRODUCT_DTYPES, MapFit, boundary_layers, error_matrix, fit_maps
-from lmdepth.model.registry import load_model, resolve_model_path
+from lmdepth.model.registry import ModelRef, load_model
 from lmdepth.params import ModelParams, check_remote, param
 from lmdepth.results import TMP_PREFIX, RunResult, RunStore
 from lmdepth.runtime import load_average, progress, resolve_device
@@ -221,9 +221,10 @@ def map_specs(model_name: str, compare_models: list[str], self_map_model: str, s
     return specs
 
 
-def tokenizer_of(name: str) -> tuple[Any, int | None]:
-    """A model's tokenizer and context length, without loading its weights."""
-    path = resolve_model_path(name)[0]
+def tokenizer_of(model: str | ModelRef) -> tuple[Any, int | None]:
+    """A model's tokenizer and context length, without loading its weights (a name is resolved; a run passes its
+    :class:`~lmdepth.model.registry.ModelRef`)."""
+    path = (model if isinstance(model, ModelRef) else ModelRef.of(model)).location()
     cfg = AutoConfig.from_pretrained(path)
     return AutoTokenizer.from_pretrained(path), getattr(cfg, "max_position_embeddings", None)
 
@@ -270,7 +271,7 @@ class MapsParams(ModelParams):
                                  f"regularisation), got {self.ridge_alphas!r}.")
 
 
-def run(params: MapsParams | str | None = None, **kwargs: Any) -> RunResult:
+def run(params: MapsParams | ModelRef | str | None = None, **kwargs: Any) -> RunResult:
     """Fit every layer-pair linear map between ``model_name`` and each of ``compare_models`` (both directions),
     plus the controls, or load the run from the cache.
 
@@ -284,7 +285,7 @@ def run(params: MapsParams | str | None = None, **kwargs: Any) -> RunResult:
         Tidy table (``map, kind, source, target, source_layer, target_layer, n_source_layers, n_target_layers,
         source_depth, target_depth, metric, value``) and the sidecar (corpus, coverage, summaries, timings).
     """
-    p = MapsParams.of(params, **kwargs)
+    p, ref = resolved(MapsParams, params, kwargs)
     compare_models = [m for m in dict.fromkeys(p.compare_models) if m != p.model_name]
     specs = map_specs(p.model_name, compare_models, p.self_map_model, p.shuffle_control, p.control_stride,
                       p.layer_stride, p.all_pairs)
@@ -297,17 +298,18 @@ def run(params: MapsParams | str | None = None, **kwargs: Any) -> RunResult:
                control_stride=p.control_stride, product_dtype=p.product_dtype, seed=p.seed, dtype=p.dtype)
     if p.general_text == "python-docs" and p.general_fraction > 0:
         key["general_text_id"] = general_text_id()
-    return Job(ANALYSIS, p, key, models=models).execute(lambda store: _compute(p, specs, models, key, store))
+    job = Job(ANALYSIS, p, key, models=models, refs=ref)  # the other models resolved here, once
+    return job.execute(lambda store: _compute(p, job.refs, specs, models, key, store))
 
 
-def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[str, Any], store: RunStore
-             ) -> tuple[pd.DataFrame, dict[str, Any]]:
+def _compute(p: MapsParams, refs: dict[str, ModelRef], specs: list[MapSpec], models: list[str], key: dict[str, Any],
+             store: RunStore) -> tuple[pd.DataFrame, dict[str, Any]]:
     timings: dict[str, float] = {}
     t0, cpu0 = time.perf_counter(), time.process_time()
     load_before = load_average()
     # The corpus is planned with the tokenizers alone; then one model at a time is loaded, its residuals collected
     # and the model released, so peak memory is one model plus the residuals (the paper profile maps 1.5B ↔ 14B).
-    toks = {m: tokenizer_of(m) for m in models}
+    toks = {m: tokenizer_of(refs[m]) for m in models}
     timings["load_tokenizers"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     docs = corpus_docs(p.dataset, p.general_text, p.general_fraction, p.max_doc_chars, p.seed)
@@ -333,7 +335,7 @@ def _compute(p: MapsParams, specs: list[MapSpec], models: list[str], key: dict[s
     with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}residuals-", dir=p.results_dir) as spool:
         for i, m in enumerate(models):
             t1 = time.perf_counter()
-            lm = load_model(m, device=p.device, dtype=p.dtype, remote=p.remote)
+            lm = load_model(refs[m], device=p.device, dtype=p.dtype)
             provenance[m] = lm.provenance()
             if m in needed:
                 residuals[m] = collect(lm, plan, i, spool=Path(spool) / f"{i}.npy")

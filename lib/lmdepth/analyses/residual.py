@@ -17,8 +17,9 @@ from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 from lmdepth.metrics import layer_curves
 from lmdepth.data.datasets import dataset_id, Example, load_examples, selection_record
 from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats, residual_token_metrics
-from lmdepth.analyses.run import Job, SampleSummary, require_tokens, concat_tables, per_unit, run_many as many
-from lmdepth.model.registry import LoadedModel, load_model
+from lmdepth.analyses.run import Job, SampleSummary, concat_tables, per_unit, require_tokens, resolved
+from lmdepth.analyses.run import run_many as many
+from lmdepth.model.registry import LoadedModel, ModelRef, load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
 
@@ -77,7 +78,7 @@ class ResidualParams(CommonParams):
     include_bos: bool = param(True, help="include position 0 in the averages (faithful default; book/method.md#method-positions)")
 
 
-def run(params: ResidualParams | None = None, **kwargs: Any) -> RunResult:
+def run(params: ResidualParams | ModelRef | str | None = None, **kwargs: Any) -> RunResult:
     """Compute (or load from cache) the residual statistics of one model on a data set.
 
     Args:
@@ -88,18 +89,18 @@ def run(params: ResidualParams | None = None, **kwargs: Any) -> RunResult:
         The tidy table (``model, metric, component, stat, layer, n_layers, rel_depth, value, ci_low, ci_high``)
         and the sidecar.
     """
-    p = ResidualParams.of(params, **kwargs)
+    p, ref = resolved(ResidualParams, params, kwargs)
     examples = load_examples(p.dataset, n_examples=p.n_examples, seed=p.seed, selection=p.selection)
     key = dict(dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed, selection=p.selection,
                include_bos=p.include_bos, dtype=p.dtype, n_boot=p.n_boot,
                outputs=2)  # 2: also the per-problem table (runs finished before it recompute from their checkpoints)
     per_item = {k: v for k, v in key.items() if k not in ("n_examples", "n_boot", "outputs")}
-    return Job(ANALYSIS, p, key, per_item).execute(lambda store: _compute(p, key, examples, store))
+    return Job(ANALYSIS, p, key, per_item, refs=ref).execute(lambda store: _compute(p, ref, key, examples, store))
 
 
-def _compute(p: ResidualParams, key: dict[str, Any], examples: list[Example], store: RunStore
+def _compute(p: ResidualParams, ref: ModelRef, key: dict[str, Any], examples: list[Example], store: RunStore
              ) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
-    lm = load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote)
+    lm = load_model(ref, device=p.device, dtype=p.dtype)
     # Tokenize everything first: a prompt that does not fit fails before any compute is spent.
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
     if not p.include_bos:

@@ -1,15 +1,18 @@
 """The one cached, resumable run template every analysis uses.
 
-validation (the analysis's :class:`~lmdepth.params.Params`) → cache key → :class:`~lmdepth.results.RunStore`
-→ model load → per-unit loop with checkpoints → tidy table → sidecar, finished in one atomic step::
+validation (the analysis's :class:`~lmdepth.params.Params`) → the model resolved once → cache key →
+:class:`~lmdepth.results.RunStore` → model load → per-unit loop with checkpoints → tidy table → sidecar, finished in
+one atomic step::
 
     def run(params=None, **kwargs):
-        p = MyParams.of(params, **kwargs)                  # bad input stops here, before any model loads
-        job = Job(ANALYSIS, p, key={...}, item_key={...})
-        return job.execute(lambda store: compute(p, store))
+        p, ref = resolved(MyParams, params, kwargs)       # bad input stops here, before any model loads
+        job = Job(ANALYSIS, p, key={...}, item_key={...}, refs=ref)
+        return job.execute(lambda store: compute(p, ref, store))   # compute loads load_model(ref, ...)
 
-``compute`` returns ``(table, meta)`` or ``(table, meta, units)`` (a per-unit table for claim verdicts); the template adds the analysis name, the environment and the wall time to
-the sidecar. :func:`per_unit` is the checkpointed loop over problems (or items, prompts, runs).
+``compute`` returns ``(table, meta)`` or ``(table, meta, units)`` (a per-unit table for claim verdicts); the template
+adds the analysis name, the weights, the environment and the wall time to the sidecar. :func:`per_unit` is the
+checkpointed loop over problems (or items, prompts, runs). The model name is resolved once per run
+(:class:`~lmdepth.model.registry.ModelRef`): the cache key, the checkpoints and the load read that one resolution.
 
 What the book's pages and the atlas read of a finished run is its typed summary: :class:`RunSummary` (or
 :class:`SampleSummary`) extended by each analysis and built by its ``of(result)`` from the stored sidecar alone.
@@ -27,12 +30,13 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.errors import DataError
-from lmdepth.model.registry import current_weights_id
-from lmdepth.params import ModelParams
+from lmdepth.model.registry import ModelRef
+from lmdepth.params import ModelParams, Params
 from lmdepth.results import RunResult, RunStore, record_run
 from lmdepth.runtime import environment, progress
 
 X = TypeVar("X")
+P = TypeVar("P", bound=Params)
 Arrays = dict[str, np.ndarray]
 
 
@@ -51,6 +55,13 @@ class Job:
             :func:`~lmdepth.model.registry.weights_id` is part of the cache key and of every per-unit checkpoint's
             key, so a local directory retrained in place (or another hub revision) gets a new key: a result computed
             with other weights is never served. The sidecar records the ids.
+        refs: those models resolved (:meth:`~lmdepth.model.registry.ModelRef.of`), each once per run: the ones given
+            (by :func:`resolved`) are used as they are, the others resolved when the job is made. The computation
+            reads them from here (:attr:`ref`) instead of resolving the names again.
+        bare_weights: key the run by its one model's weights id as a plain string, not a ``{model: id}`` map: the
+            tuned lens's entries were keyed so before it ran through this template, and keep their keys.
+        record: note the run in the book record of the chapter being built; False for a run that only serves
+            another run, which names it in its own sidecar (the tuned lens, named by the lens run).
     """
 
     analysis: str
@@ -59,46 +70,88 @@ class Job:
     item_key: dict[str, Any] | None = None
     model: str | None = None
     models: list[str] | None = None
+    refs: dict[str, ModelRef] | ModelRef | None = None
+    bare_weights: bool = False
+    record: bool = True
 
-    def store(self, weights: dict[str, str]) -> RunStore:
-        """The cache entry of these parameters and weights (its per-unit checkpoints keyed by the weights too)."""
+    def __post_init__(self) -> None:
+        remote = getattr(self.params, "remote", False)
+        given = {self.refs.name: self.refs} if isinstance(self.refs, ModelRef) else dict(self.refs or {})
+        for ref in given.values():
+            if ref.remote != remote:
+                raise ValueError(f"{ref.name!r} was resolved with remote={ref.remote!r}; the run has remote={remote!r}")
+        names = self.models or [self.model or self.params.model_name]
+        self.refs = {m: given[m] if m in given else ModelRef.of(m, remote) for m in names}
+
+    @property
+    def ref(self) -> ModelRef:
+        """The resolved model the run is filed under."""
+        return self.refs[self.model or self.params.model_name]
+
+    def store(self, weights: dict[str, str] | None = None) -> RunStore:
+        """The cache entry of these parameters and weights (default: the resolved models'), its per-unit
+        checkpoints keyed by the weights too."""
         p = self.params
-        key = {**self.key, "weights": weights}
-        item_key = {**(self.key if self.item_key is None else self.item_key), "weights": weights}
+        weights = self.weights() if weights is None else weights
+        ids: dict[str, str] | str = weights[self.ref.name] if self.bare_weights else weights
+        key = {**self.key, "weights": ids}
+        item_key = {**(self.key if self.item_key is None else self.item_key), "weights": ids}
         return RunStore(p.results_dir, self.analysis, self.model or p.model_name, key, item_params=item_key)
 
     def weights(self) -> dict[str, str]:
-        """The current weights id of every model the run depends on."""
-        names = self.models or [self.model or self.params.model_name]
-        return {m: current_weights_id(m, remote=getattr(self.params, "remote", False)) for m in names}
+        """The weights id of every model the run depends on, as resolved for this run."""
+        return {m: ref.weights_id for m, ref in self.refs.items()}
 
     def execute(self, compute: Callable[[RunStore], tuple[Any, ...]]) -> RunResult:
-        """Serve a finished run from the cache, or compute it (resuming from checkpoints) and finish it."""
+        """Serve a finished run from the cache, or compute it (resuming from checkpoints) and finish it.
+
+        ``compute`` returns ``(table, meta)``, ``(table, meta, units)`` or ``(table, meta, units, artifacts)``
+        (``artifacts``: name → bytes, kept beside the tables in the same atomic finish; see
+        :meth:`~lmdepth.results.RunStore.finalize`).
+        """
         weights = self.weights()
         store = self.store(weights)
         if self.params.use_cache:
             cached = store.load_verified()  # a damaged run is moved aside (and said so) and computed again
             if cached is not None:
-                record_run(cached)
+                if self.record:
+                    record_run(cached)
                 return cached
         else:  # the previous finished run and its checkpoints stay untouched until the new run replaces them
             store.begin_recompute()
         finished = False
         try:
             t0 = time.time()
-            table, meta, *units = compute(store)
+            table, meta, *more = compute(store)
+            units, artifacts = (*more, None, None)[:2]
             meta = {"analysis": self.analysis, **meta, "weights": weights, "environment": environment(),
                     "wall_time_s": round(time.time() - t0, 2)}
             if store.unit_seconds:  # the units' own cost, whether computed now or read from checkpoints
                 known = [x for x in store.unit_seconds if x is not None]
                 meta["unit_compute_s"] = {"total": round(sum(known), 2), "units": len(store.unit_seconds),
                                           "timed": len(known)}
-            result = store.finalize(table, meta, units[0] if units else None, replace=not self.params.use_cache)
+            result = store.finalize(table, meta, units, replace=not self.params.use_cache, artifacts=artifacts)
             finished = True
         finally:
             store.end_recompute(finished)
-        record_run(result)
+        if self.record:
+            record_run(result)
         return result
+
+
+def resolved(cls: type[P], params: P | ModelRef | str | None, kwargs: dict[str, Any]) -> tuple[P, ModelRef]:
+    """A run's validated parameters (``cls.of(params, **kwargs)``: bad input stops here) and its model, resolved once.
+
+    ``params`` may be a :class:`~lmdepth.model.registry.ModelRef`, the model already resolved (by :func:`run_many`,
+    or by the run that asks for this one), which is then used as it is.
+    """
+    if isinstance(params, ModelRef):
+        p = cls.of(params.name, **kwargs)
+        if p.model_name != params.name:
+            raise ValueError(f"model_name={p.model_name!r} for the model resolved as {params.name!r}")
+        return p, params
+    p = cls.of(params, **kwargs)
+    return p, ModelRef.of(p.model_name, getattr(p, "remote", False))
 
 
 def per_unit(store: RunStore, units: Sequence[tuple[str, X]], compute: Callable[[str, X], Arrays],
@@ -130,11 +183,10 @@ def require_tokens(encoded: Sequence[tuple[str, Any]], n: int, why: str) -> None
 
 
 def run_many(run: Callable[..., RunResult], model_names: Sequence[str], **kwargs: Any) -> dict[str, RunResult]:
-    """``run(model_name=m, **kwargs)`` for each model, in order. Every name is checked first, so a typo in the last
-    one stops the call before the first model is loaded."""
-    for m in model_names:
-        current_weights_id(m, remote=kwargs.get("remote", False))
-    return {m: run(model_name=m, **kwargs) for m in model_names}
+    """``run(model_name=m, **kwargs)`` for each model, in order. Every name is resolved first, so a typo in the last
+    one stops the call before the first model is loaded; each run gets its model as resolved here."""
+    refs = [ModelRef.of(m, kwargs.get("remote", False)) for m in model_names]
+    return {ref.name: run(ref, **kwargs) for ref in refs}
 
 
 def concat_tables(results: dict[str, RunResult]) -> pd.DataFrame:

@@ -19,13 +19,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.run import Job, RunSummary, SampleSummary, per_unit
+from lmdepth.analyses.run import Job, RunSummary, SampleSummary, per_unit, resolved
 from lmdepth.claims.report import control_models
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
 from lmdepth.hooks.skipping import PARTS, draw_cuts, variants
 from lmdepth.metrics.effects import cutoff_with_ci, later_effect
-from lmdepth.model.registry import load_model
+from lmdepth.model.registry import ModelRef, load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
 from lmdepth.traces.residual_metrics import TapPaths
@@ -138,7 +138,7 @@ class SkipSummary(SampleSummary):
                    cutoffs={v: Cutoff(**c) for v, c in (result.meta.get("summary") or {}).items()})
 
 
-def run(params: SkipParams | None = None, **kwargs: Any) -> RunResult:
+def run(params: SkipParams | ModelRef | str | None = None, **kwargs: Any) -> RunResult:
     """Skip effects of every layer of one model over a data set (cached; resumes per problem).
 
     Args:
@@ -149,7 +149,7 @@ def run(params: SkipParams | None = None, **kwargs: Any) -> RunResult:
         sidecar whose ``summary`` holds the cutoff layer per variant with its bootstrap interval
         (:attr:`SkipSummary.cutoffs`).
     """
-    p = SkipParams.of(params, **kwargs)
+    p, ref = resolved(SkipParams, params, kwargs)
     parts = [x for x in PARTS if x in p.parts]
     examples = load_examples(p.dataset, n_examples=p.n_examples, seed=p.seed, selection=p.selection)
     key = dict(analysis=p.analysis, dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed,
@@ -158,12 +158,12 @@ def run(params: SkipParams | None = None, **kwargs: Any) -> RunResult:
                outputs=2,  # 2: also the per-problem table (runs finished before it recompute from their checkpoints)
                **({"floor": p.floor} if p.floor is not None else {}))  # absent: the keys of runs before it hold
     per_item = {k: v for k, v in key.items() if k not in ("n_examples", "threshold", "n_boot", "outputs")}
-    return Job(ANALYSIS, p, key, per_item).execute(lambda store: _compute(p, parts, key, examples, store))
+    return Job(ANALYSIS, p, key, per_item, refs=ref).execute(lambda store: _compute(p, ref, parts, key, examples, store))
 
 
-def _compute(p: SkipParams, parts: list[str], key: dict[str, Any], examples: list[Example], store: RunStore
+def _compute(p: SkipParams, ref: ModelRef, parts: list[str], key: dict[str, Any], examples: list[Example], store: RunStore
              ) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
-    lm = load_model(p.model_name, device=p.device, dtype=p.dtype, remote=p.remote)
+    lm = load_model(ref, device=p.device, dtype=p.dtype)
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
     paths = TapPaths.of(lm.adapter)
     names = [v.name for v in variants(parts, p.local)]
@@ -319,15 +319,15 @@ def benchmark(params: SkipParams | None = None, n_pool: int = 200, tol: float = 
     Raises:
         AssertionError: the two paths differ by more than ``tol`` (nothing is stored).
     """
-    p = SkipParams.of(params, **kwargs)
+    p, ref = resolved(SkipParams, params, kwargs)
     key = dict(dataset=dataset_id(p.dataset), seed=p.seed, selection=p.selection, n_cuts=min(p.n_cuts, 2),
                device=p.device, dtype=p.dtype, n_pool=n_pool, version=2)  # 2: the trace is the timed path
-    return Job(BENCHMARK, p, key).execute(lambda store: _benchmark(p, n_pool, tol))
+    return Job(BENCHMARK, p, key, refs=ref).execute(lambda store: _benchmark(p, ref, n_pool, tol))
 
 
-def _benchmark(p: SkipParams, n_pool: int, tol: float) -> tuple[pd.DataFrame, dict[str, Any]]:
+def _benchmark(p: SkipParams, ref: ModelRef, n_pool: int, tol: float) -> tuple[pd.DataFrame, dict[str, Any]]:
     load_before = load_average()
-    lm = load_model(p.model_name, device=p.device, dtype=p.dtype)
+    lm = load_model(ref.here(), device=p.device, dtype=p.dtype)  # timed here, whatever the remote mode
     ex = load_examples(p.dataset, n_examples=1, seed=p.seed, selection=p.selection)[0]
     ids = lm.encode(ex.text)
     # two cut points keep the naive loop to 2 × L passes; scripts/bench_skipping.py runs the full setting

@@ -2,7 +2,8 @@
 :class:`~lmdepth.model.translators.Translators`, :func:`~lmdepth.metrics.distributions.lens_metrics`): the reference
 twin that the remote-ready lens trace (:func:`lmdepth.traces.lens.lens_readings`, what the chapter runs) is held to
 in the tests. It calls library code inside its trace, so it cannot run on NDIF. Also the plain-hook reference of the
-tuned lens' training residuals (:func:`hooked_token_residuals`)."""
+tuned lens' training residuals (:func:`hooked_token_residuals`, :func:`collect_residuals_hooked`), the twin of
+:func:`lmdepth.analyses.tuned_lens.collect_residuals`."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ from typing import Any
 
 import torch
 
-from lmdepth.model.taps import hooked_residuals, layer_output
-from lmdepth.metrics.distributions import LENS_METRICS, TOP_K, FinalDistribution, Scratch, kl_divergence, lens_metrics
+from lmdepth.data.datasets import Example
+from lmdepth.metrics.distributions import (
+    LENS_METRICS,
+    TOP_K,
+    FinalDistribution,
+    Scratch,
+    kl_divergence,
+    lens_metrics,
+)
 from lmdepth.model.paths import resolve
 from lmdepth.model.registry import LoadedModel
-from lmdepth.model.translators import Translators
+from lmdepth.model.taps import hooked_residuals, layer_output
+from lmdepth.model.translators import Translators, residuals_until
 from lmdepth.model.unembed import Unembedding
 
 
@@ -114,3 +123,14 @@ def hooked_token_residuals(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
     """
     r = hooked_residuals(lm.adapter, ids, logits_to_keep=1)
     return torch.cat([r["resid_pre"][:, 0], r["resid_post"][-1:, 0]]).transpose(0, 1).float()
+
+
+@torch.no_grad()
+def collect_residuals_hooked(lm: LoadedModel, examples: list[Example], n_tokens: int) -> torch.Tensor:
+    """:func:`lmdepth.analyses.tuned_lens.collect_residuals` with plain forward hooks (:func:`hooked_token_residuals`):
+    the reference twin the tests hold the trace to; no run uses it.
+
+    Returns:
+        [n_tokens, L + 1, d_model] fp32 on the model's device.
+    """
+    return residuals_until(lm, examples, n_tokens, lambda ids: hooked_token_residuals(lm, ids))

@@ -17,7 +17,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -324,27 +324,86 @@ def _packaged_dir(spec: PackagedModel) -> Path:
     return target
 
 
-def resolve_model_path(name: str) -> tuple[str, str, str | None]:
-    """Map a user's model name to (path or hub id, source, file digest) without loading anything."""
+@dataclass(frozen=True)
+class ModelRef:
+    """A model name resolved: what it names and the id of the weights its numbers come from, with nothing loaded (a
+    packaged model is not even converted). A run resolves its model once (:meth:`of`, in the run template) and hands
+    this down: its cache key, its checkpoints, the tuned lens it uses and the load all read the same resolution.
+
+    Attributes:
+        name: what the user asked for (short name, hub id, local directory or ``random-init:<name>``).
+        source: where loading here takes the weights from: "packaged", "local", "hub" or "random-init".
+        local_weights_id: :func:`weights_id` of the weights here (a random-init twin's: its base's, made random).
+        remote: where the run's traces go: False (here), True (NDIF) or "local" (NDIF's offline simulation).
+        path: a local directory, or the hub id; "" for a packaged model (converted on first load) and a twin.
+        base: a random-init twin's base model (whose config and tokenizer it takes).
+    """
+
+    name: str
+    source: str
+    local_weights_id: str
+    remote: bool | str = False
+    path: str = ""
+    base: ModelRef | None = None
+
+    @classmethod
+    def of(cls, name: str, remote: bool | str = False) -> ModelRef:
+        """Resolve a model name (the one resolver: every other lookup of a name goes through it).
+
+        Raises:
+            UnknownModelError: the name is neither a packaged model, a model directory, a hub id nor a twin of one.
+        """
+        return _resolve(name, remote)
+
+    @property
+    def weights_id(self) -> str:
+        """The id of the weights the run computes with: NDIF's copy when ``remote`` is True, else the weights here."""
+        return weights_id(self.name, self.name, "ndif", None) if self.remote is True else self.local_weights_id
+
+    @property
+    def digest(self) -> str | None:
+        """The pinned sha256 of a packaged model's GGUF file (None for the other sources)."""
+        return PACKAGED[self.name].sha256 if self.source == "packaged" else None
+
+    def here(self) -> ModelRef:
+        """The same model with its weights here (``remote=False``): what training (the tuned lens) runs on."""
+        return replace(self, remote=False)
+
+    def location(self) -> str:
+        """The weights' directory here, or the hub id. A packaged model is converted on first use (up to a minute)
+        and its converted copy verified on every later one."""
+        if self.base is not None:
+            return self.base.location()
+        return str(_packaged_dir(PACKAGED[self.name])) if self.source == "packaged" else self.path
+
+
+def _resolve(name: str, remote: bool | str) -> ModelRef:
     if not isinstance(name, str) or not name:
         raise UnknownModelError(f"model_name must be a non-empty string, got {name!r}.")
     if random_init.is_random_init(name):  # the base model's config and tokenizer, fresh weights
-        return resolve_model_path(random_init.base_name(name))[0], "random-init", None
+        base = _resolve(random_init.base_name(name), False)
+        return ModelRef(name, "random-init", random_init.weights_id(base.local_weights_id), remote, base=base)
     if name in PACKAGED:
-        spec = PACKAGED[name]
-        return str(_packaged_dir(spec)), "packaged", spec.sha256
+        return ModelRef(name, "packaged", weights_id(name, "", "packaged", PACKAGED[name].sha256), remote)
     if Path(name).expanduser().is_dir():
         path = Path(name).expanduser()
         if not (path / "config.json").exists():
             raise UnknownModelError(f"{name!r} is a directory but not a transformers model: it has no config.json. "
                                     "Point model_name at the directory that `save_pretrained` wrote.")
-        return str(path), "local", None
+        return ModelRef(name, "local", weights_id(name, str(path), "local", None), remote, str(path))
     if name.count("/") == 1 and not name.startswith((".", "/")):
-        return name, "hub", None
+        return ModelRef(name, "hub", weights_id(name, name, "hub", None), remote, name)
     raise UnknownModelError(
         f"Unknown model {name!r}. Use a packaged short name ({', '.join(PACKAGED)}), a Hugging Face hub id "
         "such as 'Qwen/Qwen2.5-0.5B' (needs internet), or a local directory containing a transformers model."
     )
+
+
+def resolve_model_path(name: str) -> tuple[str, str, str | None]:
+    """Map a user's model name to (path or hub id, source, file digest) without loading anything (a packaged model
+    is converted on first use)."""
+    ref = ModelRef.of(name)
+    return ref.location(), ref.source, ref.digest
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -371,31 +430,26 @@ def check_hub_access(name: str) -> None:
 
 def current_weights_id(name: str, remote: bool | str = False) -> str:
     """:func:`weights_id` of a model name without loading it (packaged models are not even converted)."""
-    if remote is True:  # False and "local" (the offline simulation) compute with the weights here
-        return weights_id(name, name, "ndif", None)
-    if random_init.is_random_init(name):
-        return random_init.weights_id(current_weights_id(random_init.base_name(name)))
-    if name in PACKAGED:
-        return weights_id(name, "", "packaged", PACKAGED[name].sha256)
-    path, source, digest = resolve_model_path(name)
-    return weights_id(name, path, source, digest)
+    return ModelRef.of(name, remote).weights_id
 
 
 def load_model(
-    name: str,
+    model: str | ModelRef,
     device: str = "cpu",
     dtype: str = "float32",
-    remote: bool | str = False,
+    remote: bool | str | None = None,
     check: bool = True,
 ) -> LoadedModel:
     """Load a model by packaged short name, hub id or local directory, and self-check its residual stream.
 
     Args:
-        name: e.g. ``"smollm2-135m"``, ``"meta-llama/Llama-3.1-8B"`` or ``"/path/to/model"``.
+        model: e.g. ``"smollm2-135m"``, ``"meta-llama/Llama-3.1-8B"`` or ``"/path/to/model"``; or the run's
+            :class:`ModelRef`, so the name is not resolved again (it carries its remote mode).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` …
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         remote: ``True``: run traces on NDIF (hub ids only; needs ``NDIF_API_KEY`` and internet); ``"local"``: load
-            here and run every trace through the strict offline simulation of NDIF.
+            here and run every trace through the strict offline simulation of NDIF; ``False`` (default for a name):
+            here. With a :class:`ModelRef`, None or the ref's own mode.
         check: run the additivity self-check (refuses non-additive, e.g. post-LN, models).
 
     ``random-init:<name>`` loads ``<name>``'s architecture with untrained weights (:mod:`lmdepth.model.random_init`).
@@ -404,41 +458,45 @@ def load_model(
         raise ParameterError(f"Parameter 'dtype' must be one of {list(DTYPES)}, got {dtype!r}.")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if remote is True:
-        if random_init.is_random_init(name):
+    ref = model if isinstance(model, ModelRef) else ModelRef.of(model, False if remote is None else remote)
+    if remote is not None and remote != ref.remote:
+        raise ValueError(f"load_model: remote={remote!r} for a model resolved with remote={ref.remote!r}")
+    name = ref.name
+    if ref.remote is True:
+        if ref.source == "random-init":
             raise ParameterError(f"{name!r} is a local control model; run it with remote=False.")
-        return _load_remote(name)
-    path, source, digest = resolve_model_path(name)
-    if source == "hub":
+        return _load_remote(ref)
+    path = ref.location()
+    if ref.source == "hub":
         check_hub_access(name)
     device = resolve_device(device)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = (random_init.build(path, DTYPES[dtype]) if source == "random-init"
-                 else AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])).to(device).eval()
+        net = (random_init.build(path, DTYPES[dtype]) if ref.source == "random-init"
+               else AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])).to(device).eval()
     except OSError as e:
-        if source != "hub":
+        if ref.source != "hub":
             raise
         raise UnknownModelError(
             f"Could not load {name!r} from the Hugging Face hub ({type(e).__name__}: {str(e).splitlines()[0]}). "
             "Without internet use a packaged model "
             f"({', '.join(PACKAGED)}) or a local directory; for gated models run `huggingface-cli login`."
         ) from None
-    adapter = ModelAdapter.for_model(model)
+    adapter = ModelAdapter.for_model(net)
     err = None
     if check:
         probe = tok("The cat sat on the mat because it was warm.", return_tensors="pt").input_ids.to(device)
         err = check_additivity(adapter, probe)
-    return LoadedModel(name, model, tok, adapter, source, digest, err, weights_id=current_weights_id(name),
-                       remote_mode=remote)
+    return LoadedModel(name, net, tok, adapter, ref.source, ref.digest, err, weights_id=ref.local_weights_id,
+                       remote_mode=ref.remote)
 
 
-def _load_remote(name: str) -> LoadedModel:
+def _load_remote(ref: ModelRef) -> LoadedModel:
     """An NDIF-backed model: weights stay on the server; the local copy is a meta-device skeleton."""
     from nnsight import LanguageModel
 
-    versions = preflight(name)  # key, network, hosting and versions, in seconds, before the hub is asked for anything
-    lm = LanguageModel(name)  # meta weights: the config and tokenizer come from the hub
+    versions = preflight(ref.name)  # key, network, hosting and versions, in seconds, before the hub is asked for anything
+    lm = LanguageModel(ref.name)  # meta weights: the config and tokenizer come from the hub
     adapter = ModelAdapter.for_model(lm._model)
-    return LoadedModel(name, lm._model, lm.tokenizer, adapter, "ndif", remote_model=lm,
-                       weights_id=weights_id(name, name, "ndif", None), remote_mode=True, ndif=versions)
+    return LoadedModel(ref.name, lm._model, lm.tokenizer, adapter, "ndif", remote_model=lm,
+                       weights_id=ref.weights_id, remote_mode=True, ndif=versions)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from lmdepth.analyses.lens import (KL_CRITERION, LENSES, OVERLAP_CRITERION, STATS, LensSummary, curve_ends,
                                    select, settled_depth, settling_summary)
-from lmdepth.scratch.tuned_lens import TrainConfig
+from lmdepth.model.translators import TunedLensRecipe
 
 
 def lenses(tuned: bool) -> list[str]:
@@ -18,7 +18,7 @@ def lenses(tuned: bool) -> list[str]:
     return [name for name in LENSES if tuned or name == "logit_lens"]
 
 
-def recipe_md(recipe: TrainConfig, enabled: bool = True) -> str:
+def recipe_md(recipe: TunedLensRecipe, enabled: bool = True) -> str:
     """The tuned-lens training recipe in one sentence (or that the tuned lens is switched off)."""
     if not enabled:
         return "Tuned lens switched off (`tuned_lens=False`)."
