@@ -19,6 +19,8 @@ RUNS = ROOT / "checkpoints" / "dm_math"
 
 
 class BuildPyWithBookFiles(build_py):
+    """``build_py`` that also copies the finished runs and the chapter sources into the wheel (see above)."""
+
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False):

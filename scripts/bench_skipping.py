@@ -22,10 +22,10 @@ import torch
 
 from lmdepth.data.datasets import load_examples
 from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
-from lmdepth.traces.residual_metrics import TapPaths
-from lmdepth.traces.skip_effects import skip_effects
 from lmdepth.hooks.skipping import PARTS, draw_cuts
 from lmdepth.model.registry import load_model
+from lmdepth.traces.residual_metrics import TapPaths
+from lmdepth.traces.skip_effects import skip_effects
 
 
 def main() -> None:

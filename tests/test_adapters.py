@@ -6,12 +6,12 @@ import pytest
 import torch
 from nnsight.modeling.transformers import TransformersModel
 
-from lmdepth.model.families import ModelAdapter, family_for
-from lmdepth.model.taps import additivity_error, check_additivity, hooked_residuals
-from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 from lmdepth.errors import UnsupportedArchitectureError
 from lmdepth.metrics.residual import residual_token_metrics
+from lmdepth.model.families import ModelAdapter, family_for
+from lmdepth.model.taps import additivity_error, check_additivity, hooked_residuals
 from lmdepth.testing import FAMILY_CONFIGS, tiny_model, tiny_tokenizer
+from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 
 FAMILIES = list(FAMILY_CONFIGS)
 

@@ -10,12 +10,12 @@ import torch
 
 from lmdepth.analyses import residual
 from lmdepth.claims import REGISTRY, for_chapter, report
+from lmdepth.claims.findings import headline, saved_verdicts, state_counts, verdict_matrices, verdict_matrix
 from lmdepth.claims.maps import units_of as maps_units
 from lmdepth.claims.scratch import RUNS, SUBJECT, swap_objectives, units_of
-from lmdepth.claims.findings import headline, saved_verdicts, state_counts, verdict_matrices, verdict_matrix
+from lmdepth.data.difficulty import LEVELS
 from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.layer_curves import change_point, sign_change_margin
-from lmdepth.data.difficulty import LEVELS
 from lmdepth.metrics.verdicts import Rule
 from lmdepth.model.random_init import control_name
 

@@ -6,7 +6,13 @@ import sys
 
 import pytest
 
-from lmdepth.book.chapters import PROFILES, check_parameters, declared_parameters, parse_cli_value, profile_params
+from lmdepth.book.chapters import (
+    PROFILES,
+    check_parameters,
+    declared_parameters,
+    parse_cli_value,
+    profile_params,
+)
 from lmdepth.book.cli import main
 from lmdepth.errors import ParameterError
 

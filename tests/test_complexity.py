@@ -8,15 +8,29 @@ import pandas as pd
 import pytest
 import torch
 
-from lmdepth.data.difficulty import analysis_input, answer_start, difficulty_examples, gsm8k_correct, last_boxed, math_correct
-from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics, slope
 from lmdepth.analyses import complexity as C
 from lmdepth.book.pages import complexity as cx_page
+from lmdepth.data.datasets import Example
+from lmdepth.data.difficulty import (
+    analysis_input,
+    answer_start,
+    difficulty_examples,
+    gsm8k_correct,
+    last_boxed,
+    math_correct,
+)
+from lmdepth.errors import ParameterError
+from lmdepth.hooks.stack import (
+    AdapterStack,
+    as_stack,
+    boundary_residuals,
+    erasure_map,
+    integrated_gradients,
+    mean_residuals,
+)
+from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics, slope
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.taps import hooked_residuals
-from lmdepth.data.datasets import Example
-from lmdepth.hooks.stack import AdapterStack, as_stack, boundary_residuals, erasure_map, integrated_gradients, mean_residuals
-from lmdepth.errors import ParameterError
 from lmdepth.testing import tiny_model
 
 TEXT = "Q: a=3, b=a+2, c=b+1. What is c? A: 6"

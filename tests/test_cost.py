@@ -78,13 +78,13 @@ def test_the_ndif_cost_of_the_paper_profile_per_chapter():
 def test_the_erasure_sessions_forward_count_is_what_the_cost_table_says(n_tokens, batch):
     """Forward passes of the model in one prompt's erasure session, counted by a hook, = erasure_forwards."""
     import torch
+    from nnsight.modeling.transformers import TransformersModel
 
     from lmdepth.book.cost import erasure_forwards
     from lmdepth.model.families import ModelAdapter
     from lmdepth.testing import tiny_model, tiny_tokenizer
     from lmdepth.traces.erasure import erasure_effects
     from lmdepth.traces.residual_metrics import TapPaths
-    from nnsight.modeling.transformers import TransformersModel
 
     model = tiny_model("llama")
     adapter = ModelAdapter.for_model(model)

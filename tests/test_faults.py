@@ -183,7 +183,6 @@ def test_the_book_refuses_a_missing_or_damaged_recorded_run_in_one_line(case, tm
     import shutil
 
     from lmdepth.analyses import atlas
-    from lmdepth.book.cli import main
 
     root, run = _book_record(tmp_path)
     check_recorded(root / "book" / "default")  # intact: passes

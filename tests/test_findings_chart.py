@@ -17,7 +17,7 @@ from lmdepth.claims import REGISTRY, report
 from lmdepth.claims.findings import saved_verdicts, state_counts
 from lmdepth.claims.scratch import SUBJECT
 from lmdepth.model.random_init import control_name
-from test_claims import MA, MO, SCENARIOS, eval_units, item_units, rel, units
+from test_claims import MA, MO, eval_units, item_units, rel, units
 
 pytestmark = pytest.mark.unit
 NORMS = "relative_contribution"

@@ -11,17 +11,22 @@ import pandas as pd
 import pytest
 import torch
 
-from lmdepth.hooks.lens import lens_stats
-from lmdepth.metrics.distributions import FinalDistribution, Scratch, kl_divergence, lens_metrics, sampled_kl, topk_overlap
-from lmdepth.model.translators import Translators
-from lmdepth.model.unembed import Unembedding
-from lmdepth.model.translators import TunedLensRecipe, sample_candidates, train_translators
 from lmdepth.analyses import lens, tuned_lens
-from lmdepth.model.taps import hooked_residuals
 from lmdepth.errors import ParameterError
+from lmdepth.hooks.lens import lens_stats
+from lmdepth.metrics.distributions import (
+    FinalDistribution,
+    Scratch,
+    kl_divergence,
+    lens_metrics,
+    sampled_kl,
+    topk_overlap,
+)
 from lmdepth.model.registry import load_model
+from lmdepth.model.taps import hooked_residuals
+from lmdepth.model.translators import Translators, TunedLensRecipe, sample_candidates, train_translators
+from lmdepth.model.unembed import Unembedding
 from lmdepth.testing import FAMILY_CONFIGS
-
 
 # ---- unit: pure functions -------------------------------------------------------------------------------------
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from lmdepth.data.corpus import SPLITS, plan_corpus
-from lmdepth.metrics.ridge import boundary_layers, error_matrix, fit_maps, ridge_fit
-from lmdepth.hooks.stack import AdapterStack, boundary_residuals
 from lmdepth.analyses import maps as lmaps
 from lmdepth.book.pages import maps as maps_page
 from lmdepth.data.alignment import align, general_docs, interleave, math_docs, token_ends
+from lmdepth.data.corpus import SPLITS, plan_corpus
 from lmdepth.errors import ParameterError
+from lmdepth.hooks.stack import AdapterStack, boundary_residuals
+from lmdepth.metrics.ridge import boundary_layers, error_matrix, fit_maps, ridge_fit
 
 
 def _splits(n_train: int, n_val: int, n_test: int) -> dict[str, slice]:
@@ -155,8 +155,8 @@ def test_corpus_texts_mix_both_sources():
 
 @pytest.mark.integration
 def test_boundary_residuals_match_hooked_residuals(tiny_dirs):
-    from lmdepth.model.taps import hooked_residuals
     from lmdepth.model.registry import load_model
+    from lmdepth.model.taps import hooked_residuals
 
     lm = load_model(str(tiny_dirs["gemma3"]))
     ids = lm.encode("The cat sat on the mat.")
@@ -359,7 +359,8 @@ def test_method_checks_of_a_synthetic_run(shuffled_ratio, holds):
 @pytest.mark.unit
 def test_map_claims_of_a_synthetic_run():
     """Two 4-layer models leave 3 target boundaries (2–4) for the claims: not testable."""
-    from lmdepth.claims import maps as maps_claims, report
+    from lmdepth.claims import maps as maps_claims
+    from lmdepth.claims import report
 
     table, run = _synthetic_run()
     labels = run.labels("main")

@@ -2,7 +2,14 @@ import numpy as np
 import pytest
 import torch
 
-from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats, cosine, relative_norm, residual_token_metrics
+from lmdepth.metrics.residual import (
+    RESIDUAL_METRICS,
+    DatasetStats,
+    PromptStats,
+    cosine,
+    relative_norm,
+    residual_token_metrics,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from lmdepth.hooks import skipping
 from lmdepth.model.taps import check_additivity, hooked_residuals
 from lmdepth.scratch.layers import Dispatch, SigmaMoE, SwitchHeadAttention, rope

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from lmdepth.errors import ParameterError
 from lmdepth.data.multihop import COLOURS, KINDS, MAX_HOPS, generate, generate_examples, one_token_answers
+from lmdepth.errors import ParameterError
 
 pytestmark = pytest.mark.unit
 

@@ -8,13 +8,14 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from lmdepth.data import dm_math as dm
+
 from lmdepth.analyses import scratch as sa
-from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
 from lmdepth.book.pages import scratch as scratch_page
+from lmdepth.data import dm_math as dm
+from lmdepth.errors import DataError
+from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
 from lmdepth.scratch import evaluate as ev
 from lmdepth.scratch import training as tr
-from lmdepth.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -4,11 +4,20 @@ import numpy as np
 import pytest
 import torch
 
-from lmdepth.metrics import effects
 from lmdepth.analyses import skipping as skip_analysis
 from lmdepth.book.pages import skipping as skip_page
+from lmdepth.hooks.skipping import (
+    PARTS,
+    Row,
+    clean_pass,
+    draw_cuts,
+    naive_effect,
+    prompt_effects,
+    prompt_effects_naive,
+    run_rows,
+)
+from lmdepth.metrics import effects
 from lmdepth.model.families import ModelAdapter
-from lmdepth.hooks.skipping import PARTS, Row, clean_pass, draw_cuts, naive_effect, prompt_effects, prompt_effects_naive, run_rows
 from lmdepth.testing import FAMILY_CONFIGS, tiny_model
 
 FAMILIES = list(FAMILY_CONFIGS)

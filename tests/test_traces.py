@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from lmdepth.errors import RemoteUnavailable
-from lmdepth.model.taps import hooked_residuals
 from lmdepth.metrics.residual import residual_token_metrics
 from lmdepth.model.families import ModelAdapter
+from lmdepth.model.taps import hooked_residuals
 from lmdepth.testing import FAMILY_CONFIGS, tiny_model, tiny_tokenizer
 from lmdepth.traces import server
 from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
@@ -119,7 +119,7 @@ def test_the_strict_server_hides_the_library_while_it_executes(ids):
     with pytest.raises(ModuleNotFoundError, match="hidden"):
         with nn.trace(ids, backend=StrictServer(nn)):
             import lmdepth.metrics.residual  # noqa: F401  (an import inside the block, not a pickled reference)
-            x = nn.model.layers[0].output.save()
+            nn.model.layers[0].output.save()
     import lmdepth.metrics.residual  # noqa: F401  restored afterwards
 
 
@@ -474,7 +474,7 @@ def test_the_lens_trace_without_translators_ships_no_tensor_and_the_bound_grows_
     A = tr.A.detach().clone()
     with pytest.raises(NotRemotable, match="ships client-side tensors"):
         with torch.no_grad(), nn.trace(ids, **trace_kwargs(nn, "local")):
-            x = (nn.model.layers[0].output[0] @ A[0]).sum().save()
+            (nn.model.layers[0].output[0] @ A[0]).sum().save()
 
 
 @pytest.mark.integration
@@ -556,10 +556,10 @@ def test_tuned_lens_training_refuses_remote_in_one_line(remote):
 def test_tuned_lens_training_residuals_trace_equals_the_hook_reference(family):
     """The translators' training residuals through the trace (one request per text under the strict server, only
     [L + 1, T, d] back) equal the plain-hook collection exactly: stored translators stay valid."""
-    from lmdepth.data.datasets import Example
-    from lmdepth.model.registry import LoadedModel
     from lmdepth.analyses.tuned_lens import collect_residuals
+    from lmdepth.data.datasets import Example
     from lmdepth.hooks.lens import collect_residuals_hooked
+    from lmdepth.model.registry import LoadedModel
 
     model = tiny_model(family)
     adapter = ModelAdapter.for_model(model)
@@ -686,8 +686,8 @@ def test_chapter_05_runs_under_the_strict_server_give_the_local_tables(tiny_dirs
 @pytest.mark.unit
 @pytest.mark.parametrize("remote", [True, "local"])
 def test_integrated_gradients_refuse_remote_in_one_line(remote):
-    from lmdepth.analyses.erasure import ErasureParams
     from lmdepth.analyses.complexity import ComplexityParams
+    from lmdepth.analyses.erasure import ErasureParams
     from lmdepth.errors import ParameterError
 
     with pytest.raises(ParameterError, match="integrated gradients run here only") as e:

@@ -9,11 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from lmdepth.data import dm_math as dm
 from lmdepth.data.dm_tokens import CharTokenizer, collate
+from lmdepth.errors import DataError
 from lmdepth.scratch import evaluate as ev
 from lmdepth.scratch import training as tr
-from lmdepth.errors import DataError
 from lmdepth.scratch.models import build_model
 
 MODULES = ("add_or_sub", "add_sub_multiple")

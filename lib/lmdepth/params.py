@@ -43,12 +43,14 @@ def check_type(name: str, value: Any, expected: type | tuple[type, ...]) -> None
 
 
 def check_range(name: str, value: float, lo: float | None = None, hi: float | None = None) -> None:
+    """Raise :class:`ParameterError` unless ``lo <= value <= hi`` (a bound left ``None`` is open)."""
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"between {lo} and {hi}" if lo is not None and hi is not None else (f">= {lo}" if lo is not None else f"<= {hi}")
         raise ParameterError(f"Parameter {name!r} must be {bounds}, got {value!r}.")
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
+    """Raise :class:`ParameterError` unless ``value`` is one of ``choices``."""
     choices = list(choices)
     if value not in choices:
         raise ParameterError(f"Parameter {name!r} must be one of {choices}, got {value!r}.")

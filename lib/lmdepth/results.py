@@ -38,9 +38,9 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -429,6 +429,7 @@ def check_recorded(record_root: str | Path, chapters: Iterable[str] | None = Non
 
 
 def is_results_root(path: str | Path) -> bool:
+    """Whether ``path`` was marked a results root by :func:`mark_root` (so :func:`clean` may clean it)."""
     return (Path(path) / ROOT_MARKER).is_file()
 
 

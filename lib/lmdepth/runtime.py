@@ -23,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global random generators."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -24,14 +24,9 @@ from typing import Any, TypeVar
 import nbformat
 import pandas as pd
 
-from lmdepth.errors import DataError
-from lmdepth.params import check_type
-from lmdepth.results import RunResult, book_record_dir, check_recorded, recorded_runs
-from lmdepth.analyses import residual
-from lmdepth.analyses import skipping as skip_analysis
-from lmdepth.analyses import lens
-from lmdepth.analyses import complexity
+from lmdepth.analyses import complexity, lens, residual
 from lmdepth.analyses import maps as linear_maps
+from lmdepth.analyses import skipping as skip_analysis
 from lmdepth.analyses.complexity import ComplexitySummary
 from lmdepth.analyses.lens import LensSummary
 from lmdepth.analyses.maps import MapsSummary
@@ -39,6 +34,9 @@ from lmdepth.analyses.residual import ResidualSummary
 from lmdepth.analyses.run import RunSummary, SampleSummary
 from lmdepth.analyses.skipping import SkipSummary
 from lmdepth.claims.spec import EARLY_LAYERS
+from lmdepth.errors import DataError
+from lmdepth.params import check_type
+from lmdepth.results import RunResult, book_record_dir, check_recorded, recorded_runs
 
 ATLAS_COLUMNS = ["model", "n_layers", "chapter", "measure", "layer", "rel_depth", "rel_low", "rel_high", "value",
                  "sample"]

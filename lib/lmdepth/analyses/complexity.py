@@ -27,8 +27,18 @@ import torch
 from lmdepth.analyses.run import Job, RunSummary, resolved
 from lmdepth.data import multihop
 from lmdepth.data.datasets import Example, content_digest, selection_record
-from lmdepth.data.difficulty import (LEVELS, SOURCE_TITLES, SOURCES, SYNTHETIC, analysis_input, answer_start,
-                                     difficulty_examples, gsm8k_correct, last_boxed, math_correct)
+from lmdepth.data.difficulty import (
+    LEVELS,
+    SOURCE_TITLES,
+    SOURCES,
+    SYNTHETIC,
+    analysis_input,
+    answer_start,
+    difficulty_examples,
+    gsm8k_correct,
+    last_boxed,
+    math_correct,
+)
 from lmdepth.errors import DataError, ParameterError
 from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics
 from lmdepth.model.registry import LoadedModel, ModelRef, load_model
@@ -378,6 +388,7 @@ def grid_frames(results: dict[tuple[str, str], RunResult]) -> GridFrames:
 
 
 def model_names(results: dict[tuple[str, str], RunResult]) -> list[str]:
+    """The models of a grid of ``(model, source)`` runs, each once, in the order they were run."""
     return list(dict.fromkeys(m for m, _ in results))
 
 

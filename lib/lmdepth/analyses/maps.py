@@ -47,13 +47,20 @@ from lmdepth.data.alignment import GENERAL_TEXTS, general_text_id
 from lmdepth.data.corpus import CorpusPlan, corpus_docs, plan_corpus
 from lmdepth.data.datasets import dataset_id
 from lmdepth.errors import ParameterError
-from lmdepth.traces.boundary_residuals import boundary_residuals_at
-from lmdepth.traces.residual_metrics import TapPaths
-from lmdepth.metrics.ridge import DEFAULT_ALPHAS, PRODUCT_DTYPES, MapFit, boundary_layers, error_matrix, fit_maps
+from lmdepth.metrics.ridge import (
+    DEFAULT_ALPHAS,
+    PRODUCT_DTYPES,
+    MapFit,
+    boundary_layers,
+    error_matrix,
+    fit_maps,
+)
 from lmdepth.model.registry import ModelRef, load_model
 from lmdepth.params import ModelParams, check_remote, param
 from lmdepth.results import TMP_PREFIX, RunResult, RunStore
 from lmdepth.runtime import load_average, progress, resolve_device
+from lmdepth.traces.boundary_residuals import boundary_residuals_at
+from lmdepth.traces.residual_metrics import TapPaths
 
 ANALYSIS = "linear_maps"
 

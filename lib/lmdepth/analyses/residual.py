@@ -12,16 +12,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmdepth.claims.spec import EARLY_LAYERS
-from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
-from lmdepth.metrics import layer_curves
-from lmdepth.data.datasets import dataset_id, Example, load_examples, selection_record
-from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats, residual_token_metrics
 from lmdepth.analyses.run import Job, SampleSummary, concat_tables, per_unit, require_tokens, resolved
 from lmdepth.analyses.run import run_many as many
+from lmdepth.claims.spec import EARLY_LAYERS
+from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
+from lmdepth.metrics import layer_curves
+from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats
 from lmdepth.model.registry import LoadedModel, ModelRef, load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
+from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 
 ANALYSIS = "residual_stream"
 

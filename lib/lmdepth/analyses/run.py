@@ -190,6 +190,7 @@ def run_many(run: Callable[..., RunResult], model_names: Sequence[str], **kwargs
 
 
 def concat_tables(results: dict[str, RunResult]) -> pd.DataFrame:
+    """The runs' tables stacked into one, in the runs' order (a fresh index)."""
     return pd.concat([r.table for r in results.values()], ignore_index=True)
 
 

@@ -19,7 +19,6 @@ The chapter's parameters (:class:`ScratchParams`), display tables, prose, claims
 from __future__ import annotations
 
 import sys
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +37,8 @@ from lmdepth.metrics.bootstrap import draws, percentile_interval
 from lmdepth.metrics.depth import group_statistics, level_statistics
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.params import Params, param
-from lmdepth.scratch.models import ScratchLM, adapter_for
 from lmdepth.scratch.evaluate import evaluate, greedy_answer
+from lmdepth.scratch.models import ScratchLM, adapter_for
 from lmdepth.scratch.shipped import finished_model
 from lmdepth.scratch.training import (
     ARCHS,

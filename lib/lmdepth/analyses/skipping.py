@@ -28,9 +28,9 @@ from lmdepth.metrics.effects import cutoff_with_ci, later_effect
 from lmdepth.model.registry import ModelRef, load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
+from lmdepth.runtime import load_average
 from lmdepth.traces.residual_metrics import TapPaths
 from lmdepth.traces.skip_effects import skip_effects
-from lmdepth.runtime import load_average
 
 ANALYSIS = "layer_skipping"
 BENCHMARK = "skipping_benchmark"

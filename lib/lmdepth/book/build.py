@@ -23,7 +23,14 @@ from pathlib import Path
 
 import nbformat
 
-from lmdepth.book.chapters import CHAPTERS, chapter_source, declared_parameters, execute_chapter, profile_params, profiles_dir
+from lmdepth.book.chapters import (
+    CHAPTERS,
+    chapter_source,
+    declared_parameters,
+    execute_chapter,
+    profile_params,
+    profiles_dir,
+)
 from lmdepth.claims.findings import intro_summary, saved_verdicts
 from lmdepth.errors import ParameterError
 from lmdepth.results import BOOK_RECORD_ENV, atomic_write_text, check_recorded

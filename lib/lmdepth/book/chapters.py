@@ -67,14 +67,17 @@ def _book_dir(env: str, name: str) -> Path:
 
 
 def notebooks_dir() -> Path:
+    """The folder of the chapter sources ``*.py``: ``$LMDEPTH_NOTEBOOKS``, the checkout's, or the wheel's."""
     return _book_dir("LMDEPTH_NOTEBOOKS", "notebooks")
 
 
 def profiles_dir() -> Path:
+    """The folder of the profiles ``*.yaml``: ``$LMDEPTH_PROFILES``, the checkout's, or the wheel's."""
     return _book_dir("LMDEPTH_PROFILES", "profiles")
 
 
 def chapter_source(chapter: str) -> Path:
+    """A chapter's jupytext source ``<stem>.py``; one line if the chapter or its file does not exist."""
     if chapter not in CHAPTERS:
         raise ParameterError(f"Unknown chapter {chapter!r}. Chapters: {', '.join(CHAPTERS)}.")
     path = notebooks_dir() / f"{CHAPTERS[chapter]}.py"
@@ -133,6 +136,9 @@ def check_profile(path: Path, common: Any, blocks: Any) -> None:
 
 @dataclass(frozen=True)
 class ParamSpec:
+    """One parameter of a chapter's ``parameters`` cell as papermill infers it: its name, type name, default
+    (as written in the cell) and help (the comment beside it)."""
+
     name: str
     type_name: str
     default: str

@@ -15,7 +15,13 @@ import time
 from pathlib import Path
 
 from lmdepth.book.build import build_book
-from lmdepth.book.chapters import CHAPTERS, declared_parameters, execute_chapter, parse_cli_value, profile_params
+from lmdepth.book.chapters import (
+    CHAPTERS,
+    declared_parameters,
+    execute_chapter,
+    parse_cli_value,
+    profile_params,
+)
 from lmdepth.errors import LmDepthError, ParameterError
 from lmdepth.model.families import supported_model_types
 from lmdepth.model.registry import PACKAGED, cache_dir
@@ -134,6 +140,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``lmdepth`` command line: subcommands run, list, book, train and clean, with their options."""
     p = argparse.ArgumentParser(prog="lmdepth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -182,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``lmdepth`` command: run a subcommand, return the exit status; an error ends in one line."""
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

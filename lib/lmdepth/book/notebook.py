@@ -8,11 +8,11 @@ import warnings
 
 import pandas as pd
 
-from lmdepth.runtime import seed_everything
 from lmdepth.book.table_sort import SORTABLE_CLASS
 from lmdepth.charts import vega_offline
 from lmdepth.model.registry import current_weights_id
 from lmdepth.params import check_type
+from lmdepth.runtime import seed_everything
 
 
 def setup(seed: int = 0) -> None:

@@ -37,6 +37,7 @@ def _config_inited(app: Any, config: Any) -> None:
 
 
 def setup(app: Any) -> dict[str, Any]:
+    """Sphinx's entry point: apply :func:`theme_options` when the configuration is read."""
     app.connect("config-inited", _config_inited)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 

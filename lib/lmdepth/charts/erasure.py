@@ -9,7 +9,6 @@ import altair as alt
 
 import lmdepth.charts.theme  # noqa: F401  (registers and enables the book's theme)
 
-
 TEXT_WIDTH = 720  # px: the book's text column
 
 

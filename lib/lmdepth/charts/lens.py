@@ -108,7 +108,7 @@ def depth_groups(curve: pd.DataFrame, n_groups: int = 4) -> pd.DataFrame:
     """Average a training curve over layers in ``n_groups`` equal bands of relative depth (keeps charts small).
 
     Args:
-        curve: ``model, split, step, tokens, layer, value`` (:func:`lmdepth.analyses.lens.training_curve`).
+        curve: ``model, split, step, tokens, layer, value`` (:func:`lmdepth.analyses.tuned_lens.training_curve`).
 
     Returns:
         ``model, split, tokens, group, value`` with group labels such as "layers at 0–25 % depth".

@@ -8,7 +8,6 @@ import pandas as pd
 
 from lmdepth.charts.theme import COMPONENT_COLORS, COMPONENT_LABELS, MODEL_PALETTE
 
-
 _CHART_COLUMNS = ["model", "component", "label", "stat", "layer", "n_layers", "rel_depth", "value", "abs_value",
                   "ci_low", "ci_high"]
 

@@ -10,7 +10,6 @@ import pandas as pd
 from lmdepth.analyses.skipping import SkipSummary
 from lmdepth.charts.theme import COMPONENT_COLORS, MODEL_PALETTE
 
-
 VIRIDIS_ZERO = "#440154"  # the colour of 0 in the viridis scheme
 
 

@@ -29,6 +29,7 @@ PREFIX = "absolute-index:"
 
 
 def control_name(label: str) -> str:
+    """The label of a map's absolute-index control rows: ``absolute-index:<map>``."""
     return f"{PREFIX}{label}"
 
 

@@ -17,9 +17,18 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.errors import DataError
+from lmdepth.metrics.verdicts import (
+    MIN_UNITS,
+    SATURATED,
+    Null,
+    Paired,
+    Rule,
+    Verdict,
+    decide,
+    paired_interval,
+    permutation_null,
+)
 from lmdepth.model.random_init import control_name
-from lmdepth.metrics.verdicts import (MIN_UNITS, SATURATED, Null, Paired, Rule, Verdict, decide, paired_interval,
-                                      permutation_null)
 
 #: Layers left out of every verdict statistic, in every chapter: layers 0–1 write a lot *relative* to the small
 #: embedding they start from (and hold the attention sinks), so they dwarf the mid-depth structure the paper's claims

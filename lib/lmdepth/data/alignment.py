@@ -30,7 +30,6 @@ import numpy as np
 from lmdepth.data.datasets import all_examples
 from lmdepth.errors import DataError
 
-
 # ---- alignment -------------------------------------------------------------------------------------------------
 
 def token_ends(tokenizer: Any, text: str) -> tuple[list[int], np.ndarray]:
@@ -149,7 +148,6 @@ def general_docs(max_chars: int = 1200) -> list[Doc]:
 def general_text_id() -> str:
     """Which copy of the general text: Python version plus a digest (the topics change between Python releases)."""
     import platform
-
     from pydoc_data.topics import topics
 
     h = hashlib.sha256("\x00".join(f"{k}\x01{topics[k]}" for k in sorted(topics)).encode()).hexdigest()[:12]

@@ -16,7 +16,6 @@ import torch
 
 from lmdepth.data.dm_math import MathExample, answer_text, prompt_text
 
-
 CHARS = string.printable[:95]  # digits, letters, punctuation, space (the generator's QUESTION_CHARS)
 
 

@@ -325,6 +325,7 @@ class Variant:
 
 
 def variants(parts: Sequence[str], local: bool) -> list[Variant]:
+    """What a skipping run measures: each part removed, plus the layer's local effect if ``local``."""
     return [Variant(p, False) for p in parts] + ([Variant("layer", True)] if local else [])
 
 

@@ -26,10 +26,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from lmdepth.model.taps import forward_hooks, layer_output
 from lmdepth.hooks.skipping import shortcut_layers
 from lmdepth.model.families import ModelAdapter
-
+from lmdepth.model.taps import forward_hooks, layer_output
 
 #: ``edit(b, h)`` sees the residual h [B, T, D] at boundary b and returns a replacement, or None to keep it.
 Edit = Callable[[int, torch.Tensor], "torch.Tensor | None"]

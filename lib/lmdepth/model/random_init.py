@@ -16,6 +16,7 @@ SEED = 0  # fixed, so the control is the same model on every machine
 
 
 def is_random_init(name: object) -> bool:
+    """Whether ``name`` is a random-init control's name (``random-init:X``)."""
     return isinstance(name, str) and name.startswith(PREFIX)
 
 

@@ -24,15 +24,13 @@ from typing import Any
 
 import torch
 
+from lmdepth.errors import DataError, MissingPackageError, ParameterError, UnknownModelError
 from lmdepth.model import random_init
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.ndif import preflight
 from lmdepth.model.taps import check_additivity
-from lmdepth.runtime import DTYPES, resolve_device
-from lmdepth.errors import DataError, MissingPackageError, ParameterError, UnknownModelError
 from lmdepth.results import TMP_PREFIX, atomic_write_text, clean, mark_root, sha256_file
-
-
+from lmdepth.runtime import DTYPES, resolve_device
 
 SOURCE_FILE = "lmdepth_source.json"  # written into a converted copy: what it was made from, and its fingerprint
 

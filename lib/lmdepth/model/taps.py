@@ -21,6 +21,7 @@ TAPS = ("resid_pre", "attn_out", "mlp_out", "resid_post")
 
 
 def layer_output(output: Any) -> torch.Tensor:
+    """The hidden state [B, T, D] in a decoder layer's output (the tensor, or a tuple's [0])."""
     # transformers v5 decoder layers return a tensor; older ones a tuple whose [0] is the hidden state.
     return output[0] if isinstance(output, (tuple, list)) else output
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 import pandas as pd
 import torch
 import torch.nn.functional as F

@@ -33,6 +33,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | Non
 
 
 def cached_kv(k: torch.Tensor, v: torch.Tensor, cache: DynamicCache | None, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This layer's keys and values [B, H, S, dh]: the new k, v [B, H, W, dh] appended to those in ``cache``
+    (which keeps them), or k, v as they are without a cache."""
     if cache is None:
         return k, v
     return cache.update(k, v, layer_idx)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import pickle
 import os
+import pickle
 import random
 import sys
 import time
@@ -41,11 +41,18 @@ import torch
 import torch.nn.functional as F
 
 from lmdepth import COMPUTE_VERSION
-from lmdepth.data.dm_math import (ARITHMETIC_MODULES, DEFAULT_MODULES, TRAIN_LEVELS, MathData, load_or_generate,
-                                  small_module_settings)
+from lmdepth.data.dm_math import (
+    ARITHMETIC_MODULES,
+    DEFAULT_MODULES,
+    TRAIN_LEVELS,
+    MathData,
+    load_or_generate,
+    small_module_settings,
+)
 from lmdepth.data.dm_tokens import CharTokenizer, collate
 from lmdepth.errors import DataError, ParameterError, TrainingDiverged
 from lmdepth.results import atomic_write, atomic_write_text
+from lmdepth.runtime import environment
 from lmdepth.scratch.evaluate import exact_match
 from lmdepth.scratch.models import (
     DenseConfig,
@@ -56,7 +63,6 @@ from lmdepth.scratch.models import (
     config_from_dict,
     count_parameters,
 )
-from lmdepth.runtime import environment
 
 ARCHS = ("moeut", "transformer")
 OBJECTIVES = ("lm", "answer_only")
@@ -255,6 +261,7 @@ def lm_loss(model: ScratchLM, batch: Any, objective: str) -> tuple[torch.Tensor,
 # ---- checkpoints -----------------------------------------------------------------------------------------------
 
 def run_dir(cfg: TrainConfig, out_dir: str | Path) -> Path:
+    """A training run's folder under ``out_dir``: ``<name>-<key>``, the key a digest of its settings."""
     return Path(out_dir) / f"{cfg.name}-{cfg.key()}"
 
 

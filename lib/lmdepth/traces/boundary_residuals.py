@@ -7,7 +7,7 @@ envoys and plain data. Its reference twin is :func:`lmdepth.hooks.stack.boundary
 position), which the tests hold it to.
 
 :func:`token_residuals` is the same trace for one sequence and every position, laid out as the tuned lens' training
-residuals (chapter 04, :func:`lmdepth.scratch.tuned_lens.collect_residuals`); its reference twin is
+residuals (chapter 04, :func:`lmdepth.analyses.tuned_lens.collect_residuals`); its reference twin is
 :func:`lmdepth.hooks.lens.hooked_token_residuals`.
 """
 

@@ -3,11 +3,12 @@ inside one nnsight trace so that only [lenses × metrics × layers × positions]
 
 The block reads only torch, the model's envoys (:meth:`~lmdepth.traces.residual_metrics.TapPaths.envoys`) and plain
 data: the lens dtype's name, the soft-cap as a float, and the translators as three tensors (``A`` [L, d, d], ``b``
-[L, d], ``scale`` [L]). The translators are trained here (:mod:`lmdepth.scratch.tuned_lens`) and travel with the
-request: L·d² floats (40 MB for SmolLM2-135M, ~21 GB for a 70B model, too large for a request), so on NDIF a large
-model runs the logit lens alone. The metrics are those of :func:`lmdepth.metrics.distributions.lens_metrics` on the
-unembedding of :class:`lmdepth.model.unembed.Unembedding` with the same block sizes and buffers, written out with
-torch inside the block; :func:`lmdepth.hooks.lens.prompt_lens` is the reference twin the tests hold it to.
+[L, d], ``scale`` [L]). The translators are trained here (:func:`lmdepth.model.translators.train_translators`,
+fitted as its own cached job by :mod:`lmdepth.analyses.tuned_lens`) and travel with the request: L·d² floats (40 MB
+for SmolLM2-135M, ~21 GB for a 70B model, too large for a request), so on NDIF a large model runs the logit lens
+alone. The metrics are those of :func:`lmdepth.metrics.distributions.lens_metrics` on the unembedding of
+:class:`lmdepth.model.unembed.Unembedding` with the same block sizes and buffers, written out with torch inside the
+block; :func:`lmdepth.hooks.lens.prompt_lens` is the reference twin the tests hold it to.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 
@@ -27,6 +26,7 @@ def runs_note(results: dict[tuple[str, str], RunResult]) -> str:
 
 
 def solved_cell(correct: pd.Series) -> str:
+    """How many items were solved (``correct`` 1), or "–" where correctness was not checked (< 0)."""
     return f"{int((correct == 1).sum())}" if (correct >= 0).all() else "–"
 
 

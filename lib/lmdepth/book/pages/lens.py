@@ -8,8 +8,17 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from lmdepth.analyses.lens import (KL_CRITERION, LENSES, OVERLAP_CRITERION, STATS, LensSummary, curve_ends,
-                                   select, settled_depth, settling_summary)
+from lmdepth.analyses.lens import (
+    KL_CRITERION,
+    LENSES,
+    OVERLAP_CRITERION,
+    STATS,
+    LensSummary,
+    curve_ends,
+    select,
+    settled_depth,
+    settling_summary,
+)
 from lmdepth.model.translators import TunedLensRecipe
 
 

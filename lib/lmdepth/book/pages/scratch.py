@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lmdepth.analyses.scratch import (ARCH_LABELS, RISE, DepthByOperations, TrainedRun, TrainingSummary,
-                                      answer_only_rises, evaluation_splits, extrapolation_gains)
+from lmdepth.analyses.scratch import (
+    ARCH_LABELS,
+    RISE,
+    DepthByOperations,
+    TrainedRun,
+    TrainingSummary,
+    answer_only_rises,
+    evaluation_splits,
+    extrapolation_gains,
+)
 from lmdepth.claims import report
 from lmdepth.data.dm_math import EXTRAPOLATE, MathData
 from lmdepth.scratch.shipped import PACKAGE_RUNS

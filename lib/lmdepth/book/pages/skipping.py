@@ -13,7 +13,6 @@ from lmdepth.metrics.effects import later_effect
 from lmdepth.metrics.layer_curves import half_means
 from lmdepth.results import RunResult
 
-
 VARIANT_TITLES = {"layer": "Layer skipped", "attention": "Attention removed", "mlp": "MLP removed",
                   "local": "Layer, local (direct) effect"}
 
