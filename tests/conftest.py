@@ -45,6 +45,21 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     return {fam: save_tiny_model(fam, root / fam) for fam in FAMILIES}
 
 
+@pytest.fixture(scope="session")
+def smoke_book(tmp_path_factory) -> Path:
+    """Every chapter executed once with the smoke profile (``execute_book``, from scratch: an empty results folder),
+    staged and rendered to HTML. Its root holds ``book/`` (the executed pages), ``results/`` (the runs they computed)
+    and ``_build/html``. Shared by the page checks of tests/test_book.py and, for its runs, by the Colab simulation
+    of tests/test_colab.py (which copies them: nothing here may be changed by a test)."""
+    from lmdepth.book.build import execute_book, render_html, stage_book
+
+    root = tmp_path_factory.mktemp("book")
+    execute_book(profile="smoke", force=True, book_dir=root / "book", results_dir=root / "results")
+    stage_book(root)
+    render_html(root, strict=True)
+    return root
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models are overhead-bound: one intra-op thread avoids thrashing on a shared 2-core machine.

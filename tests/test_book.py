@@ -1,4 +1,6 @@
-"""The book: chapters executed with the smoke profile, rendered by jupyter-book, drawn by headless Chromium."""
+"""The book: chapters executed with the smoke profile, rendered by jupyter-book, drawn by headless Chromium.
+
+The executed book is the session fixture ``smoke_book`` of tests/conftest.py (tests/test_colab.py reads its runs)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import nbformat
 import pytest
 
 from lmdepth.analyses.atlas import CHAPTER_KEYS
-from lmdepth.book.build import execute_book, render_html, repository_url, stage_book
+from lmdepth.book.build import repository_url
 from lmdepth.book.chapters import CHAPTERS
 from lmdepth.book.table_sort import SORTABLE_CLASS
 from lmdepth.claims.findings import ROW_COLUMNS
@@ -47,9 +49,10 @@ def test_committed_notebooks_are_publishable(stem):
 def test_re_executing_an_unchanged_page_changes_only_its_execution_record(tmp_path):
     """Random cell ids, pandas' random table ids, memory addresses and papermill's paths and times would make every
     re-execution a diff of thousands of lines; cleaned, two executions of the same page are byte-identical."""
+    import pandas as pd
+
     from lmdepth.book.build import clean_notebook
     from lmdepth.book.notebook import styled
-    import pandas as pd
 
     def execution(i: int) -> Path:
         table = styled(pd.DataFrame({"n": [20], "verdict": ["agrees"]}))
@@ -91,15 +94,6 @@ def chromium(html: Path) -> tuple[str, str]:
     out = headless(html, "--enable-logging=stderr", "--v=0", budget_ms=8000)
     console = "\n".join(line for line in out.stderr.splitlines() if "CONSOLE" in line)
     return out.stdout, console
-
-
-@pytest.fixture(scope="module")
-def smoke_book(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("book")
-    execute_book(profile="smoke", force=True, book_dir=root / "book", results_dir=root / "results")
-    stage_book(root)
-    render_html(root, strict=True)
-    return root
 
 
 @pytest.mark.slow

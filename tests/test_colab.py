@@ -10,9 +10,20 @@ directory that holds nothing of the repository. This test does the same on a fre
   what every Colab runtime has beside them (a Jupyter kernel and ipywidgets). They are linked from the test's own
   environment instead of downloaded (a real install takes minutes; see the README), so a module the chapters import
   but the package does not declare is missing here as it would be in Colab;
-* every committed chapter runs with papermill from an empty directory, with the smoke profile's parameters, except
-  chapter 07, which loads the book's trained runs shipped inside the wheel (``train=False``: a missing run is an
-  error, never a silent retraining); the summary pages run last, on what the others computed;
+* every committed chapter runs with papermill from a directory that holds nothing of the repository, with the smoke
+  profile's parameters, except chapter 07, which loads the book's trained runs shipped inside the wheel
+  (``train=False``: a missing run is an error, never a silent retraining); the summary pages run last, on what the
+  others left. The runs themselves are not computed a second time: the working directory's ``results/`` is seeded
+  with a copy of the runs the smoke book (``smoke_book``, tests/conftest.py) computed with the same parameters, and
+  the test checks that every chapter read them from there (none is replaced, no other finished run appears). So
+  each chapter still imports everything it uses from the fresh environment, loads its data, reads and verifies its
+  runs, draws every chart and decides every verdict there; computing runs in that environment is proven by chapter
+  04 (its logit-lens, tuned-lens and bigram runs computed there from scratch: a copied lens run cannot be read from
+  another directory), ``lmdepth run cosine`` (from scratch, in its own directory: the packaged SmolLM2 found through its
+  asset package, traces, per-problem checkpoints), the explorer page (loads the model and traces live) and
+  chapter 07 (the shipped runs, evaluated there);
+* every module of the package imports there, and every third-party module it imports anywhere (also inside
+  functions, on paths the seeded chapters skip) is installed there, except those of the ``book`` extra;
 * ``lmdepth run`` works there too, on the chapter sources and profiles the wheel carries;
 * and Colab as a reader meets it: chapter 03 as Colab opens it (the committed notebook, no parameters injected),
   its install cell run for real (``google.colab`` imported at start-up; the repository cloned from this checkout,
@@ -24,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -177,11 +189,36 @@ def _run_chapter(python: Path, work: Path, tmp_path: Path, env: dict[str, str], 
     return None
 
 
-def test_every_chapter_runs_from_an_empty_directory(colab_env, tmp_path):
+#: The analyses of chapter 04, which is computed from scratch in the simulated Colab directory: a lens run's sidecar
+#: names its tuned-lens run by the path it was computed at (relative to that process's working directory), which a
+#: copied results folder read from another directory does not have.
+COMPUTED_IN_COLAB = ("logit_lens", "tuned_lens", "bigram_baseline")
+#: What of the smoke book's results/ is not copied into the simulated Colab directory: the book build's record (a
+#: Colab reader has none: the summary pages then read every run found), chapter 07's generated data and trained
+#: runs (here it evaluates the runs shipped with the package, with other parameters) and chapter 04's runs.
+NOT_SEEDED = ("book", "dm_math_data", "dm_math_runs", *COMPUTED_IN_COLAB)
+
+
+def _finished_runs(results: Path) -> dict[str, str]:
+    """Every finished run under a results root (``<analysis>/<model>/<key>/meta.json``): path → sidecar text."""
+    return {str(m.relative_to(results)): m.read_text() for m in results.glob("*/*/*/meta.json")}
+
+
+def test_every_chapter_runs_from_an_empty_directory(colab_env, smoke_book, tmp_path):
+    """Every chapter in the fresh environment, from a directory that holds nothing of the repository but, in
+    ``results/``, a copy of the runs the smoke book computed: the chapters must read every run from there (the
+    parameters papermill passes here are the ones the book build passed, so the cache keys are the same) and compute
+    none, except chapter 04 (:data:`COMPUTED_IN_COLAB`), which computes its runs here from scratch; everything else
+    (imports, data, verification of the runs, charts, verdicts) happens in this environment."""
     from concurrent.futures import ThreadPoolExecutor
 
     python, work = colab_env, tmp_path / "work"
     work.mkdir()
+    top = smoke_book / "results"
+    shutil.copytree(top, work / "results",
+                    ignore=lambda d, names: [n for n in names if Path(d) == top and n in NOT_SEEDED])
+    seeded = _finished_runs(work / "results")
+    assert len(seeded) >= 5, sorted(seeded)  # residual, skipping, complexity, erasure, maps …
     env = {**_kernel_env(tmp_path), "OMP_NUM_THREADS": "1"}  # two kernels at once: one thread each, no spinning
     assert sorted(c for lane in LANES for c in lane) == sorted(c for c in CHAPTERS if c not in ("atlas", "reproducibility"))
 
@@ -193,6 +230,50 @@ def test_every_chapter_runs_from_an_empty_directory(colab_env, tmp_path):
     failures += lane(("atlas", "reproducibility"))
     assert failures == [], "\n\n".join(failures)
     assert not any(p.name == "checkpoints" for p in work.iterdir())  # nothing trained into the working directory
+    # every seeded run was read from the copy: none computed (a new key), recomputed or moved aside as damaged;
+    # chapter 04's runs were computed here, and chapter 07 generated its (unseeded) evaluation data here
+    after = _finished_runs(work / "results")
+    new = sorted(set(after) - set(seeded))
+    assert [k for k in new if Path(k).parts[0] not in (*COMPUTED_IN_COLAB, "dm_math_data")] == [], \
+        "computed in the Colab run instead of reading the smoke book's"
+    assert set(COMPUTED_IN_COLAB) <= {Path(k).parts[0] for k in new}, new
+    assert [k for k in seeded if after.get(k) != seeded[k]] == []
+    assert not list((work / "results").rglob("*.damaged-*"))
+
+
+def test_every_module_and_import_of_the_package_is_there_in_colab(colab_env):
+    """The seeded chapters above skip the code that computes runs; its imports are checked here instead: every
+    module of the installed package imports in the fresh environment, and every third-party module any of them
+    imports (at the top or inside a function) is installed there, except the ``book`` extra's (the book build's
+    PNG export), which Colab readers never run."""
+    code = r"""
+import ast, importlib, importlib.util, json, pkgutil, sys
+from pathlib import Path
+import lmdepth
+failed, tops = {}, set()
+for m in pkgutil.walk_packages(lmdepth.__path__, "lmdepth."):
+    try:
+        importlib.import_module(m.name)
+    except Exception as e:
+        failed[m.name] = repr(e)
+for f in Path(lmdepth.__file__).parent.rglob("*.py"):
+    for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+        if isinstance(n, ast.Import):
+            tops |= {a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+            tops.add(n.module.split(".")[0])
+tops -= set(sys.stdlib_module_names) | {"lmdepth"}
+print(json.dumps({"file": lmdepth.__file__, "failed": failed, "tops": sorted(tops),
+                  "missing": sorted(t for t in tops if importlib.util.find_spec(t) is None)}))
+"""
+    run = subprocess.run([str(colab_env), "-c", code], capture_output=True, text=True, cwd=colab_env.parents[2],
+                         env={**os.environ, "PYTHONPATH": ""}, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["file"].startswith(str(colab_env.parents[1])), out["file"]  # the installed wheel, not the checkout
+    assert out["failed"] == {}
+    assert {"torch", "transformers", "mathematics_dataset", "nnsight"} <= set(out["tops"])  # the scan sees them
+    assert set(out["missing"]) <= {"vl_convert"}, out["missing"]  # the book extra's (lmdepth.charts.vega_offline)
 
 
 def test_chapter_03_in_colab_reads_the_stored_results(tmp_path):
