@@ -38,7 +38,7 @@ OTHER_COLOR = "#bdbdbd"  # a state this version does not know (an old verdict CS
 HOLLOW_STATES = ("not testable", "no valid control")
 PANELS = ("statistic", "control")
 STEP = 15  # px per verdict row
-LABEL_PX = 190  # the model column (a model pair's name is truncated; the tooltip has it whole)
+LABEL_PX = 240  # the model column: wide enough for a model pair's name whole (chapter 06's rows)
 GAP = 0.14  # between the two panels, in panel widths
 TICKS = " "  # the blank y category under each claim's rows that carries its tick labels
 CHAPTER_TITLES = {key: nb.replace("_", " ") for nb, key in CHAPTER_KEYS.items()}
@@ -276,7 +276,7 @@ def headline_bar(verdicts: pd.DataFrame, width: int = TEXT_WIDTH - 290) -> alt.C
     return alt.Chart(long).mark_bar(height=STEP - 2).encode(
         x=alt.X("rows:Q", title="(claim × model) verdicts counted", axis=alt.Axis(tickMinStep=1)),
         y=alt.Y("model:N", sort=list(counts["model"]), title=None,
-                axis=alt.Axis(labelLimit=LABEL_PX + 50, labelFontSize=10)),  # a model pair's name whole
+                axis=alt.Axis(labelLimit=LABEL_PX, labelFontSize=10)),  # a model pair's name whole
         color=alt.Color("state:N", scale=_colors([]), title=None, legend=alt.Legend(orient="top", columns=3)),
         order=alt.Order("order:Q"),
         tooltip=["model:N", "state:N", "rows:Q"], description="label:N",
