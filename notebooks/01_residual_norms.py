@@ -70,7 +70,7 @@ from lmdepth.analyses import residual
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
 from lmdepth.claims import report
-from lmdepth.charts.residual import across_models, layer_bars, norms_lines
+from lmdepth.charts.residual_charts import across_models, layer_bars, norms_lines
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
@@ -171,7 +171,7 @@ report.save(verdicts, "norms", results_dir)
 show_table(report.display(verdicts))
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-norms-claims"}}
-from lmdepth.charts.findings import claims_forest
+from lmdepth.charts.findings_charts import claims_forest
 claims_forest(verdicts)
 
 # %% tags=["remove-cell"]

@@ -80,8 +80,8 @@ from lmdepth.analyses import skipping as skip_analysis
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
 from lmdepth.claims import report
-from lmdepth.book.pages import skipping as page
-from lmdepth.charts.skipping import comparison_panels, effect_heatmaps, later_effect_lines, output_effect_bars
+from lmdepth.book.pages import skipping_page as page
+from lmdepth.charts.skipping_charts import comparison_panels, effect_heatmaps, later_effect_lines, output_effect_bars
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
@@ -203,7 +203,7 @@ show_table(report.display(verdicts))
 show_table(page.statistics_table(verdicts))
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-skipping-claims"}}
-from lmdepth.charts.findings import claims_forest
+from lmdepth.charts.findings_charts import claims_forest
 claims_forest(verdicts)
 
 # %% tags=["remove-cell"]

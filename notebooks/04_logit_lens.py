@@ -75,11 +75,11 @@ results_dir: str = "results"  # where tidy tables, sidecars and tuned-lens trans
 
 # %% tags=["remove-cell"]
 from lmdepth.analyses import bigram, lens, residual
-from lmdepth.charts.lens import lens_across_models, lens_layers, settling_chart, training_curves
+from lmdepth.charts.lens_charts import lens_across_models, lens_layers, settling_chart, training_curves
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
 from lmdepth.claims import report
-from lmdepth.book.pages import lens as page
+from lmdepth.book.pages import lens_page as page
 from lmdepth.model.translators import TunedLensRecipe
 from lmdepth.runtime import environment, resolve_device
 
@@ -260,7 +260,7 @@ report.save(verdicts, "lens", results_dir)
 show_table(report.display(verdicts))
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-lens-claims"}}
-from lmdepth.charts.findings import claims_forest
+from lmdepth.charts.findings_charts import claims_forest
 claims_forest(verdicts)
 
 # %% tags=["remove-cell"]

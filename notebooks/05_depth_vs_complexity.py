@@ -90,12 +90,12 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 # %% tags=["remove-cell"]
 from lmdepth.analyses import complexity, erasure
 from lmdepth.analyses.run import concat_tables
-from lmdepth.charts.complexity import accuracy_chart, depth_vs_level_chart, effect_profile_chart, solved_chart
-from lmdepth.charts.erasure import comparison_maps, map_chart
+from lmdepth.charts.complexity_charts import accuracy_chart, depth_vs_level_chart, effect_profile_chart, solved_chart
+from lmdepth.charts.erasure_charts import comparison_maps, map_chart
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
-from lmdepth.claims import complexity as cc, report  # cc: the chapter's claims
-from lmdepth.book.pages import complexity as page
+from lmdepth.claims import complexity_claims as cc, report  # cc: the chapter's claims
+from lmdepth.book.pages import complexity_page as page
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
@@ -234,7 +234,7 @@ report.save(verdicts, "complexity", results_dir)
 show_table(report.display(verdicts))
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-complexity-claims"}}
-from lmdepth.charts.findings import claims_forest
+from lmdepth.charts.findings_charts import claims_forest
 claims_forest(verdicts)
 
 # %% [markdown]

@@ -83,11 +83,11 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 from IPython.display import display
 
 from lmdepth.analyses import maps as lmaps
-from lmdepth.charts.maps import floor_lines, heatmap_grid, heatmap_rows, map_heatmaps
+from lmdepth.charts.maps_charts import floor_lines, heatmap_grid, heatmap_rows, map_heatmaps
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.notebook import md, setup, show_table
-from lmdepth.claims import maps as maps_claims, report
-from lmdepth.book.pages import maps as page
+from lmdepth.claims import maps_claims, report
+from lmdepth.book.pages import maps_page as page
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
@@ -211,7 +211,7 @@ report.save(verdicts, "maps", results_dir)
 show_table(report.display(verdicts))
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-maps-claims"}}
-from lmdepth.charts.findings import claims_forest
+from lmdepth.charts.findings_charts import claims_forest
 claims_forest(verdicts)
 
 # %% tags=["hide-input"]

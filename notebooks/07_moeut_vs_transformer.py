@@ -70,14 +70,14 @@ results_dir: str = "results"  # generated data and (with checkpoint_dir "") the 
 import time
 
 from lmdepth.analyses import scratch as sa
-from lmdepth.charts.scratch import (accuracy_chart, depth_ops_chart, learning_curve_chart, loss_chart, probe_chart,
+from lmdepth.charts.scratch_charts import (accuracy_chart, depth_ops_chart, learning_curve_chart, loss_chart, probe_chart,
                                     probe_charts)
 from lmdepth.scratch import training
 from lmdepth.data.dm_math import PROBES
 from lmdepth.metrics.intervals import constant_answer_rate
 from lmdepth.book.notebook import md, setup, show_table
-from lmdepth.claims import report, scratch as moeut_claims
-from lmdepth.book.pages import scratch as page
+from lmdepth.claims import report, scratch_claims as moeut_claims
+from lmdepth.book.pages import scratch_page as page
 from lmdepth.runtime import environment, resolve_device
 
 setup(seed)
@@ -264,7 +264,7 @@ report.save(verdicts, "moeut", results_dir)
 show_table(report.display(verdicts))
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-moeut-claims"}}
-from lmdepth.charts.findings import claims_forest
+from lmdepth.charts.findings_charts import claims_forest
 claims_forest(verdicts)
 
 # %% tags=["hide-input"]

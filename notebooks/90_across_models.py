@@ -44,9 +44,9 @@ profile: str = "default"  # label of the parameter profile this run came from (s
 import pandas as pd
 
 from lmdepth.analyses import atlas
-from lmdepth.charts.atlas import atlas_chart
+from lmdepth.charts.atlas_charts import atlas_chart
 from lmdepth.book.notebook import md, setup, show_table
-from lmdepth.claims import findings, report
+from lmdepth.claims import findings_claims as findings, report
 
 setup(0)
 # In a book build: only the runs the build recorded for this profile (an ad-hoc run never reaches the published
@@ -66,7 +66,7 @@ if not anything:
 # ## Findings: the paper's claims against their controls
 
 # %% mystnb={"figure": {"caption": "The headline as a picture: the counted (claim × model) verdicts per state, per model or model pair (the numbers of the table below).", "name": "fig-findings-headline"}}
-from lmdepth.charts.findings import claims_forest, headline_bar
+from lmdepth.charts.findings_charts import claims_forest, headline_bar
 headline_bar(verdicts)
 
 # %% mystnb={"figure": {"caption": "Every verdict row, grouped by chapter. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show (a control built into the statistic, none valid, or a check that is not testable). Colour: how the row is counted; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-findings-forest"}}

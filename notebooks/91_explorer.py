@@ -66,7 +66,7 @@ remote: object = False  # false: here; true: on NDIF (a hosted hub id; NDIF_API_
 import os
 
 from lmdepth.book import explorer
-from lmdepth.charts.explorer import exploration_charts
+from lmdepth.charts.explorer_charts import exploration_charts
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.params import check_remote, check_type
 from lmdepth.runtime import resolve_device

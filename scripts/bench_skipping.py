@@ -22,7 +22,7 @@ import torch
 
 from lmdepth.data.datasets import load_examples
 from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
-from lmdepth.hooks.skipping import PARTS, draw_cuts
+from lmdepth.hooks.skip_hooks import PARTS, draw_cuts
 from lmdepth.model.registry import load_model
 from lmdepth.traces.residual_metrics import TapPaths
 from lmdepth.traces.skip_effects import skip_effects

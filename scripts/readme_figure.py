@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from lmdepth.analyses import atlas
-from lmdepth.charts.atlas import atlas_chart
+from lmdepth.charts.atlas_charts import atlas_chart
 from lmdepth.model.random_init import is_random_init
 from lmdepth.runtime import REPO_ROOT
 

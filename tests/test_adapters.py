@@ -7,7 +7,7 @@ import torch
 from nnsight.modeling.transformers import TransformersModel
 
 from lmdepth.errors import UnsupportedArchitectureError
-from lmdepth.metrics.residual import residual_token_metrics
+from lmdepth.metrics.residual_stats import residual_token_metrics
 from lmdepth.model.families import ModelAdapter, family_for
 from lmdepth.model.taps import additivity_error, check_additivity, hooked_residuals
 from lmdepth.testing import FAMILY_CONFIGS, tiny_model, tiny_tokenizer

@@ -15,7 +15,7 @@ from lmdepth.analyses.atlas import CHAPTER_KEYS
 from lmdepth.book.build import repository_url
 from lmdepth.book.chapters import CHAPTERS
 from lmdepth.book.table_sort import SORTABLE_CLASS
-from lmdepth.claims.findings import ROW_COLUMNS
+from lmdepth.claims.findings_claims import ROW_COLUMNS
 from lmdepth.runtime import REPO_ROOT
 
 MAX_NOTEBOOK_BYTES = 2_000_000

@@ -6,7 +6,7 @@ import torch
 
 from lmdepth.metrics.bootstrap import TAILS, draws, percentile_interval, resample, tails
 from lmdepth.metrics.layer_curves import half_layers, half_means
-from lmdepth.metrics.residual import relative_norm
+from lmdepth.metrics.residual_stats import relative_norm
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,15 @@ import torch
 
 from lmdepth.analyses import residual
 from lmdepth.claims import REGISTRY, for_chapter, report
-from lmdepth.claims.findings import headline, saved_verdicts, state_counts, verdict_matrices, verdict_matrix
-from lmdepth.claims.maps import units_of as maps_units
-from lmdepth.claims.scratch import RUNS, SUBJECT, swap_objectives, units_of
+from lmdepth.claims.findings_claims import (
+    headline,
+    saved_verdicts,
+    state_counts,
+    verdict_matrices,
+    verdict_matrix,
+)
+from lmdepth.claims.maps_claims import units_of as maps_units
+from lmdepth.claims.scratch_claims import RUNS, SUBJECT, swap_objectives, units_of
 from lmdepth.data.difficulty import LEVELS
 from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.layer_curves import change_point, sign_change_margin
@@ -234,7 +240,7 @@ def eval_units(extrapolate: dict[str, tuple[float, float]], n: int = 20, seed: i
                interpolate_acc: float = 1.0, seeds: tuple[int, ...] = (0, 1, 2),
                lr: dict[str, float] | None = None) -> pd.DataFrame:
     """A per-problem evaluation like :func:`lmdepth.analyses.scratch.evaluate_runs` of the four runs, each trained
-    with ``seeds``, as :func:`lmdepth.claims.scratch.units_of` labels it: on extrapolation each run solves a
+    with ``seeds``, as :func:`lmdepth.claims.scratch_claims.units_of` labels it: on extrapolation each run solves a
     problem with probability ``extrapolate[run][0]`` and has answer loss ``extrapolate[run][1]`` ± 0.3; on
     interpolation every run solves ``interpolate_acc`` of the problems, whose answers all differ (constant-answer
     baseline 1/n); learning rate 1e-3 unless ``lr`` says otherwise per run."""
@@ -254,7 +260,7 @@ def eval_units(extrapolate: dict[str, tuple[float, float]], n: int = 20, seed: i
 def map_units(error, n_src: int = 12, n_tgt: int = 24, model: str = "m", seed: int = 0):
     """A main map A → B as :func:`lmdepth.analyses.maps.map_table` writes it (relative errors only), with
     ``error(m, l, rng)`` the held-out error from source boundary m to target boundary l; returns the per-boundary
-    table and its absolute-index control (:func:`lmdepth.claims.maps.units_of`)."""
+    table and its absolute-index control (:func:`lmdepth.claims.maps_claims.units_of`)."""
     rng = np.random.default_rng(seed)
     rows = [dict(map=model, metric="relative_error", source_layer=m, target_layer=l, n_source_layers=n_src,
                  n_target_layers=n_tgt, value=float(error(m, l, rng)))

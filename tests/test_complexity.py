@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lmdepth.analyses import complexity as C
-from lmdepth.book.pages import complexity as cx_page
+from lmdepth.book.pages import complexity_page as cx_page
 from lmdepth.data.datasets import Example
 from lmdepth.data.difficulty import (
     analysis_input,
@@ -551,7 +551,7 @@ def test_map_chart_draws_every_cell_of_the_table():
 
     import vl_convert as vlc
 
-    from lmdepth.charts.erasure import map_chart
+    from lmdepth.charts.erasure_charts import map_chart
 
     table = pd.DataFrame([{"model": "m", "prompt": "p", "method": "erasure", "layer": l, "position": t,
                            "token": f"{t}: x{t}", "is_answer": t == 2, "value": round(0.1 * l + 0.01 * t + 0.003, 4)}
@@ -565,7 +565,7 @@ def test_map_chart_draws_every_cell_of_the_table():
 
 @pytest.mark.unit
 def test_comparison_maps():
-    from lmdepth.charts.erasure import comparison_maps
+    from lmdepth.charts.erasure_charts import comparison_maps
 
     table = pd.DataFrame([{"model": m, "prompt": "p", "method": "erasure", "layer": l, "position": t,
                            "token": f"{t}: x", "is_answer": t == 2, "value": float(l + t)}

@@ -83,7 +83,7 @@ def test_the_erasure_sessions_forward_count_is_what_the_cost_table_says(n_tokens
     from lmdepth.book.cost import erasure_forwards
     from lmdepth.model.families import ModelAdapter
     from lmdepth.testing import tiny_model, tiny_tokenizer
-    from lmdepth.traces.erasure import erasure_effects
+    from lmdepth.traces.erasure_trace import erasure_effects
     from lmdepth.traces.residual_metrics import TapPaths
 
     model = tiny_model("llama")

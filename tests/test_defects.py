@@ -47,7 +47,7 @@ def test_the_runs_table_fits_and_skipped_updates_are_reported():
     from pathlib import Path
 
     from lmdepth.analyses.scratch import TrainedRun
-    from lmdepth.book.pages.scratch import runs_table, skipped_md
+    from lmdepth.book.pages.scratch_page import runs_table, skipped_md
 
     meta = {"n_parameters": 1_080_000, "active_parameters": 600_000, "wall_time_s": 600.0, "cpu_time_s": 540.0,
             "train_config": {"steps": 16_000, "batch_size": 32, "lr": 0.001, "modules": ["arithmetic__add_or_sub"]},

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lmdepth.book import explorer
-from lmdepth.charts.explorer import exploration_charts
+from lmdepth.charts.explorer_charts import exploration_charts
 from lmdepth.model.registry import load_model
 
 FAMILIES = ["llama", "gemma3"]
@@ -128,8 +128,8 @@ def test_explorer_traces_equal_the_plain_hook_reference_here_and_under_the_stric
     """The explorer runs the chapters' remote-ready traces; the plain-hook code it ran before is the reference
     (contributions: hooked taps; lens: a clean hooked pass through the adapter's unembedding; skip: chapter 03's
     fast path). Under remote='local' every request survives the strict server."""
-    from lmdepth.hooks.skipping import Row, clean_pass, run_rows
-    from lmdepth.metrics.residual import RESIDUAL_METRICS, residual_token_metrics
+    from lmdepth.hooks.skip_hooks import Row, clean_pass, run_rows
+    from lmdepth.metrics.residual_stats import RESIDUAL_METRICS, residual_token_metrics
     from lmdepth.model.families import ModelAdapter
     from lmdepth.model.registry import LoadedModel
     from lmdepth.model.taps import hooked_residuals

@@ -1,4 +1,4 @@
-"""The verdict charts (:mod:`lmdepth.charts.findings`): built from verdict rows alone, drawn offline by Vega, every
+"""The verdict charts (:mod:`lmdepth.charts.findings_charts`): built from verdict rows alone, drawn offline by Vega, every
 row drawn once per panel, hollow where a row is not counted, the headline bar equal to ``state_counts``, and no
 wider than the book's text column."""
 
@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 import vl_convert as vlc
 
-from lmdepth.charts.erasure import TEXT_WIDTH
-from lmdepth.charts.findings import PANELS, STATE_COLORS, claims_forest, forest_table, headline_bar
+from lmdepth.charts.erasure_charts import TEXT_WIDTH
+from lmdepth.charts.findings_charts import PANELS, STATE_COLORS, claims_forest, forest_table, headline_bar
 from lmdepth.claims import REGISTRY, report
-from lmdepth.claims.findings import saved_verdicts, state_counts
-from lmdepth.claims.scratch import SUBJECT
+from lmdepth.claims.findings_claims import saved_verdicts, state_counts
+from lmdepth.claims.scratch_claims import SUBJECT
 from lmdepth.model.random_init import control_name
 from test_claims import MA, MO, eval_units, item_units, rel, units
 

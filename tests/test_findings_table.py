@@ -1,4 +1,4 @@
-"""The findings page for reading (:func:`lmdepth.claims.findings.row_table`) and its layout: every verdict row once,
+"""The findings page for reading (:func:`lmdepth.claims.findings_claims.row_table`) and its layout: every verdict row once,
 in six short columns, and the page opening with the headline bar and the forest plot, the states as a short legend
 linked to the method page."""
 
@@ -14,9 +14,9 @@ import pytest
 
 from lmdepth.book.defects import MAX_COLUMNS_UNSCROLLED
 from lmdepth.claims import REGISTRY
-from lmdepth.claims.findings import ROW_COLUMNS, row_table, saved_verdicts, short
+from lmdepth.claims.findings_claims import ROW_COLUMNS, row_table, saved_verdicts, short
 from lmdepth.claims.report import HEADLINE_STATES
-from lmdepth.claims.scratch import SUBJECT
+from lmdepth.claims.scratch_claims import SUBJECT
 from test_findings_chart import verdicts  # noqa: F401  (the fixture: rows of every kind)
 
 pytestmark = pytest.mark.unit

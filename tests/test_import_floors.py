@@ -183,3 +183,14 @@ FLOOR_LINE = f"ground ({', '.join(m + '.py' for m in GROUND)}) → " + " → ".j
 def test_the_docs_name_the_same_floors(doc):
     text = " ".join((ROOT / doc).read_text().replace("`", "").split())
     assert FLOOR_LINE in text, f"{doc} should name the floors, bottom up, as: {FLOOR_LINE}"
+
+
+def test_no_two_modules_share_a_file_name():
+    """A traceback's file name says which job failed: ``analyses/lens.py`` and ``claims/lens_claims.py``, never two
+    ``lens.py`` (docs/ARCHITECTURE.md, "Names say the job")."""
+    by_name: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(module)
+    shared = {name: mods for name, mods in by_name.items() if len(mods) > 1}
+    assert not shared, f"modules that share a file name (rename by job, see docs/ARCHITECTURE.md): {shared}"

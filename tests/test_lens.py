@@ -13,7 +13,7 @@ import torch
 
 from lmdepth.analyses import lens, tuned_lens
 from lmdepth.errors import ParameterError
-from lmdepth.hooks.lens import lens_stats
+from lmdepth.hooks.lens_hooks import lens_stats
 from lmdepth.metrics.distributions import (
     FinalDistribution,
     Scratch,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lmdepth.analyses import maps as lmaps
-from lmdepth.book.pages import maps as maps_page
+from lmdepth.book.pages import maps_page
 from lmdepth.data.alignment import align, general_docs, interleave, math_docs, token_ends
 from lmdepth.data.corpus import SPLITS, plan_corpus
 from lmdepth.errors import ParameterError
@@ -359,8 +359,7 @@ def test_method_checks_of_a_synthetic_run(shuffled_ratio, holds):
 @pytest.mark.unit
 def test_map_claims_of_a_synthetic_run():
     """Two 4-layer models leave 3 target boundaries (2–4) for the claims: not testable."""
-    from lmdepth.claims import maps as maps_claims
-    from lmdepth.claims import report
+    from lmdepth.claims import maps_claims, report
 
     table, run = _synthetic_run()
     labels = run.labels("main")

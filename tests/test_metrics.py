@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmdepth.metrics.residual import (
+from lmdepth.metrics.residual_stats import (
     RESIDUAL_METRICS,
     DatasetStats,
     PromptStats,

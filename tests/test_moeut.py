@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmdepth.hooks import skipping
+from lmdepth.hooks import skip_hooks
 from lmdepth.model.taps import check_additivity, hooked_residuals
 from lmdepth.scratch.layers import Dispatch, SigmaMoE, SwitchHeadAttention, rope
 from lmdepth.scratch.models import (
@@ -212,8 +212,8 @@ def test_skipping_fast_path_equals_naive_on_scratch_models(model):
     """The chapter-03 skip code (KV-prefix reuse included) runs unchanged on both architectures."""
     ad = adapter_for(model)
     x = ids(12)
-    fast = skipping.prompt_effects(ad, x, cuts=[6, 9], parts=("layer", "mlp"), local=True)
-    naive = skipping.prompt_effects_naive(ad, x, cuts=[6, 9], parts=("layer", "mlp"), local=True)
+    fast = skip_hooks.prompt_effects(ad, x, cuts=[6, 9], parts=("layer", "mlp"), local=True)
+    naive = skip_hooks.prompt_effects_naive(ad, x, cuts=[6, 9], parts=("layer", "mlp"), local=True)
     for key in fast:
         torch.testing.assert_close(fast[key][0], naive[key][0], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(fast[key][1], naive[key][1], rtol=1e-4, atol=1e-5)

@@ -197,7 +197,7 @@ def test_ad_hoc_runs_never_reach_the_findings(tmp_path, monkeypatch):
     import pandas as pd
 
     from lmdepth.claims import report
-    from lmdepth.claims.findings import saved_verdicts
+    from lmdepth.claims.findings_claims import saved_verdicts
     from lmdepth.results import BOOK_RECORD_ENV
 
     def verdict(estimate: float, state: str) -> pd.DataFrame:
@@ -250,7 +250,7 @@ def test_summary_pages_outside_a_build_read_the_runs_there_and_inside_one_stop(t
 @pytest.mark.unit
 def test_one_unit_gives_no_interval_and_a_warning():
     from lmdepth.metrics.effects import cutoff_with_ci
-    from lmdepth.metrics.residual import DatasetStats, PromptStats
+    from lmdepth.metrics.residual_stats import DatasetStats, PromptStats
 
     stats = DatasetStats()
     stats.add(PromptStats.from_tokens(np.random.default_rng(0).random((2, 3, 7))))

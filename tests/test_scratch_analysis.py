@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lmdepth.analyses import scratch as sa
-from lmdepth.book.pages import scratch as scratch_page
+from lmdepth.book.pages import scratch_page
 from lmdepth.data import dm_math as dm
 from lmdepth.errors import DataError
 from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval

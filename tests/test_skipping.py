@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lmdepth.analyses import skipping as skip_analysis
-from lmdepth.book.pages import skipping as skip_page
-from lmdepth.hooks.skipping import (
+from lmdepth.book.pages import skipping_page as skip_page
+from lmdepth.hooks.skip_hooks import (
     PARTS,
     Row,
     clean_pass,

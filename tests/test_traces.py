@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lmdepth.errors import RemoteUnavailable
-from lmdepth.metrics.residual import residual_token_metrics
+from lmdepth.metrics.residual_stats import residual_token_metrics
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.taps import hooked_residuals
 from lmdepth.testing import FAMILY_CONFIGS, tiny_model, tiny_tokenizer
@@ -118,9 +118,9 @@ def test_the_strict_server_hides_the_library_while_it_executes(ids):
     nn = _wrap(tiny_model("llama"))
     with pytest.raises(ModuleNotFoundError, match="hidden"):
         with nn.trace(ids, backend=StrictServer(nn)):
-            import lmdepth.metrics.residual  # noqa: F401  (an import inside the block, not a pickled reference)
+            import lmdepth.metrics.residual_stats  # noqa: F401  (an import inside the block, not a pickled reference)
             nn.model.layers[0].output.save()
-    import lmdepth.metrics.residual  # noqa: F401  restored afterwards
+    import lmdepth.metrics.residual_stats  # noqa: F401  restored afterwards
 
 
 @pytest.mark.integration
@@ -273,7 +273,7 @@ def test_boundary_residual_trace_equals_the_hook_reference(family):
 @pytest.mark.integration
 @pytest.mark.parametrize("family", FAMILIES)
 def test_skip_trace_equals_the_naive_reference_for_every_variant(family):
-    from lmdepth.hooks.skipping import prompt_effects_naive
+    from lmdepth.hooks.skip_hooks import prompt_effects_naive
     from lmdepth.traces.skip_effects import skip_effects
 
     model = tiny_model(family)
@@ -299,7 +299,7 @@ def test_skip_trace_equals_the_naive_reference_for_every_variant(family):
 @pytest.mark.integration
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_one_prompt_of_skipping_is_one_request_to_the_strict_server(family):
-    from lmdepth.hooks.skipping import prompt_effects
+    from lmdepth.hooks.skip_hooks import prompt_effects
     from lmdepth.traces.skip_effects import skip_effects
 
     model = tiny_model(family)
@@ -411,11 +411,11 @@ def _random_translators(adapter: ModelAdapter, seed: int = 0):
 
 
 def _lens_case(model, ids, positions, lens_dtype, translators, remote):
-    """The trace and its reference (:func:`lmdepth.hooks.lens.prompt_lens`) on one model."""
-    from lmdepth.hooks.lens import prompt_lens
+    """The trace and its reference (:func:`lmdepth.hooks.lens_hooks.prompt_lens`) on one model."""
+    from lmdepth.hooks.lens_hooks import prompt_lens
     from lmdepth.model.registry import LoadedModel
     from lmdepth.model.unembed import Unembedding
-    from lmdepth.traces.lens import lens_readings
+    from lmdepth.traces.lens_trace import lens_readings
 
     adapter = ModelAdapter.for_model(model)
     lm = LoadedModel("tiny", model, tiny_tokenizer(), adapter, "local")
@@ -558,7 +558,7 @@ def test_tuned_lens_training_residuals_trace_equals_the_hook_reference(family):
     [L + 1, T, d] back) equal the plain-hook collection exactly: stored translators stay valid."""
     from lmdepth.analyses.tuned_lens import collect_residuals
     from lmdepth.data.datasets import Example
-    from lmdepth.hooks.lens import collect_residuals_hooked
+    from lmdepth.hooks.lens_hooks import collect_residuals_hooked
     from lmdepth.model.registry import LoadedModel
 
     model = tiny_model(family)
@@ -593,9 +593,9 @@ def test_lens_trace_on_the_packaged_smollm2_equals_the_reference():
     ids = lm.encode("Natalia sold clips to 48 of her friends in April, and then she sold half as many in May.")
     positions = torch.tensor([0, 4, 9, 15, ids.shape[1] - 1])
     tr = _random_translators(lm.adapter)
-    from lmdepth.hooks.lens import prompt_lens
+    from lmdepth.hooks.lens_hooks import prompt_lens
     from lmdepth.model.unembed import Unembedding
-    from lmdepth.traces.lens import lens_readings
+    from lmdepth.traces.lens_trace import lens_readings
 
     ref, _ = prompt_lens(lm, ids, positions, Unembedding.of(lm, "float32"), tr)
     before = len(server.REQUESTS)
@@ -640,7 +640,7 @@ def test_correctness_traces_equal_the_plain_reference(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_erasure_session_and_means_equal_the_hook_reference(family):
     from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
-    from lmdepth.traces.erasure import boundary_sums, erasure_effects
+    from lmdepth.traces.erasure_trace import boundary_sums, erasure_effects
 
     model, tok = tiny_model(family), tiny_tokenizer()
     adapter = ModelAdapter.for_model(model)

@@ -1,7 +1,7 @@
 """The atlas: every chapter's saved results for every model that has them, reduced to a few numbers on relative depth.
 
 Nothing here computes a model: the atlas reads ``results/<analysis>/<model>/<key>/{table.csv,meta.json}`` written by
-the chapters (the verdicts each chapter saved are read by :mod:`lmdepth.claims.findings`). Adding a model to the
+the chapters (the verdicts each chapter saved are read by :mod:`lmdepth.claims.findings_claims`). Adding a model to the
 atlas means running the chapters for it (``lmdepth run …``) and rebuilding the book.
 
 When a model has several finished runs of one analysis (e.g. a smoke run and the book's run), the atlas uses the

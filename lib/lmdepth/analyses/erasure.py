@@ -1,6 +1,6 @@
 """Residual erasure and integrated gradients of chapter 05's case-study prompts (paper Figs. 6a/6b): the cached run.
 
-The erasure is a remote-ready session (:mod:`lmdepth.traces.erasure`: here, on NDIF or under its offline
+The erasure is a remote-ready session (:mod:`lmdepth.traces.erasure_trace`: here, on NDIF or under its offline
 simulation); integrated gradients take gradients through plain hooks (:mod:`lmdepth.hooks.stack`), so they run here
 only.
 """
@@ -22,7 +22,7 @@ from lmdepth.model.registry import LoadedModel, ModelRef, load_model
 from lmdepth.params import ModelParams, Params, check_remote, param
 from lmdepth.results import RunResult, RunStore
 from lmdepth.runtime import progress
-from lmdepth.traces.erasure import boundary_sums, erasure_effects
+from lmdepth.traces.erasure_trace import boundary_sums, erasure_effects
 from lmdepth.traces.generation import greedy_matches
 from lmdepth.traces.residual_metrics import TapPaths
 

@@ -40,13 +40,13 @@ from lmdepth.analyses.tuned_lens import TunedLensParams, TunedLensTraining
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.metrics.distributions import LENS_METRICS as METRICS
 from lmdepth.metrics.distributions import TOP_K
-from lmdepth.metrics.residual import DatasetStats, PromptStats
+from lmdepth.metrics.residual_stats import DatasetStats, PromptStats
 from lmdepth.model.registry import LoadedModel, ModelRef, load_model
 from lmdepth.model.translators import Translators
 from lmdepth.model.unembed import DEFAULT_LENS_DTYPE
 from lmdepth.params import CommonParams, param, param_of
 from lmdepth.results import RunResult, RunStore
-from lmdepth.traces.lens import lens_readings
+from lmdepth.traces.lens_trace import lens_readings
 from lmdepth.traces.residual_metrics import TapPaths
 
 ANALYSIS = "logit_lens"
@@ -116,7 +116,7 @@ class LensParams(CommonParams):
 @torch.no_grad()
 def prompt_lens(lm: LoadedModel, ids: torch.Tensor, positions: torch.Tensor, lens_dtype: str = DEFAULT_LENS_DTYPE,
                 translators: Translators | None = None) -> tuple[torch.Tensor, float]:
-    """One problem's logit and tuned lens through the remote-ready trace (:func:`lmdepth.traces.lens.lens_readings`),
+    """One problem's logit and tuned lens through the remote-ready trace (:func:`lmdepth.traces.lens_trace.lens_readings`),
     here, on NDIF or under its offline simulation (``lm.remote_mode``).
 
     Args:

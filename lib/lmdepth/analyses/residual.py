@@ -17,7 +17,7 @@ from lmdepth.analyses.run import run_many as many
 from lmdepth.claims.spec import EARLY_LAYERS
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.metrics import layer_curves
-from lmdepth.metrics.residual import RESIDUAL_METRICS, DatasetStats, PromptStats
+from lmdepth.metrics.residual_stats import RESIDUAL_METRICS, DatasetStats, PromptStats
 from lmdepth.model.registry import LoadedModel, ModelRef, load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore

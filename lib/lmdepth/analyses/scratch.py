@@ -31,7 +31,7 @@ import torch
 from lmdepth.data.dm_math import ERASURE_REFERENCE, PROBES, MathData, MathExample
 from lmdepth.data.dm_tokens import CharTokenizer
 from lmdepth.errors import DataError
-from lmdepth.hooks.skipping import prompt_effects
+from lmdepth.hooks.skip_hooks import prompt_effects
 from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
 from lmdepth.metrics.bootstrap import draws, percentile_interval
 from lmdepth.metrics.depth import group_statistics, level_statistics
@@ -158,7 +158,7 @@ def evaluate_runs(runs: dict[str, TrainedRun], splits: dict[str, list[MathExampl
                   ) -> pd.DataFrame:
     """One row per (run, example): ``run, arch, objective, split, module, n_operations, question, answer, correct,
     answer_nll``, and the run's training ``lr`` and ``train_seed`` (a fair comparison needs one learning rate and
-    several seeds: :mod:`lmdepth.claims.scratch`)."""
+    several seeds: :mod:`lmdepth.claims.scratch_claims`)."""
     frames = []
     for name, r in runs.items():
         cfg = r.meta.get("train_config", {})
@@ -247,7 +247,7 @@ def probe_erasure(run: TrainedRun, probes: Sequence[tuple[str, str]] = PROBES,
 
     Returns:
         (table ``model, prompt, method, layer, position, token, is_answer, value`` in the layout of
-         :func:`lmdepth.charts.erasure.map_chart`, with ``model`` = the run name;
+         :func:`lmdepth.charts.erasure_charts.map_chart`, with ``model`` = the run name;
          per probe: greedy answer, whether it is right, the number of tokens and the answer start).
     """
     stack = AdapterStack(adapter_for(run.model))
@@ -305,7 +305,7 @@ def operation_sample(examples: Sequence[MathExample], n_per_count: int, seed: in
 @torch.no_grad()
 def depth_by_operations(run: TrainedRun, examples: Sequence[MathExample], device: str = "cpu",
                         ) -> tuple[np.ndarray, np.ndarray]:
-    """Layer-skip effects of each example for the depth score (:func:`lmdepth.hooks.skipping.prompt_effects`, part
+    """Layer-skip effects of each example for the depth score (:func:`lmdepth.hooks.skip_hooks.prompt_effects`, part
     "layer", future version).
 
     The cut is the first answer token: each depth step is skipped on the whole prompt (positions 1 … a−1) and the

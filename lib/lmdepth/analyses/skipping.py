@@ -23,7 +23,7 @@ from lmdepth.analyses.run import Job, RunSummary, SampleSummary, per_unit, resol
 from lmdepth.claims.report import control_models
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
-from lmdepth.hooks.skipping import PARTS, draw_cuts, variants
+from lmdepth.hooks.skip_hooks import PARTS, draw_cuts, variants
 from lmdepth.metrics.effects import cutoff_with_ci, later_effect
 from lmdepth.model.registry import ModelRef, load_model
 from lmdepth.params import CommonParams, param
@@ -291,7 +291,7 @@ def later_effect_table(table: pd.DataFrame, models: Sequence[str]) -> pd.DataFra
 
     Returns:
         ``model, layer, n_layers, rel_depth, value`` rows (the input of
-        :func:`lmdepth.charts.skipping.later_effect_lines`).
+        :func:`lmdepth.charts.skipping_charts.later_effect_lines`).
     """
     rows = []
     for m in models:

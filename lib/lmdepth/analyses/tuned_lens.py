@@ -6,8 +6,8 @@ One affine translator per layer, ``h ↦ h + A_l h + s_l b_l`` (zero-initialised
 trained on the *train* split of the lens run's data set (GSM8K for a user file; never the evaluated problems) to
 minimise ``KL(P_final ‖ P_tuned)``, with a sampled softmax. Where its parts live: the translators and their training,
 :mod:`lmdepth.model.translators`; the training residuals, the remote-ready trace
-:func:`lmdepth.traces.boundary_residuals.token_residuals` (reference twin :mod:`lmdepth.hooks.lens`); the sampled KL,
-:mod:`lmdepth.metrics.distributions`; the lens trace that applies the translators, :mod:`lmdepth.traces.lens`.
+:func:`lmdepth.traces.boundary_residuals.token_residuals` (reference twin :mod:`lmdepth.hooks.lens_hooks`); the sampled KL,
+:mod:`lmdepth.metrics.distributions`; the lens trace that applies the translators, :mod:`lmdepth.traces.lens_trace`.
 
 The job is filed under ``<results>/tuned_lens/<model>/<key>/``: ``table.csv`` (the training curve), ``meta.json``
 and ``translators.npz``, an artifact that stored results omit (L × d² floats: large, and regenerable). A lens run

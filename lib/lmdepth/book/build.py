@@ -31,7 +31,7 @@ from lmdepth.book.chapters import (
     profile_params,
     profiles_dir,
 )
-from lmdepth.claims.findings import intro_summary, saved_verdicts
+from lmdepth.claims.findings_claims import intro_summary, saved_verdicts
 from lmdepth.errors import ParameterError
 from lmdepth.results import BOOK_RECORD_ENV, atomic_write_text, check_recorded
 from lmdepth.runtime import REPO_ROOT

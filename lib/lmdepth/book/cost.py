@@ -168,7 +168,7 @@ def _default(fn: Any, name: str) -> Any:
 
 
 def erasure_forwards(n_layers: int, n_tokens: int, batch_size: int) -> int:
-    """Forward passes of one prompt's erasure session (:func:`lmdepth.traces.erasure.erasure_effects`): the clean
+    """Forward passes of one prompt's erasure session (:func:`lmdepth.traces.erasure_trace.erasure_effects`): the clean
     pass, then per boundary (L + 1 of them) one batched pass per group of ``batch_size − 1`` erased positions."""
     return 1 + (n_layers + 1) * math.ceil(n_tokens / (batch_size - 1))
 

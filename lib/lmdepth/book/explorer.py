@@ -4,7 +4,7 @@ The compute functions are plain (testable on tiny models); :func:`explorer_widge
 live Jupyter or Colab kernel. Everything is computed on the spot through the remote-ready traces of the chapters, in
 the loaded model's ``remote_mode`` (here, on NDIF, or under the strict offline simulation of NDIF; :func:`load`):
 the residual-metrics trace for the contributions (chapter 01), a logit-lens trace for the top tokens
-(:func:`lmdepth.traces.lens.lens_top_k`) and chapter 03's skip session run for the chosen layer alone (all tokens,
+(:func:`lmdepth.traces.lens_trace.lens_top_k`) and chapter 03's skip session run for the chosen layer alone (all tokens,
 whole layer). One explore is three requests on NDIF: a reader explores a hosted 70B model live from a notebook.
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from lmdepth.charts.explorer import Exploration, exploration_charts
-from lmdepth.metrics.residual import RESIDUAL_METRICS
+from lmdepth.charts.explorer_charts import Exploration, exploration_charts
+from lmdepth.metrics.residual_stats import RESIDUAL_METRICS
 from lmdepth.model.registry import LoadedModel, load_model
 from lmdepth.params import check_remote
-from lmdepth.traces.lens import lens_top_k
+from lmdepth.traces.lens_trace import lens_top_k
 from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 from lmdepth.traces.skip_effects import skip_effects
 

@@ -7,12 +7,19 @@ them apart and does not count them.
 
 from __future__ import annotations
 
-from lmdepth.claims import complexity, lens, maps, residual, scratch, skipping
+from lmdepth.claims import (
+    complexity_claims,
+    lens_claims,
+    maps_claims,
+    residual_claims,
+    scratch_claims,
+    skipping_claims,
+)
 from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 
-REGISTRY: dict[str, ClaimSpec] = {c.id: c for c in (*residual.CLAIMS, *skipping.CLAIMS, *lens.CLAIMS,
-                                                      *complexity.CLAIMS, *maps.CLAIMS,
-                                                      *scratch.CLAIMS)}
+REGISTRY: dict[str, ClaimSpec] = {c.id: c for c in (*residual_claims.CLAIMS, *skipping_claims.CLAIMS, *lens_claims.CLAIMS,
+                                                      *complexity_claims.CLAIMS, *maps_claims.CLAIMS,
+                                                      *scratch_claims.CLAIMS)}
 
 
 def for_chapter(chapter: str) -> list[ClaimSpec]:

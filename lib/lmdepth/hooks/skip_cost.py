@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from lmdepth.hooks.skipping import draw_cuts, prompt_effects, prompt_effects_naive
+from lmdepth.hooks.skip_hooks import draw_cuts, prompt_effects, prompt_effects_naive
 from lmdepth.model.families import ModelAdapter
 
 
@@ -78,8 +78,8 @@ class PathTiming:
 def time_paths(adapter: ModelAdapter, ids: torch.Tensor, fast: Callable[..., Any] = prompt_effects,
                **kwargs: Any) -> PathTiming:
     """Run ``fast(adapter, ids, **kwargs)`` — the library's path: by default the plain-hook
-    :func:`lmdepth.hooks.skipping.prompt_effects`; the analyses pass the trace
-    (:func:`lmdepth.traces.skip_effects.skip_effects`) — then :func:`~lmdepth.hooks.skipping.prompt_effects_naive`
+    :func:`lmdepth.hooks.skip_hooks.prompt_effects`; the analyses pass the trace
+    (:func:`lmdepth.traces.skip_effects.skip_effects`) — then :func:`~lmdepth.hooks.skip_hooks.prompt_effects_naive`
     on one prompt with the same keyword arguments (``cuts, parts, local, current``), timed.
 
     Process CPU time is the fair measure on a shared machine (another job on the same cores slows whichever path

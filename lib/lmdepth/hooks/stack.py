@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from lmdepth.hooks.skipping import shortcut_layers
+from lmdepth.hooks.skip_hooks import shortcut_layers
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.taps import forward_hooks, layer_output
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from lmdepth.errors import UnsupportedArchitectureError
-from lmdepth.metrics.residual import relative_norm
+from lmdepth.metrics.residual_stats import relative_norm
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.paths import resolve, take
 

@@ -9,7 +9,7 @@ Evaluation always uses the full vocabulary.
 
 The tuned lens as a run (its parameters, training text, residuals and cache entry) is
 :mod:`lmdepth.analyses.tuned_lens`; the lens trace applies the translators as three tensors
-(:mod:`lmdepth.traces.lens`, reference twin :mod:`lmdepth.hooks.lens`).
+(:mod:`lmdepth.traces.lens_trace`, reference twin :mod:`lmdepth.hooks.lens_hooks`).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def residuals_until(lm: LoadedModel, examples: list[Example], n_tokens: int,
     """The training residuals: ``residuals(ids)`` ([T, L + 1, d]) of the examples in order, concatenated and cut at
     ``n_tokens`` ([n_tokens, L + 1, d]); a text longer than the context is skipped (training text is ours to choose).
     ``residuals`` is the remote-ready trace in a run (:func:`lmdepth.analyses.tuned_lens.collect_residuals`), plain
-    hooks in its reference twin (:func:`lmdepth.hooks.lens.collect_residuals_hooked`)."""
+    hooks in its reference twin (:func:`lmdepth.hooks.lens_hooks.collect_residuals_hooked`)."""
     parts, n = [], 0
     for ex in examples:
         if n >= n_tokens:

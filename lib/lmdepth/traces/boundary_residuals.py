@@ -8,7 +8,7 @@ position), which the tests hold it to.
 
 :func:`token_residuals` is the same trace for one sequence and every position, laid out as the tuned lens' training
 residuals (chapter 04, :func:`lmdepth.analyses.tuned_lens.collect_residuals`); its reference twin is
-:func:`lmdepth.hooks.lens.hooked_token_residuals`.
+:func:`lmdepth.hooks.lens_hooks.hooked_token_residuals`.
 """
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ REMOTE_READY = {"norms": "residual metrics (lmdepth.traces.residual_metrics)",
                 "cosine": "residual metrics (lmdepth.traces.residual_metrics)",
                 "skipping": "skip effects, one session per problem (lmdepth.traces.skip_effects)",
                 "maps": "residual collection (lmdepth.traces.boundary_residuals); the maps are fitted here",
-                "lens": "logit lens and tuned lens applied (lmdepth.traces.lens); the tuned lens is trained here, on "
+                "lens": "logit lens and tuned lens applied (lmdepth.traces.lens_trace); the tuned lens is trained here, on "
                          "residuals collected by a remote-ready trace (lmdepth.traces.boundary_residuals.token_residuals)",
                 "complexity": "depth score (lmdepth.traces.skip_effects), correctness check (lmdepth.traces.generation) "
-                              "and erasure (lmdepth.traces.erasure); integrated gradients run here (ig_steps=0)",
-                "explorer": "residual metrics, logit-lens top tokens (lmdepth.traces.lens.lens_top_k) and the skip "
+                              "and erasure (lmdepth.traces.erasure_trace); integrated gradients run here (ig_steps=0)",
+                "explorer": "residual metrics, logit-lens top tokens (lmdepth.traces.lens_trace.lens_top_k) and the skip "
                             "session for the chosen layer alone (lmdepth.traces.skip_effects): three requests per "
                             "explore"}
 #: The chapters that do not run remotely, and why (the ones with a model refuse ``remote`` in one line).

@@ -4,7 +4,7 @@ reduced inside one nnsight trace so that only [layers × metrics × tokens] numb
 The block reads only torch, the model's envoys (resolved before it by :meth:`TapPaths.envoys`, as in every trace)
 and plain data (indices as ints) — no library function or object — and creates and saves its result inside, so
 the same code runs locally, under the strict simulation (``remote="local"``) and on NDIF. Its metrics are those of
-:func:`lmdepth.metrics.residual.residual_token_metrics` (rows in :data:`~lmdepth.metrics.residual.RESIDUAL_METRICS`
+:func:`lmdepth.metrics.residual_stats.residual_token_metrics` (rows in :data:`~lmdepth.metrics.residual_stats.RESIDUAL_METRICS`
 order), written out with torch inside the block; that function applied to plain-hook captures
 (:func:`lmdepth.model.taps.hooked_residuals`) is the reference twin the tests hold it to.
 """
@@ -90,7 +90,7 @@ def residual_metrics(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, re
         paths: the family's taps (:meth:`TapPaths.of`).
         input_ids: [batch, tokens] token ids.
         remote: ``False`` (here), ``True`` (NDIF) or ``"local"`` (strict simulation).
-        rel_eps, cos_eps: the denominators' floors (:data:`~lmdepth.metrics.residual.REL_EPS`, ``COS_EPS``).
+        rel_eps, cos_eps: the denominators' floors (:data:`~lmdepth.metrics.residual_stats.REL_EPS`, ``COS_EPS``).
 
     Returns:
         [layers, 11, batch, tokens] fp32, on CPU.

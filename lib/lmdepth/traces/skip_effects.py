@@ -9,8 +9,8 @@ inside each trace — E[b, j] the max relative change of layer j's contribution,
 request per prompt.
 
 The block reads only torch, transformers' ``DynamicCache``, the model's envoys (resolved before it) and plain data.
-Its reference twins are :func:`lmdepth.hooks.skipping.prompt_effects` (plain hooks, the same algorithm) and
-:func:`~lmdepth.hooks.skipping.prompt_effects_naive` (one full forward per intervention), which the tests hold it
+Its reference twins are :func:`lmdepth.hooks.skip_hooks.prompt_effects` (plain hooks, the same algorithm) and
+:func:`~lmdepth.hooks.skip_hooks.prompt_effects_naive` (one full forward per intervention), which the tests hold it
 to.
 """
 
@@ -32,7 +32,7 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                  parts: Sequence[str] = PARTS, local: bool = True, current: bool = True, config: Any = None,
                  remote: bool | str = False, floor: float | None = None, skipped: Sequence[int] | None = None,
                  rel_eps: float = 1e-6) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
-    """All skip effects of one prompt (the semantics of :func:`lmdepth.hooks.skipping.prompt_effects`).
+    """All skip effects of one prompt (the semantics of :func:`lmdepth.hooks.skip_hooks.prompt_effects`).
 
     Args:
         nn_model: the remotable nnsight wrapper (``LoadedModel.nn``).

@@ -31,7 +31,7 @@ from functools import cached_property
 
 import torch
 
-from lmdepth.metrics.residual import REL_EPS, relative_norm
+from lmdepth.metrics.residual_stats import REL_EPS, relative_norm
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.paths import resolve, take
 from lmdepth.model.taps import forward_hooks, layer_output

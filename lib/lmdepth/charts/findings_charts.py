@@ -3,7 +3,7 @@
 :func:`claims_forest` draws every (claim, model) verdict row as a forest plot: per claim, on the claim's own scale,
 the statistic with its 95 % interval against the paper's threshold (from the registry's rule), and beside it the
 discrimination test (model − control with its paired interval against 0, or the real statistic against its
-permutation null). :func:`headline_bar` draws :func:`lmdepth.claims.findings.state_counts` as stacked bars.
+permutation null). :func:`headline_bar` draws :func:`lmdepth.claims.findings_claims.state_counts` as stacked bars.
 
 Verdict CSVs written before the paired test (no ``paired_diff``, ``control_kind``, … columns, older state names) are
 drawn too: a missing column reads as "not recorded", an unknown state keeps its name, in grey.
@@ -19,9 +19,9 @@ import pandas as pd
 
 import lmdepth.charts.theme  # noqa: F401  (registers and enables the book's theme)
 from lmdepth.analyses.atlas import CHAPTER_KEYS
-from lmdepth.charts.erasure import TEXT_WIDTH
+from lmdepth.charts.erasure_charts import TEXT_WIDTH
 from lmdepth.claims import REGISTRY
-from lmdepth.claims.findings import interval, normalized, state_counts
+from lmdepth.claims.findings_claims import interval, normalized, state_counts
 from lmdepth.claims.report import HEADLINE_STATES
 from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION
 
@@ -239,7 +239,7 @@ def claims_forest(verdicts: pd.DataFrame, width: int = TEXT_WIDTH - 40) -> alt.T
 
     Args:
         verdicts: verdict rows (:func:`lmdepth.claims.report.check`, or as saved and read back by
-            :func:`lmdepth.claims.findings.saved_verdicts`), of one chapter or of all.
+            :func:`lmdepth.claims.findings_claims.saved_verdicts`), of one chapter or of all.
         width: the whole chart's width in px (the model labels and both panels).
 
     Returns:
@@ -262,7 +262,7 @@ def claims_forest(verdicts: pd.DataFrame, width: int = TEXT_WIDTH - 40) -> alt.T
 
 def headline_bar(verdicts: pd.DataFrame, width: int = TEXT_WIDTH - 290) -> alt.Chart | None:
     """The headline as a picture: counted verdict rows per state, stacked, one bar per model or subject (the
-    numbers of :func:`lmdepth.claims.findings.state_counts`, its total row left out). None without counted rows."""
+    numbers of :func:`lmdepth.claims.findings_claims.state_counts`, its total row left out). None without counted rows."""
     counts = state_counts(verdicts) if len(verdicts) else pd.DataFrame()
     counts = counts[counts["model"] != "all models"] if len(counts) else counts
     if counts.empty:

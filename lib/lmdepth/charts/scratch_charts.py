@@ -10,7 +10,7 @@ import pandas as pd
 
 import lmdepth.charts.theme  # noqa: F401  (registers and enables the book's theme)
 from lmdepth.analyses.scratch import TrainedRun
-from lmdepth.charts.erasure import map_chart
+from lmdepth.charts.erasure_charts import map_chart
 
 RUN_COLORS = {"moeut-lm": "#9ecae9", "moeut-answer_only": "#3366cc", "transformer-lm": "#ffbf79",
               "transformer-answer_only": "#e45756"}

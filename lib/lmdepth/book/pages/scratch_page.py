@@ -211,7 +211,7 @@ def findings_md(summary: pd.DataFrame, gains: pd.DataFrame, rises: pd.DataFrame,
 
     Args:
         not_comparable: why the four runs cannot be compared (the registry's precondition,
-            :func:`lmdepth.claims.scratch.comparable`), "" when they can: then a gain's sign is read as a direction;
+            :func:`lmdepth.claims.scratch_claims.comparable`), "" when they can: then a gain's sign is read as a direction;
             otherwise the differences are described, not read.
     """
     gx = extrapolation_gains(gains)

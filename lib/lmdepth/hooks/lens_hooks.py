@@ -1,6 +1,6 @@
 """Both lenses of chapter 04 on library objects (:class:`~lmdepth.model.unembed.Unembedding`,
 :class:`~lmdepth.model.translators.Translators`, :func:`~lmdepth.metrics.distributions.lens_metrics`): the reference
-twin that the remote-ready lens trace (:func:`lmdepth.traces.lens.lens_readings`, what the chapter runs) is held to
+twin that the remote-ready lens trace (:func:`lmdepth.traces.lens_trace.lens_readings`, what the chapter runs) is held to
 in the tests. It calls library code inside its trace, so it cannot run on NDIF. Also the plain-hook reference of the
 tuned lens' training residuals (:func:`hooked_token_residuals`, :func:`collect_residuals_hooked`), the twin of
 :func:`lmdepth.analyses.tuned_lens.collect_residuals`."""
@@ -81,7 +81,7 @@ def prompt_lens(
     k: int = TOP_K,
 ) -> tuple[torch.Tensor, float]:
     """One traced forward pass → lens metrics at the chosen positions, computed inside the trace with library code
-    (the reference of :func:`lmdepth.traces.lens.lens_readings`).
+    (the reference of :func:`lmdepth.traces.lens_trace.lens_readings`).
 
     Args:
         lm: loaded model.

@@ -8,7 +8,7 @@ fitted as its own cached job by :mod:`lmdepth.analyses.tuned_lens`) and travel w
 for SmolLM2-135M, ~21 GB for a 70B model, too large for a request), so on NDIF a large model runs the logit lens
 alone. The metrics are those of :func:`lmdepth.metrics.distributions.lens_metrics` on the unembedding of
 :class:`lmdepth.model.unembed.Unembedding` with the same block sizes and buffers, written out with torch inside the
-block; :func:`lmdepth.hooks.lens.prompt_lens` is the reference twin the tests hold it to.
+block; :func:`lmdepth.hooks.lens_hooks.prompt_lens` is the reference twin the tests hold it to.
 """
 
 from __future__ import annotations
