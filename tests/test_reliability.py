@@ -343,14 +343,15 @@ def test_one_token_text_without_bos_is_a_clear_error():
 @pytest.mark.slow
 def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path):
     """A real SIGINT to `lmdepth run`: exit 130, one line naming where to resume, no traceback (the kernel's own
-    stderr goes to a log), nothing that looks finished; the same command then completes."""
+    stderr goes to a log), nothing that looks finished; the same command then completes. The smoke profile's small
+    bootstrap (the point is the interrupt, not the intervals), with 20 problems so that the interrupt lands mid-run."""
     import signal
     import subprocess
     import sys
     import time
 
     exe = Path(sys.executable).with_name("lmdepth")
-    cmd = [str(exe), "run", "norms", "-p", "n_examples", "20", "-p", "compare_models", "[]",
+    cmd = [str(exe), "run", "norms", "--profile", "smoke", "-p", "n_examples", "20", "-p", "compare_models", "[]",
            "--results-dir", str(tmp_path / "res")]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240

@@ -295,3 +295,23 @@ def test_depth_inputs_have_the_skip_structure(runs):
     # (up to float noise: the fast path unembeds the measured positions apart from the clean pass's rows)
     assert np.all(np.abs(O[:, -1]) < 1e-6) and np.all(np.abs(E[:, -1]) < 1e-6)
     assert np.all(O[:, :-1] > 0) and np.all(np.isfinite(E))
+
+
+@pytest.mark.integration
+def test_training_charts_read_the_typed_summary(runs):
+    """The loss and learning-curve charts draw what the run's typed summary holds (its history and curve)."""
+    import dataclasses
+
+    from lmdepth.charts.scratch_charts import learning_curve_chart, loss_chart
+
+    got, _ = runs
+    name, run = next(iter(got.items()))
+    d = loss_chart({name: run}, window=1).data
+    assert d.step.tolist() == [s for s, _ in run.summary.history]
+    assert np.allclose(d.loss, [round(v, 4) for _, v in run.summary.history])
+    assert learning_curve_chart({name: run}) is None  # trained without a curve
+    with_curve = dataclasses.replace(run, meta={**run.meta, "curve": [[2, 0.25, 0.5], [4, 0.75, 1.0]]})
+    assert with_curve.summary.curve == ((2, 0.25, 0.5), (4, 0.75, 1.0))
+    rows = learning_curve_chart({name: with_curve}).data
+    assert sorted(zip(rows.step, rows.split, rows["exact match"])) == [
+        (2, "extrapolate", 0.5), (2, "interpolate", 0.25), (4, "extrapolate", 1.0), (4, "interpolate", 0.75)]

@@ -64,6 +64,8 @@ class TrainingSummary:
         wall_time_s: the training's wall time; ``cpu_time_s``: its CPU time (None for runs trained before it was
             recorded); ``cpu_threads``: torch threads of the training process.
         history: the loss per step, ``(step, loss)``.
+        curve: exact match during training on the fixed learning-curve problems, ``(step, interpolate,
+            extrapolate)`` (empty for runs trained without one).
         skipped_updates: updates skipped for a non-finite gradient (0-based steps; for runs trained before the
             guard, the steps whose loss was not finite).
     """
@@ -79,6 +81,7 @@ class TrainingSummary:
     cpu_threads: int | None
     history: tuple[tuple[int, float], ...]
     skipped_updates: tuple[int, ...]
+    curve: tuple[tuple[int, float, float], ...] = ()
 
     @classmethod
     def of(cls, meta: dict[str, Any]) -> TrainingSummary:
@@ -89,7 +92,8 @@ class TrainingSummary:
                    modules=tuple(tc["modules"]), wall_time_s=float(meta["wall_time_s"]),
                    cpu_time_s=meta.get("cpu_time_s"),
                    cpu_threads=(meta.get("environment") or {}).get("cpu_threads"), history=history,
-                   skipped_updates=tuple(int(s) for s in skipped))
+                   skipped_updates=tuple(int(s) for s in skipped),
+                   curve=tuple((int(c[0]), float(c[1]), float(c[2])) for c in meta.get("curve", [])))
 
     @property
     def final_loss(self) -> float:

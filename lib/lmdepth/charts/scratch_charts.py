@@ -24,7 +24,7 @@ def loss_chart(runs: dict[str, TrainedRun], window: int = 25, width: int = 420, 
     """Training loss per step (moving average over ``window`` steps), one line per run; legend click isolates."""
     frames = []
     for name, r in runs.items():
-        h = pd.DataFrame(r.meta["history"], columns=["step", "loss"])
+        h = pd.DataFrame(r.summary.history, columns=["step", "loss"])
         h["loss"] = h.loss.rolling(window, min_periods=1).mean()
         frames.append(h.iloc[:: max(1, len(h) // 150)].assign(run=name))  # ~150 points per line keep the page small
     d = pd.concat(frames).round(4)
@@ -42,7 +42,7 @@ def learning_curve_chart(runs: dict[str, TrainedRun], baseline: float | None = N
     panel per split, one line per run; ``baseline`` (the constant-answer rate) as a dashed rule. Runs trained
     without a curve (``eval_every`` 0) are left out; None when no run has one."""
     rows = [{"run": name, "step": p[0], "split": split, "exact match": em}
-            for name, r in runs.items() for p in r.meta.get("curve", [])
+            for name, r in runs.items() for p in r.summary.curve
             for split, em in zip(("interpolate", "extrapolate"), p[1:])]
     if not rows:
         return None

@@ -318,6 +318,11 @@ class MathData:
     def split(self, name: str) -> list[MathExample]:
         return getattr(self, name)
 
+    @property
+    def generator(self) -> str:
+        """The generator that made the problems (the mathematics_dataset package and its version)."""
+        return str(self.meta["generator"])
+
 
 def _write_jsonl(path: Path, examples: list[MathExample]) -> None:
     atomic_write_text(path, "".join(json.dumps(asdict(e)) + "\n" for e in examples))
