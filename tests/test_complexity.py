@@ -22,7 +22,6 @@ from lmdepth.data.difficulty import (
 from lmdepth.errors import ParameterError
 from lmdepth.hooks.stack import (
     AdapterStack,
-    as_stack,
     boundary_residuals,
     erasure_map,
     integrated_gradients,
@@ -200,7 +199,7 @@ def ids(tok):
 @pytest.mark.integration
 def test_adapter_stack_runs_and_edits(family, ids):
     adapter = ModelAdapter.for_model(tiny_model(family))
-    stack = as_stack(adapter)
+    stack = AdapterStack(adapter)
     ref = hooked_residuals(adapter, ids)
     res = boundary_residuals(stack, ids)
     torch.testing.assert_close(res[0], ref["resid_pre"][0])

@@ -1,12 +1,12 @@
 """A model as a residual stack, and the interventions that need only that: boundary residuals, residual erasure
 (paper Fig. 6b; book/method.md#method-erasure) and integrated gradients (Fig. 6a; book/method.md#method-ig).
 
-A **residual stack** — embed → L blocks → final norm → unembed — is the small :class:`ResidualStack` protocol: run
+A **residual stack** — embed → L blocks → final norm → unembed — is :class:`AdapterStack`: run
 the blocks from a given residual boundary, optionally editing the residual at each boundary, and unembed a
 residual. Boundaries are numbered b = 0..L: b = 0 is the input of block 0 (the embeddings), b ≥ 1 the output of
-block b − 1 (so b = L is the final residual before the final norm). :class:`AdapterStack` implements the protocol
-for every Hugging Face model the library has an adapter for (plain forward hooks) and for the from-scratch models
-of chapter 07 (whose blocks are *applications* of shared layers).
+block b − 1 (so b = L is the final residual before the final norm). It serves every Hugging Face model the library
+has an adapter for (plain forward hooks) and the from-scratch models of chapter 07 (whose blocks are *applications*
+of shared layers).
 
 * **Erasure**: replace the residual at (boundary b, token t) by an uninformative mean residual μ_b and measure
   ``max over answer-predicting positions of ||P − P'||₂``. Batched: one erased position per batch element, with
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -34,37 +33,10 @@ from lmdepth.model.taps import forward_hooks, layer_output
 Edit = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 
 
-@runtime_checkable
-class ResidualStack(Protocol):
-    """What erasure, integrated gradients and the generic skip effects need from a model.
-
-    Attributes:
-        n_layers: number of blocks L (block *applications* for shared-layer models).
-    """
-
-    n_layers: int
-
-    def run(self, ids: torch.Tensor, edit: Edit | None = None, start: int = 0,
-            h_start: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the blocks and return the final residual h_L [B, T, D] (raw, before the final norm).
-
-        Args:
-            ids: [B, T] token ids.
-            edit: called at every boundary b = start..L, in order (see :data:`Edit`).
-            start: first boundary; blocks < start are not run.
-            h_start: [B, T, D] the residual at boundary ``start`` (required when start > 0; at start = 0 it
-                replaces the embeddings).
-        """
-        ...
-
-    def unembed(self, h: torch.Tensor) -> torch.Tensor:
-        """[..., D] raw residual → [..., V] logits (final norm, unembedding, any logit soft-capping)."""
-        ...
-
-
 @dataclass
 class AdapterStack:
-    """:class:`ResidualStack` of a Hugging Face causal LM, through its :class:`~lmdepth.model.families.ModelAdapter`.
+    """A causal LM as a residual stack, through its :class:`~lmdepth.model.families.ModelAdapter` (what erasure,
+    integrated gradients and the boundary residuals need from a model).
 
     Blocks before ``start`` are short-cut (they return ``h_start`` without computing); the boundary-0 edit is a
     forward pre-hook on block 0, the others forward hooks on each block's output.
@@ -77,10 +49,20 @@ class AdapterStack:
         return self.adapter.n_layers
 
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., D] raw residual → [..., V] logits (final norm, unembedding, any logit soft-capping)."""
         return self.adapter.unembed(h)
 
     def run(self, ids: torch.Tensor, edit: Edit | None = None, start: int = 0,
             h_start: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the blocks and return the final residual h_L [B, T, D] (raw, before the final norm).
+
+        Args:
+            ids: [B, T] token ids.
+            edit: called at every boundary b = start..L, in order (see :data:`Edit`).
+            start: first boundary; blocks < start are not run.
+            h_start: [B, T, D] the residual at boundary ``start`` (required when start > 0; at start = 0 it
+                replaces the embeddings).
+        """
         L, layers = self.n_layers, self.adapter.layers
         if not 0 <= start <= L:
             raise ValueError(f"start must be in 0..{L}, got {start}")
@@ -127,20 +109,8 @@ class AdapterStack:
         return final[0]
 
 
-def as_stack(model: Any) -> ResidualStack:
-    """A :class:`ResidualStack` from a loaded model, an adapter, or anything already implementing the protocol."""
-    if isinstance(model, ModelAdapter):
-        return AdapterStack(model)
-    if hasattr(model, "adapter") and isinstance(model.adapter, ModelAdapter):  # LoadedModel
-        return AdapterStack(model.adapter)
-    if isinstance(model, ResidualStack):
-        return model
-    raise TypeError(f"{type(model).__name__} is not a residual stack: give a LoadedModel, a ModelAdapter, or an "
-                    "object with n_layers, run(ids, edit, start, h_start) and unembed(h).")
-
-
 @torch.no_grad()
-def boundary_residuals(stack: ResidualStack, ids: torch.Tensor) -> torch.Tensor:
+def boundary_residuals(stack: AdapterStack, ids: torch.Tensor) -> torch.Tensor:
     """[L+1, B, T, D] the residual at every boundary of a clean run (b = 0: embeddings; b = L: final, pre-norm)."""
     store: dict[int, torch.Tensor] = {}
 
@@ -152,7 +122,7 @@ def boundary_residuals(stack: ResidualStack, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def mean_residuals(stack: ResidualStack, texts_ids: Sequence[torch.Tensor]) -> torch.Tensor:
+def mean_residuals(stack: AdapterStack, texts_ids: Sequence[torch.Tensor]) -> torch.Tensor:
     """[L+1, D] the "uninformative" residual μ_b: token-weighted mean over every position (BOS included) of every
     text at each boundary (book/method.md#method-erasure: the first 10 GSM8K problems)."""
     total, count = None, 0
@@ -170,7 +140,7 @@ def answer_positions(n_tokens: int, a_start: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def erasure_map(stack: ResidualStack, ids: torch.Tensor, a_start: int, means: torch.Tensor,
+def erasure_map(stack: AdapterStack, ids: torch.Tensor, a_start: int, means: torch.Tensor,
                 batch_size: int = 32, positions: Sequence[int] | None = None) -> torch.Tensor:
     """Effect of erasing the residual at each (boundary, token) on the answer predictions.
 
@@ -203,7 +173,7 @@ def erasure_map(stack: ResidualStack, ids: torch.Tensor, a_start: int, means: to
     return out
 
 
-def answer_probability(stack: ResidualStack, final: torch.Tensor, ids: torch.Tensor, a_start: int) -> torch.Tensor:
+def answer_probability(stack: AdapterStack, final: torch.Tensor, ids: torch.Tensor, a_start: int) -> torch.Tensor:
     """f = Σ_i p(answer_i | prefix) per batch element, from final residuals [B, T, D] → [B] (book/method.md#method-ig)."""
     T = ids.shape[1]
     pred = answer_positions(T, a_start)
@@ -237,7 +207,7 @@ class IGResult:
         return np.abs(self.ig.sum(1) - delta) / np.maximum(np.abs(delta), 1e-6)
 
 
-def integrated_gradients(stack: ResidualStack, ids: torch.Tensor, a_start: int, n_steps: int = 256,
+def integrated_gradients(stack: AdapterStack, ids: torch.Tensor, a_start: int, n_steps: int = 256,
                          batch_size: int = 16, layers: Sequence[int] | None = None, rule: str = "left") -> IGResult:
     """Integrated gradients of the answer probability w.r.t. every block's output (book/method.md#method-ig; what="layer").
 
