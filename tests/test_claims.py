@@ -352,6 +352,29 @@ def test_a_transition_depth_needs_a_sign_change():
     assert row.state == "not testable" and "sustained sign change" not in row.reason and "cosine.sign_change" in row.reason
 
 
+def test_a_control_without_the_required_pattern_is_told_apart_by_the_required_claims_paired_interval():
+    """A twin with no sign change has no depth of it: the transition-depth row takes the paired interval of the sign
+    change itself (which must exclude 0), so every counted row shows a paired interval."""
+    metric, curves = SCENARIOS["cosine.mid_depth"]["agrees"]
+    _, flat = SCENARIOS["cosine.sign_change"]["disagrees"]  # cosines rise but never change sign
+    rows = report.check("cosine", units("m", metric, curves), ["m"],
+                        units(control_name("m"), metric, flat, seed=1)).set_index("claim_id")
+    sign, depth = rows.loc["cosine.sign_change"], rows.loc["cosine.mid_depth"]
+    assert (depth.state, depth.control_state, depth.counted_as) == ("agrees", "not testable", "agrees")
+    assert (depth.paired_diff, depth.paired_low, depth.paired_high) == (sign.paired_diff, sign.paired_low,
+                                                                        sign.paired_high)
+    assert sign.paired_low > 0 and "lacks the pattern" in depth.side and "cosine.sign_change" in depth.side
+
+
+def test_a_comparison_built_into_the_statistic_shows_its_interval_as_the_paired_one():
+    """relative − absolute-index error on the same target boundaries is itself a paired difference: its interval is
+    the row's paired interval, and the row discriminates only when it excludes 0."""
+    for scenario, counted in (("agrees", "agrees"), ("inconclusive", "not discriminating")):
+        row = verdict_of("maps.relative_beats_absolute", table_for("maps", SCENARIOS["maps.relative_beats_absolute"][scenario][1]))
+        assert (row.paired_diff, row.paired_low, row.paired_high) == (row.estimate, row.ci_low, row.ci_high)
+        assert row.control_kind == "built into the statistic" and row.counted_as == counted, (row.state, row.counted_as)
+
+
 def test_discrimination_is_paired_not_a_match_of_states():
     """A control drawn like the model is not distinguishable; one in the same state ('agrees') but with a smaller
     drop is (the paired interval of real − control excludes 0), and the row says on which side the model lies."""

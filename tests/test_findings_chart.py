@@ -83,7 +83,13 @@ def test_points_sit_on_the_claims_own_scale_and_the_notes_say_why(verdicts):
     notes = dict(zip(zip(rows.model, rows.claim_id, rows.panel), rows.note))
     assert notes[("x", "norms.second_half_less", "statistic")] == "not testable"
     assert notes[("y", "norms.second_half_less", "control")] == "no valid control"
-    assert notes[("m", "complexity.arith_depth_flat", "control")] == "control built into the statistic"
+    # a positive control: real − the alternative on the same units, placed like a twin's difference
+    built = rows[(rows.claim_id == "complexity.arith_depth_flat") & (rows.panel == "control")].iloc[0]
+    row = verdicts[verdicts.claim_id == "complexity.arith_depth_flat"].iloc[0]
+    assert built.note == "" and np.isfinite(row.paired_low) and row.paired_low <= row.paired_diff <= row.paired_high
+    old = forest_table(verdicts.assign(paired_diff=np.nan))  # a record from before built-in rows had one
+    old = old[(old.kind == "row") & (old.claim_id == "complexity.arith_depth_flat") & (old.panel == "control")]
+    assert old.note.iloc[0] == "control built into the statistic"
     # a permutation row: the real statistic minus the null's median, the null's range around 0
     perm = rows[(rows.claim_id == "moeut.exact_match_gain") & (rows.panel == "control")].iloc[0]
     assert perm.band_lo < perm.band_hi < perm.x and perm.note == ""

@@ -103,7 +103,9 @@ def forest_table(verdicts: pd.DataFrame) -> pd.DataFrame:
     stat = pd.DataFrame({"x": v["estimate"], "lo": v["ci_low"], "hi": v["ci_high"],
                          "band_lo": np.nan, "band_hi": np.nan,
                          "note": ["" if np.isfinite(e) else "not testable" for e in v["estimate"]]})
-    paired = (v["control_kind"] == PAIRED) & tested
+    # a comparison built into the statistic is itself a paired difference (or, with a positive control, real −
+    # alternative on the same units): drawn like a twin's
+    paired = v["control_kind"].isin([PAIRED, BUILT_IN]) & tested
     # a permutation row: the real statistic minus the null's median, and the null's central 95 % shifted likewise
     ctrl = pd.DataFrame({"x": v["paired_diff"].where((paired | perm) & tested),
                          "lo": v["paired_low"].where(paired), "hi": v["paired_high"].where(paired),
@@ -231,9 +233,10 @@ def claims_forest(verdicts: pd.DataFrame, width: int = TEXT_WIDTH - 40) -> alt.T
 
     Left, on the claim's own scale: the statistic with its 95 % bootstrap interval; dashed, the paper's threshold
     (shaded, the window of a "between" rule). Right, on a scale of its own: model − control with its paired 95 %
-    interval, 0 marked; for a permutation null, the real statistic minus the null's median, with the null's central
-    95 % in grey around 0; where there is no difference to place (a control built into the statistic, a missing or
-    invalid control, a check that is not testable) a note says so. Colour: how the row is counted on the findings
+    interval, 0 marked (for a comparison built into the statistic: the statistic itself, or real − its positive
+    control); for a permutation null, the real statistic minus the null's median, with the null's central 95 % in grey
+    around 0; where there is no difference to place (a missing or invalid control, a check that is not testable, a
+    record without a paired difference) a note says so. Colour: how the row is counted on the findings
     page; hollow: not counted (a chapter-only claim, a sample below its size rule), not testable, or no valid
     control. Hover a mark for n, the rule, the control test and the reason.
 

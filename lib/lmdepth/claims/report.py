@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.claims import REGISTRY, for_chapter
-from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, evaluate
-from lmdepth.metrics.verdicts import MIN_UNITS, SATURATED, Verdict
+from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, Decided, evaluate
+from lmdepth.metrics.verdicts import MIN_UNITS, SATURATED
 from lmdepth.model.random_init import control_name
 from lmdepth.results import atomic_write_text, book_record_dir, run_id, slug
 from lmdepth.runtime import REPO_ROOT
@@ -40,7 +40,7 @@ def check(chapter: str, units: pd.DataFrame, models: list[str], control_units: p
         One verdict row per (claim, model): see :func:`lmdepth.claims.spec.evaluate`, plus ``counted_as`` (the
         headline state).
     """
-    decided: dict[tuple[str, str], Verdict] = {}
+    decided = Decided()
     rows = []
     for spec in for_chapter(chapter):
         if only is not None and spec.id not in only:
@@ -85,8 +85,11 @@ def control_cell(r) -> str:
         return f"real − control {_fmt(r.paired_diff, r.paired_low, r.paired_high)}: {r.side}"
     if r.control_kind == PERMUTATION:
         return (f"null 95 % [{r.control_ci_low:.3g}, {r.control_ci_high:.3g}], p = {r.p_value:.3g}: {r.side}")
-    if np.isfinite(r.control_estimate):
-        return f"{r.control_state} ({_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)})"
+    if np.isfinite(r.control_estimate):  # a positive control: its own state, and real − alternative
+        return (f"{r.control_state} ({_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)}); real − "
+                f"alternative {_fmt(r.paired_diff, r.paired_low, r.paired_high)}")
+    if np.isfinite(r.paired_diff):  # the statistic is the paired difference with the alternative
+        return f"{BUILT_IN}: {_fmt(r.paired_diff, r.paired_low, r.paired_high)}, {r.side}"
     return BUILT_IN
 
 

@@ -201,31 +201,43 @@ def _side(spec: ClaimSpec, diff: float) -> str:
     return "beyond its control (the paper's side)" if paper else "short of its control"
 
 
+@dataclass
+class Decided:
+    """What a chapter's earlier rows found, by (claim id, model), for the claims that ``require`` them: each model's
+    (and control's) verdict, and each model's paired interval against its control."""
+
+    verdicts: dict[tuple[str, str], Verdict] = field(default_factory=dict)
+    paired: dict[tuple[str, str], Paired] = field(default_factory=dict)
+
+
 def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd.DataFrame | None,
-             control_model: str | None, decided: dict[tuple[str, str], Verdict] | None = None,
+             control_model: str | None, decided: Decided | None = None,
              n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
     """One verdict row: the model's verdict, the statistic with layers 0–1, the control's verdict by the same rule
     (shown, not deciding), and the discrimination test of the row's ``control_kind``:
 
     * ``paired`` — real − control on the shared units, resampled jointly: ``paired_diff`` [``paired_low``,
       ``paired_high``]; discriminates when the interval excludes 0; ``side`` says where the model lies relative to
-      its control;
+      its control; where the control lacks the pattern a ``requires`` claim needs (a twin with no sign change has no
+      depth of it), the paired interval is the required claim's, and must exclude 0;
     * ``permutation`` — the statistic over ``n_null`` permuted copies: ``control_estimate`` is the null's median,
       [``control_ci_low``, ``control_ci_high``] its central 95 %, ``p_value`` two-sided;
-    * ``built into the statistic`` — the statistic is the comparison with the alternative; with ``positive`` the
-      alternative built from the model's own values must reach "disagrees".
+    * ``built into the statistic`` — the statistic is the comparison with the alternative on the same units (a
+      paired difference decided against 0, so its own interval is the paired interval); with ``positive`` the
+      alternative built from the model's own values must reach "disagrees", and the paired interval is real −
+      alternative.
 
     ``control_valid`` False (with ``control_note``) when the control was not run, shares too few units, is flat
     across layers, is saturated, or its difference is undefined: such a row is shown and not counted.
 
     Args:
         units, control_units: per-unit tables holding ``model`` / ``control_model`` (None: no control run).
-        decided: verdicts already decided in this chapter, by (claim id, model); updated in place (for ``requires``).
+        decided: what this chapter's earlier rows found; updated in place (for ``requires``).
     """
-    decided = {} if decided is None else decided
-    required = decided.get((spec.requires, model)) if spec.requires else None
+    decided = Decided() if decided is None else decided
+    required = decided.verdicts.get((spec.requires, model)) if spec.requires else None
     real, values, sized, share = _verdict(spec, units, model, required, n_boot, seed)
-    decided[(spec.id, model)] = real
+    decided.verdicts[(spec.id, model)] = real
     v = values.to_numpy(dtype=float)
     early = spec.with_early(v) if spec.with_early is not None and len(v) else NAN
     paper, paper_bound = NAN, NAN
@@ -253,9 +265,9 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
         return {**row, "control_kind": PAIRED, "control_state": "not run",
                 "control_note": row["control_note"] or "the control was not run"}
     ctrl, cvalues, _, _ = _verdict(spec, control_units, control_model,
-                                   decided.get((spec.requires, control_model)) if spec.requires else None,
+                                   decided.verdicts.get((spec.requires, control_model)) if spec.requires else None,
                                    n_boot, seed)
-    decided[(spec.id, control_model)] = ctrl
+    decided.verdicts[(spec.id, control_model)] = ctrl
     out = {**row, "control_kind": PAIRED, "control_state": ctrl.state, "control_reason": ctrl.reason,
            "control_estimate": ctrl.estimate, "control_ci_low": ctrl.ci_low, "control_ci_high": ctrl.ci_high}
     if real.state == "not testable":
@@ -268,12 +280,19 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
         return {**out, "control_note": flat}
     if spec.requires and ctrl.state == "not testable" and not ctrl.reason.startswith(_NEEDS.split("{")[0]):
         return {**out, "control_note": f"the control could not be decided: {ctrl.reason}"}
-    if spec.requires and ctrl.state == "not testable":  # the control lacks the pattern the claim needs: it differs
-        return {**out, "control_valid": True, "discriminates": True,
-                "side": "the control lacks the pattern this claim needs"}
+    if spec.requires and ctrl.state == "not testable":  # the control lacks the pattern the claim needs
+        q = decided.paired.get((spec.requires, model))
+        if q is None:
+            return {**out, "control_note": f"the control lacks the pattern this claim needs, and '{spec.requires}' "
+                                           "has no paired interval to show that the model differs from it"}
+        out.update(paired_diff=q.estimate, paired_low=q.ci_low, paired_high=q.ci_high, control_valid=True,
+                   discriminates=q.excludes_zero)
+        return {**out, "side": (f"the control lacks the pattern this claim needs (paired interval of "
+                                f"'{spec.requires}')" if q.excludes_zero else "not distinguishable from its control")}
     p, why = _paired(spec, values, cvalues, n_boot, seed)
     if p is None:
         return {**out, "control_note": why}
+    decided.paired[(spec.id, model)] = p
     return {**out, "paired_diff": p.estimate, "paired_low": p.ci_low, "paired_high": p.ci_high, "control_valid": True,
             "discriminates": p.excludes_zero,
             "side": _side(spec, p.estimate) if p.excludes_zero else "not distinguishable from its control"}
@@ -301,10 +320,19 @@ def _built_in(spec: ClaimSpec, v: np.ndarray, real: Verdict, n_boot: int, seed: 
     if real.state == "not testable":
         return out
     if spec.positive is None:
-        return {**out, "control_valid": True, "discriminates": True}
-    alt = decide(spec.positive(v), spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed)
+        if spec.rule.side == "between" or spec.rule.threshold != 0:
+            return {**out, "control_note": "a statistic that is itself the comparison must be decided against 0"}
+        excludes = bool(real.ci_low > 0 or real.ci_high < 0)
+        return {**out, "paired_diff": real.estimate, "paired_low": real.ci_low, "paired_high": real.ci_high,
+                "control_valid": True, "discriminates": excludes,
+                "side": (_side(spec, real.estimate) if excludes else "not distinguishable from its control"
+                         ).replace("its control", "the alternative")}
+    alternative = spec.positive(v)
+    alt = decide(alternative, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed)
+    pa = paired_interval(v, alternative, spec.reduce, n_boot=n_boot, seed=seed)
     out.update(control_state=f"positive control {alt.state}", control_estimate=alt.estimate,
-               control_ci_low=alt.ci_low, control_ci_high=alt.ci_high, paired_diff=real.estimate - alt.estimate)
+               control_ci_low=alt.ci_low, control_ci_high=alt.ci_high, paired_diff=pa.estimate,
+               paired_low=pa.ci_low, paired_high=pa.ci_high)
     if alt.state != "disagrees":
         return {**out, "control_note": f"the positive control (the alternative built from this model's values) is "
                                        f"{alt.state}, not 'disagrees': the check could not have detected it"}
