@@ -26,9 +26,10 @@
 # k = 1–4 hops (the paper's MQuAKE cannot be had offline; these are not MQuAKE). The small models solve almost no
 # MATH, GSM8K or multi-hop item, so on those "difficulty" never engages their computation; the **arithmetic ladder**
 # is the one they can climb — every model solves its easiest rung well above the constant-answer baseline; how far
-# accuracy falls on the harder rungs differs by model (the accuracy table below) — and it carries this chapter's
-# test. MATH and GSM8K stay as the paper's data, at 1–2 items per level in the default profile: shown with their
-# accuracy, not counted in the findings' headline. Beyond the paper, and as its reviewers asked, every item is marked
+# accuracy falls on the harder rungs differs by model (the accuracy table below) — and it was built to carry this
+# chapter's test; its prompts grow with the rung, though, and whether depth per rung can be told from depth per
+# token there is read off the prompt-length table below. MATH and GSM8K stay as the paper's data, at 1–2 items per
+# level in the default profile: shown with their accuracy, not counted in the findings' headline. Beyond the paper, and as its reviewers asked, every item is marked
 # **solved or unsolved** by the model's own greedy answer, so depth can be compared between what a model can and
 # cannot do; each level's depth score has a bootstrap interval, and the trend over levels a fitted slope with an
 # interval.
@@ -124,10 +125,10 @@ loaders = complexity.model_loaders(models, device=dev, dtype=dtype, remote=remot
 # The multi-hop passages have the same number of statements for every k (distractors fill up, including hard
 # negatives such as the colour of an intermediate person), so the prompt length barely changes with k. In the
 # arithmetic chains every partial result stays within 0–9 and the worked examples have the question's k, so the
-# prompt grows with k (about 27 tokens per operation): there, depth and length change together. All synthetic
-# answers are balanced over 10 one-token answers (a constant answer scores 10 % over the whole set; on a rung of 12
-# items, where 10 answers cannot all appear equally often, up to 17 %), and the tests check every
-# generated answer, and every worked example, with an independent solver.
+# prompt grows with k (the prompt-length table below gives the tokens per level): there, depth and length change
+# together. All synthetic answers are balanced over 10 one-token answers (a constant answer scores 10 % over the
+# whole set; on a rung of 12 items, where 10 answers cannot all appear equally often, up to 17 %), and the tests
+# check every generated answer, and every worked example, with an independent solver.
 # **Correct or not**: a synthetic item is solved if the model's greedy next token is the answer; a MATH or GSM8K
 # item if the model's greedy continuation of the prompt (up to `gen_tokens` tokens) ends in the right final answer
 # (GSM8K: the number after "The final answer is"; MATH: the last `\boxed{}`).
@@ -166,6 +167,22 @@ show_table(page.sizes_table(items))
 # prompt alone) and the number solved. The multi-hop prompts have about the same length at every k; the arithmetic
 # prompts grow with k.
 #
+# ## Prompt length and level
+#
+# A depth score can move with the length of the prompt alone, so the checks below read the slope of the depth
+# score per level *at a fixed prompt length*: each item's depth score is fitted on its level and its prompt length
+# in tokens (the model's own tokenizer, the prompt the analysis ran on), and the level's coefficient is the slope.
+# That works only where the two vary apart. Where the Pearson r of level and prompt length reaches 0.9 in size over
+# the items a fit uses, the slope's variance is more than 5 times what it would be with a length that did not follow
+# the level (1 / (1 − r²), the usual mark of severe collinearity): the fit cannot tell depth per level from depth per
+# token, and the check is not testable until the levels are length-matched. Per source and model, over all its
+# items:
+
+# %% tags=["hide-input"]
+show_table(page.length_table(items))
+md(page.length_md(items))
+
+# %% [markdown]
 # ## Can the models climb the ladder?
 #
 # A check of "depth does not grow with difficulty" means something only where difficulty engages the model: its
@@ -194,7 +211,8 @@ show_table(page.slope_table(slopes, levels))
 # %% [markdown]
 # The fitted slope of $D$ over the levels (mean aggregation), in layers per level and as the rise over the whole
 # range of levels in units of relative depth (0.1 = a tenth of the network). The interval resamples items within
-# each level and refits.
+# each level and refits. These slopes take the levels as they come, prompt length included; the verdicts below
+# hold the length fixed.
 #
 # ## Where the effects sit, level by level
 #
@@ -222,8 +240,10 @@ solved_chart(solved)
 # ## Does the claim hold here?
 #
 # From the claims registry (`lmdepth.claims`), per model and source, with the unit the items were drawn as. A
-# model that does not solve the easy items clearly better than always giving the most common answer, or a sample
-# with fewer than 10 items on a level, makes the check *not testable*: "difficulty" then never engages the model.
+# model that does not solve at least three levels clearly better than always giving the most common answer, or a
+# sample with fewer than 10 items on a level, makes the check *not testable*: "difficulty" then never engages the
+# model. So does a prompt length that follows the level over the items of the fit (|r| ≥ 0.9, above): the slope is
+# read at a fixed prompt length, and there no fit can hold it fixed.
 
 # %% tags=["hide-input"]
 md(report.describe("complexity"))
@@ -326,11 +346,13 @@ comparison_maps(concat_tables(case), list(case), method="ig")  # one titled row 
 #   computation). A positive control shows the pipeline could see growth: the model's own effect profiles, shifted
 #   one layer deeper per level, must reach "disagrees"; otherwise the row has no valid control. The paper states no
 #   margin; the earlier criterion of this book (a rise below 0.05 of the depth over all levels) was not derived.
-# - **Length.** Harder levels come with longer prompts (MATH level-1 items are not even the shortest; the mean
-#   tokens per level are in the sizes table above), and a depth score can move with length alone. The verdicts do
-#   not yet compare levels at matched length or regress length out: the per-item table the registry reads does not
-#   carry the prompt length yet. A slope that agrees is therefore flat *despite* growing length, not at matched
-#   length.
+# - **Length.** The paper reports no control for prompt length. Here harder levels often come with longer prompts
+#   (MATH level-1 items are not even the shortest), and a depth score can move with length alone, so the slope of
+#   a verdict is the level's coefficient in a least-squares fit of each item's depth score on its level *and* its
+#   prompt length in tokens (each item weighted by its total effect, so that without the length the fit is the
+#   slope of the levels' depth scores): the length is regressed out. Where level and length are collinear over the
+#   fit's items (|r| ≥ 0.9) the check is not testable, and only length-matched levels could decide it; the
+#   prompt-length table above gives r per source and model.
 # - **Truncated solutions and small generation budget.** Keeping only the first `max_answer_tokens` solution
 #   tokens means the skip effects are measured on the start of the solution only; a `gen_tokens` budget cuts off
 #   some long MATH answers before their `\boxed{}`, which then count as unsolved.

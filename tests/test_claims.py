@@ -208,18 +208,23 @@ SCENARIOS["lens.tuned_first_half_little"] = {
 }
 
 
-def item_units(model: str, source: str, peak, n: int = 20, seed: int = 0, correct: int = 1) -> pd.DataFrame:
-    """A per-item table like :func:`lmdepth.analyses.complexity.tidy_items`: ``n // 2`` items per level (at least
-    10 with the default n), each layer-effect vector a bump at layer ``peak(level, rng)``; every item solved and
-    every answer different (constant-answer baseline 1/items)."""
+def item_units(model: str, source: str, peak, n: int = 20, seed: int = 0, correct: int = 1, tokens=None
+               ) -> pd.DataFrame:
+    """A per-item table like :func:`lmdepth.analyses.complexity.grid_frames`'s: ``n // 2`` items per level (at
+    least 10 with the default n), each layer-effect vector a bump at layer ``peak(level, rng, i)``, its prompt
+    ``tokens(level, i)`` long (default: 50–149 tokens drawn independently of the level); every item solved and every
+    answer different (constant-answer baseline 1/items)."""
     rng = np.random.default_rng(seed)
+    lengths = np.random.default_rng([seed, 1])  # its own stream: the peaks' draws stay as they were
     rows = []
     for level in LEVELS[source]:
         for i in range(max(n // 2, 1)):
             e = np.full(L, 0.01)
             e[int(np.clip(peak(level, rng, i), 0, L - 1))] = 1.0
+            length = int(lengths.integers(50, 150)) if tokens is None else tokens(level, i)
             rows += [dict(model=model, source=source, item=f"{level}-{i}", level=level, correct=correct, n_layers=L,
-                          answer=f"{level}-{i}", metric="layer_effect", layer=layer, value=float(v))
+                          answer=f"{level}-{i}", prompt_tokens=length, metric="layer_effect", layer=layer,
+                          value=float(v))
                      for layer, v in enumerate(e)]
     return pd.DataFrame(rows)
 
@@ -606,6 +611,57 @@ def test_the_depth_fit_uses_only_levels_the_model_solves():
     t.loc[t.level == 3, "correct"] = 0
     two = verdict_of("complexity.math_depth_flat", t)
     assert two.state == "not testable" and "competent on 2 levels (1, 2)" in two.reason
+
+
+def test_depth_vs_difficulty_is_not_testable_where_prompt_length_follows_the_level():
+    """The arithmetic ladder's prompts grow 27 tokens per rung and vary by none within one: a fit on level and
+    length cannot tell their slopes apart, so the row names r and asks for length-matched levels."""
+    flat = lambda level, rng, i: 6  # noqa: E731
+    ladder = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, tokens=lambda lv, i: 70 + 27 * lv))
+    assert ladder.state == "not testable" and ladder.headline
+    assert "prompt length grows with the level (r = 1.00 over the items of levels 1, 2, 3, 4, 5" in ladder.reason
+    assert "length-matched levels needed" in ladder.reason
+    falling = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, tokens=lambda lv, i: 300 - lv))
+    assert falling.state == "not testable" and "falls with the level (r = -1.00" in falling.reason
+    # r ≈ 0.96 from a little within-level spread: still past the bound (the fit's standard error × 3.6)
+    near = verdict_of("complexity.math_depth_flat",
+                      item_units("m", "math", flat, tokens=lambda lv, i: 70 + 27 * lv + 4 * (i % 10)))
+    assert near.state == "not testable" and "r = 0.96" in near.reason
+    # the same levels with prompts of one length: nothing to confound (r taken as 0), decided
+    same = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, tokens=lambda lv, i: 100))
+    assert same.state == "agrees"
+    # r over the levels the fit uses only: length grows on the unsolved levels 4–5 alone, r = 0 on levels 1–3
+    t = item_units("m", "math", flat, tokens=lambda lv, i: 100 + 50 * max(lv - 3, 0) + (i % 10))
+    t.loc[t.level >= 4, "correct"] = 0
+    assert verdict_of("complexity.math_depth_flat", t).state == "agrees"
+    # no prompt length in the per-item table: not decided on an uncontrolled slope
+    bare = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat).drop(columns="prompt_tokens"))
+    assert bare.state == "not testable" and "prompt_tokens" in bare.reason
+
+
+def test_a_depth_that_follows_prompt_length_is_regressed_out():
+    """Each item's depth follows its prompt length (one layer per 25 tokens), not its level; the prompts grow 20
+    tokens per level with a within-level spread of 0–90 (r ≈ 0.7). The slope of the levels' D alone rises about 0.8
+    layer per level (it would disagree); at a fixed length it is flat, and the positive control — one layer per
+    level on top — is still seen."""
+    from lmdepth.claims.complexity_claims import rise
+    from lmdepth.claims.spec import EARLY_LAYERS
+    from lmdepth.metrics.depth import depth_score, partial_slope
+
+    def tokens(level, i):
+        return 20 * level + 10 * (i % 10)
+
+    t = item_units("m", "math", lambda level, rng, i: 2 + tokens(level, i) // 25, tokens=tokens)
+    spec = REGISTRY["complexity.math_depth_flat"]
+    v = spec.values(t, "m").to_numpy(dtype=float)
+    e = v[:, :-2].copy()
+    e[:, :EARLY_LAYERS] = 0
+    plain = partial_slope(depth_score(e), v[:, -2], None, weights=e.sum(1))  # the fit without the length
+    assert plain > 0.7
+    assert abs(rise(EARLY_LAYERS)(v)) < 0.1 and abs(np.corrcoef(v[:, -2], v[:, -1])[0, 1]) < 0.9
+    row = report.check("complexity", t, ["m"], None, only=["complexity.math_depth_flat"]).iloc[0]
+    assert row.state == "agrees" and row.ci_high < 0.5, (row.estimate, row.ci_low, row.ci_high, row.reason)
+    assert row.control_state == "positive control disagrees" and row.control_estimate == pytest.approx(1.0, abs=0.1)
 
 
 def test_a_positive_control_that_cannot_be_detected_leaves_no_valid_control():

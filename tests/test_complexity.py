@@ -19,7 +19,7 @@ from lmdepth.data.difficulty import (
     last_boxed,
     math_correct,
 )
-from lmdepth.errors import ParameterError
+from lmdepth.errors import DataError, ParameterError
 from lmdepth.hooks.stack import (
     AdapterStack,
     boundary_residuals,
@@ -27,7 +27,14 @@ from lmdepth.hooks.stack import (
     integrated_gradients,
     mean_residuals,
 )
-from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics, slope
+from lmdepth.metrics.depth import (
+    depth_score,
+    group_statistics,
+    layer_effect,
+    level_statistics,
+    partial_slope,
+    slope,
+)
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.taps import hooked_residuals
 from lmdepth.testing import tiny_model
@@ -111,6 +118,29 @@ def test_slope():
     assert slope([1, 2, 3], [2, 4, 6]) == pytest.approx(2)
     assert np.isnan(slope([1, 1], [0, 1]))
     assert slope([1, 2, 3], [1, np.nan, 3]) == pytest.approx(1)
+
+
+@pytest.mark.unit
+def test_partial_slope_holds_the_covariate_fixed():
+    rng = np.random.default_rng(0)
+    level = np.repeat([1.0, 2, 3, 4, 5], 20)
+    tokens = 20 * level + rng.uniform(0, 100, level.size)  # r ≈ 0.7 with the level
+    follows_length = tokens / 25 + rng.normal(0, 0.01, level.size)
+    assert slope(level, follows_length) > 0.7  # the plain slope picks up the length
+    assert partial_slope(follows_length, level) == pytest.approx(slope(level, follows_length))
+    assert partial_slope(follows_length, level, tokens) == pytest.approx(0.0, abs=0.01)
+    assert partial_slope(level + tokens / 25, level, tokens) == pytest.approx(1.0)
+    # weighted: the coefficient of a weighted least-squares fit (polyfit weighs residuals by √w)
+    w = rng.uniform(0.1, 2.0, level.size)
+    y = 0.3 * level + rng.normal(0, 1, level.size)
+    assert partial_slope(y, level, None, w) == pytest.approx(np.polyfit(level, y, 1, w=np.sqrt(w))[0])
+    design = np.column_stack([np.ones_like(level), level, tokens]) * np.sqrt(w)[:, None]
+    assert partial_slope(y, level, tokens, w) == pytest.approx(np.linalg.lstsq(design, y * np.sqrt(w))[0][1])
+    # dropped: NaN depth, zero weight; a constant covariate changes nothing; collinear or one level: NaN
+    y[:3], w[3:6] = np.nan, 0.0
+    assert partial_slope(y, level, None, w) == pytest.approx(np.polyfit(level[6:], y[6:], 1, w=np.sqrt(w[6:]))[0])
+    assert partial_slope(y, level, np.full(level.size, 7.0), w) == pytest.approx(partial_slope(y, level, None, w))
+    assert np.isnan(partial_slope(y, level, 27 * level + 70)) and np.isnan(partial_slope(y, np.ones(level.size)))
 
 
 # ---- data with known difficulty -------------------------------------------------------------------------------------
@@ -290,6 +320,18 @@ def test_run_on_a_tiny_model_is_cached_and_resumable(tiny_dirs, tmp_path):
     assert (cs.model, cs.source, cs.n_per_level, cs.n_layers) == (kw["model_name"], "vars", 3, 4)
     assert len(cs.items) == 6 and set(cs.levels.level) == {1, 3} and {"slope", "ci_low"} <= set(cs.slopes.columns)
     assert cs.accuracy == pytest.approx((cs.items.correct == 1).mean()) and not cs.from_cache
+    # each item's prompt length, recorded by the run (for a one-token answer at the predicting position the input
+    # analysed is the prompt alone) ...
+    assert list(cs.items.prompt_tokens) == list(cs.items.n_tokens)
+    recorded = C.prompt_lengths({("tiny", "vars"): bigger})
+    assert list(recorded.prompt_tokens) == list(cs.items.prompt_tokens) and set(recorded.model) == {"tiny"}
+    # ... and for a run from before it was recorded, its items regenerated and encoded again: the same numbers
+    for item in bigger.meta["summary"]["items"]:
+        del item["prompt_tokens"]
+    assert C.prompt_lengths({("tiny", "vars"): bigger}).equals(recorded)
+    bigger.meta["parameters"]["items"] = "0" * 16  # the generator no longer makes the run's items
+    with pytest.raises(DataError, match="can no longer be regenerated as they were"):
+        C.prompt_lengths({("tiny", "vars"): bigger})
 
 
 @pytest.mark.integration
@@ -360,7 +402,7 @@ def _fake_result(model, source, L=11, n_per_level=2, from_cache=False, path="/r/
     by_level, slopes = level_statistics(E, O, levels, n_boot=20, seed=0)
     ok = np.arange(len(levels)) % 2
     items = [{"item": f"{source}/{i}", "level": int(lv), "correct": int(ok[i]), "n_tokens": 10 + i,
-              "layer_effect": 4.0, "logit_effect": 4.0} for i, lv in enumerate(levels)]
+              "prompt_tokens": 8 + i, "layer_effect": 4.0, "logit_effect": 4.0} for i, lv in enumerate(levels)]
     table = pd.DataFrame([{"model": model, "source": source, "item": it["item"], "level": it["level"], "metric": m,
                            "layer": s, "value": float(s == 4)} for it in items for m in ("layer_effect", "logit_effect")
                           for s in range(L)])
@@ -419,6 +461,10 @@ def test_grid_summaries_and_notes():
                ("m1", "gsm8k"): _fake_result("m1", "gsm8k"), ("m2", "vars"): _fake_result("m2", "vars", L=7)}
     g = C.grid_frames(results)
     assert len(g.items) == 8 + 8 + 8 and set(g.table.model) == {"m1", "m2"} and g.table.index.is_unique
+    # each item's prompt length on the items and on every row of the claims' per-item table
+    assert list(g.items.prompt_tokens) == [8 + i for _ in range(3) for i in range(8)]
+    assert len(g.table) == sum(len(r.table) for r in results.values())
+    assert (g.table.prompt_tokens == g.table.item.str.split("/").str[1].astype(int) + 8).all()
     assert {"rel_depth_score", "n_layers"} <= set(g.levels.columns)
     results["m2", "vars"].meta["summary"]["levels"][0]["depth_score"] = 7.0  # beyond layer L − 1 = 6
     with pytest.raises(RuntimeError, match=r"outside \[0, L − 1\]"):

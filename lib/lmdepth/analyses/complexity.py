@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lmdepth.analyses.maps import tokenizer_of
 from lmdepth.analyses.run import Job, RunSummary, resolved
 from lmdepth.data import multihop
 from lmdepth.data.datasets import Example, content_digest, selection_record
@@ -177,6 +178,7 @@ def _compute(p: ComplexityParams, ref: ModelRef, lm: LoadedModel | Callable[[], 
     per = pd.DataFrame({"item": [e.id for e in examples], "level": lv, "correct": ok,
                         "answer": [reference_answer(source, e) for e in examples],
                         "n_tokens": [int(items[e.id]["n_tokens"]) for e in examples],
+                        "prompt_tokens": [int(items[e.id]["a_start"]) for e in examples],
                         "layer_effect": depth_score(layer_effect(E)), "logit_effect": depth_score(O)})
     meta = {
         "parameters": {"model_name": p.model_name, **key, "device": p.device, "remote": p.remote},
@@ -240,7 +242,8 @@ class ComplexitySummary(RunSummary):
             n`` …).
         slopes: the slope of the depth score over levels per (metric, aggregation) with its interval.
         solved: the depth score of the solved and of the unsolved items.
-        items: per item: level, correctness, reference answer, tokens and its depth scores.
+        items: per item: level, correctness, reference answer, tokens analysed, prompt tokens (runs from before
+            they were recorded lack them: :func:`prompt_lengths`) and its depth scores.
     """
 
     source: str
@@ -362,25 +365,62 @@ def run_grid(models: list[str], sources: list[str], n_per_level: int, n_syntheti
     return results
 
 
+def prompt_lengths(results: dict[tuple[str, str], RunResult]) -> pd.DataFrame:
+    """Each item's prompt length in tokens: the answer start of the input the run analysed (the model's own
+    tokenizer on the item's prompt + answer, :func:`lmdepth.data.difficulty.answer_start`). A run records it in its
+    summary's items; for a run from before it did, the run's items are regenerated (the sidecar's item digest
+    guards that they are the same) and encoded again, with the tokenizer alone (no weights are loaded).
+
+    Returns:
+        ``model, source, item, prompt_tokens``, one row per item of every run.
+
+    Raises:
+        DataError: a run's items can no longer be regenerated as they were.
+    """
+    tokenizers: dict[str, Any] = {}
+    frames = []
+    for (model, source), r in results.items():
+        items = ComplexitySummary.of(r).items
+        if "prompt_tokens" not in items:
+            p = r.meta["parameters"]
+            examples = difficulty_examples(p["source"], tuple(p["levels"]), int(p["n_per_level"]), int(p["seed"]))
+            if content_digest(examples) != p["items"]:
+                raise DataError(f"The items of {r.path} can no longer be regenerated as they were (item digest "
+                                f"{content_digest(examples)}, the run's {p['items']}): recompute that run.")
+            if p["model_name"] not in tokenizers:
+                tokenizers[p["model_name"]] = tokenizer_of(p["model_name"])[0]
+            tok = tokenizers[p["model_name"]]
+            start = {e.id: answer_start(tok, e, tok(e.text, return_tensors="pt").input_ids) for e in examples}
+            items = items.assign(prompt_tokens=items.item.map(start))
+        frames.append(items[["item", "prompt_tokens"]].assign(model=model, source=source))
+    cols = ["model", "source", "item", "prompt_tokens"]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
 class GridFrames(NamedTuple):
     """The summaries of a grid of runs (:func:`grid_frames`)."""
 
     levels: pd.DataFrame  #: depth score per level (:func:`summary_frame` part "levels")
     slopes: pd.DataFrame  #: slope of the depth score over levels
     solved: pd.DataFrame  #: depth score of solved / unsolved items
-    items: pd.DataFrame  #: per-item depth scores, correctness and token counts
-    table: pd.DataFrame  #: the runs' tidy tables, concatenated
+    items: pd.DataFrame  #: per-item depth scores, correctness, token counts and prompt length (``prompt_tokens``)
+    table: pd.DataFrame  #: the runs' tidy tables, concatenated, with each item's ``prompt_tokens`` (the claims' units)
 
 
 def grid_frames(results: dict[tuple[str, str], RunResult]) -> GridFrames:
-    """The four summary frames of :func:`summary_frame` and the concatenated tidy tables of a grid of runs.
+    """The four summary frames of :func:`summary_frame` and the concatenated tidy tables of a grid of runs, the
+    items and the tidy table with each item's prompt length (:func:`prompt_lengths`).
 
     Raises:
         RuntimeError: a depth score outside [0, L − 1] (an effect-weighted mean layer index cannot be: the effects
             were not non-negative weights).
     """
-    frames = GridFrames(*(summary_frame(results, part) for part in SUMMARY_PARTS),
-                        pd.concat([r.table for r in results.values()], ignore_index=True))
+    lengths = prompt_lengths(results)
+    on = ["model", "source", "item"]
+    levels, slopes, solved, items = (summary_frame(results, part) for part in SUMMARY_PARTS)
+    table = pd.concat([r.table for r in results.values()], ignore_index=True)
+    frames = GridFrames(levels, slopes, solved, items.drop(columns="prompt_tokens", errors="ignore").merge(
+        lengths, on=on, how="left"), table.merge(lengths, on=on, how="left"))
     d = frames.levels.dropna(subset=["depth_score"])
     if not d.eval("depth_score >= 0 and depth_score <= n_layers - 1").all():
         raise RuntimeError("A depth score lies outside [0, L − 1]: the layer effects it weights are not non-negative.")

@@ -1,9 +1,14 @@
 """Claims of paper Figs. 5–6 (chapter 05): the depth a model uses does not grow with problem difficulty.
 
-Unit: the item. Per (model, source) the statistic is the slope, in layers per level, of the depth score D of the
-mean layer-effect vector of each level's items (the future effect of skipping each layer,
-book/method.md#method-depth-score), over layers 2…L−1 (the book's convention on layers 0–1), fitted by least squares
-over the levels the model is competent on.
+Unit: the item. Per (model, source) the statistic is the slope, in layers per level *at a fixed prompt length*, of
+the depth score D (the future effect of skipping each layer, book/method.md#method-depth-score, over layers 2…L−1:
+the book's convention on layers 0–1): the coefficient of the level in a least-squares fit of each item's D on its
+level and its prompt length in tokens, over the items of the levels the model is competent on, each item weighted by
+its total effect. D of a level's mean effect profile is exactly the so-weighted mean of its items' D, so without the
+length term the fit is the slope of the levels' D (weighted by their total effect); with it, a depth that follows
+the prompt length rather than the level is regressed out. Harder levels come with longer prompts on some sources
+(the arithmetic ladder's worked examples have the question's number of operations), and a depth score can move with
+length alone.
 
 "Does not grow" is an equivalence claim, so the margin comes from the alternative: if each added operation used one
 more layer, D would rise by one layer per level. The margin is half of that, 0.5 layer per level: a rise below it is
@@ -11,8 +16,10 @@ closer to "flat" than to "one layer per operation". It is the same in layers for
 
 Preconditions (book/method.md#method-verdicts): a model that does the task *on every level the fit uses* — each
 level's exact match, with its 95 % Wilson interval, above that level's constant-answer baseline (the share of its
-most common reference answer); the fit uses only such levels and needs at least 3 of them; at least 10 items on
-every level (a size requirement: a row short of it is shown but not counted in the headline).
+most common reference answer); the fit uses only such levels and needs at least 3 of them; level and prompt length
+not collinear over the items the fit uses (|Pearson r| < :data:`COLLINEAR`: beyond it the fit cannot tell the
+level's slope from the length's, and only length-matched levels could); at least 10 items on every level (a size
+requirement: a row short of it is shown but not counted in the headline).
 
 Control (a positive one): the same pipeline on the model's own effect profiles shifted one layer deeper per level —
 the alternative made real. It must reach "disagrees"; otherwise the sample could not have detected the alternative
@@ -30,7 +37,7 @@ import pandas as pd
 from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
 from lmdepth.errors import DataError
-from lmdepth.metrics.depth import depth_score, slope
+from lmdepth.metrics.depth import depth_score, partial_slope
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.metrics.verdicts import MIN_UNITS, Rule
 
@@ -39,6 +46,11 @@ ALTERNATIVE = 1.0
 #: The equivalence margin, in layers per level: half the alternative's rise (closer to flat than to the alternative).
 MARGIN = ALTERNATIVE / 2
 MIN_LEVELS = 3  # a slope over fewer competent levels says little about growth
+#: The largest |Pearson r| of level and prompt length over a fit's items at which the partial slope is still read.
+#: Its variance is 1 / (1 − r²) times that of a fit whose length does not follow the level (the variance inflation
+#: factor): 5.3 at r = 0.9 (a standard error 2.3 times as wide), the usual mark of severe collinearity, and 50 at
+#: r = 0.99. Beyond it the fit cannot tell the level's slope from the length's: length-matched levels are needed.
+COLLINEAR = 0.9
 
 
 def _items(units: pd.DataFrame, model: str, source: str) -> pd.DataFrame:
@@ -69,50 +81,72 @@ def competent_levels(units: pd.DataFrame, model: str, source: str) -> tuple[list
     return ok, notes
 
 
+def prompt_tokens(items: pd.DataFrame) -> pd.Series:
+    """Each row's prompt length in tokens (column ``prompt_tokens``).
+
+    Raises:
+        DataError: the per-item table does not carry it for every item.
+    """
+    if "prompt_tokens" not in items or items.prompt_tokens.isna().any():
+        raise DataError("The per-item table has no prompt length (column prompt_tokens) for every item: chapter 05's "
+                        "checks read it from lmdepth.analyses.complexity.grid_frames (its items and table).")
+    return items.prompt_tokens.astype(float)
+
+
+def length_r(items: pd.DataFrame) -> float:
+    """Pearson r of level and prompt length over items (one row per item): 0 where every prompt has the same
+    length (it cannot confound), NaN with fewer than two levels."""
+    lv, tokens = items.level.to_numpy(dtype=float), prompt_tokens(items).to_numpy()
+    if len(np.unique(lv)) < 2:
+        return float("nan")
+    return float(np.corrcoef(lv, tokens)[0, 1]) if np.ptp(tokens) > 0 else 0.0
+
+
 def effects_by_item(source: str) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
-    """Per item on a competent level (:func:`competent_levels`), indexed by item ``[items, L + 1]``: its
-    layer-effect vector, then its level."""
+    """Per item on a competent level (:func:`competent_levels`), indexed by item ``[items, L + 2]``: its
+    layer-effect vector, then its level, then its prompt length in tokens."""
 
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
         u = _items(units, model, source)
+        prompt_tokens(u)
         u = u[u.metric == "layer_effect"]
         keep, _ = competent_levels(units, model, source)
         u = u[u.level.isin(keep)]
         wide = u.pivot_table(index="item", columns="layer", values="value", sort=False, dropna=False)
-        level = u.groupby("item", sort=False)["level"].first().reindex(wide.index)
-        return wide.assign(level=level.to_numpy(dtype=float))
+        first = u.groupby("item", sort=False)[["level", "prompt_tokens"]].first().reindex(wide.index)
+        return wide.assign(level=first.level.to_numpy(dtype=float),
+                           prompt_tokens=first.prompt_tokens.to_numpy(dtype=float))
 
     return values
 
 
 def rise(skip: int) -> Callable[[np.ndarray], float]:
-    """The least-squares slope of D (in layers, effects of layers < ``skip`` set to 0) over the levels present,
-    in layers per level (NaN with fewer than two levels in the sample)."""
+    """The partial slope of D in layers per level at a fixed prompt length (:func:`partial_slope`): each item's D
+    (effects of layers < ``skip`` set to 0) fitted on its level and prompt length, weighted by its total effect.
+    NaN with fewer than two levels in the sample."""
 
     def reduce(v: np.ndarray) -> float:
-        e, lv = v[:, :-1].copy(), v[:, -1]
+        e, lv, tokens = v[:, :-2].copy(), v[:, -2], v[:, -1]
         e[:, :skip] = 0.0
-        levels = np.unique(lv)
-        if len(levels) < 2:
-            return float("nan")
-        return slope(levels, [float(depth_score(e[lv == x].mean(0))) for x in levels])
+        return partial_slope(depth_score(e), lv, tokens, weights=e.sum(1))
 
     return reduce
 
 
 def shifted(skip: int) -> Callable[[np.ndarray], np.ndarray]:
     """The positive control: each item's effect profile (layers < ``skip`` set to 0) moved r layers deeper, r the
-    rank of its level among the levels present (0 for the easiest): one more layer per level."""
+    rank of its level among the levels present (0 for the easiest): one more layer per level, whatever the prompt
+    length (kept, so the same fit holds it fixed)."""
 
     def alternative(v: np.ndarray) -> np.ndarray:
-        e, lv = v[:, :-1].copy(), v[:, -1]
+        e, lv = v[:, :-2].copy(), v[:, -2]
         e[:, :skip] = 0.0
         rank = {x: r for r, x in enumerate(np.unique(lv))}
         out = np.zeros_like(e)
         for i, x in enumerate(lv):
             r = rank[x]
             out[i, r:] = e[i, : e.shape[1] - r]
-        return np.column_stack([out, lv])
+        return np.column_stack([out, v[:, -2:]])
 
     return alternative
 
@@ -131,35 +165,47 @@ def per_level(source: str) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
     return check
 
 
-def competent(source: str) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
-    """At least :data:`MIN_LEVELS` levels solved above their constant-answer baseline."""
+def competent_and_length_free(source: str) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
+    """At least :data:`MIN_LEVELS` levels solved above their constant-answer baseline, and level and prompt length
+    not collinear over those levels' items (|r| < :data:`COLLINEAR`; r is named wherever two levels give one)."""
 
     def check(units: pd.DataFrame, model: str) -> tuple[bool, str]:
         ok, notes = competent_levels(units, model, source)
+        failed = []
         if len(ok) < MIN_LEVELS:
-            return False, (f"competent on {len(ok)} level{'' if len(ok) == 1 else 's'}"
-                           + (f" ({', '.join(map(str, ok))})" if ok else "")
-                           + f", at least {MIN_LEVELS} needed; not above the constant-answer baseline: "
-                           + "; ".join(notes))
-        return True, ""
+            failed.append(f"competent on {len(ok)} level{'' if len(ok) == 1 else 's'}"
+                          + (f" ({', '.join(map(str, ok))})" if ok else "")
+                          + f", at least {MIN_LEVELS} needed; not above the constant-answer baseline: "
+                          + "; ".join(notes))
+        items = _items(units, model, source).drop_duplicates("item")
+        r = length_r(items[items.level.isin(ok)])
+        if abs(r) >= COLLINEAR:
+            failed.append(f"prompt length {'grows' if r > 0 else 'falls'} with the level (r = {r:.2f} over the "
+                          f"items of levels {', '.join(map(str, ok))}, |r| ≥ {COLLINEAR:g}): the fit cannot tell the "
+                          "level's slope from the length's; length-matched levels needed")
+        return not failed, "; ".join(failed)
 
     return check
 
 
-CONTROL = (f"a positive control: the same pipeline on the model's own effect profiles shifted one layer deeper per "
-           f"level (the alternative, {ALTERNATIVE:g} layer per level) must reach 'disagrees'; 'agrees' needs the whole "
-           f"interval of the rise below the margin {MARGIN:g} layer per level, half the alternative")
+CONTROL = (f"a positive control: the same pipeline (prompt length held fixed) on the model's own effect profiles "
+           f"shifted one layer deeper per level (the alternative, {ALTERNATIVE:g} layer per level) must reach "
+           f"'disagrees'; 'agrees' needs the whole interval of the rise below the margin {MARGIN:g} layer per level, "
+           "half the alternative")
 
 CLAIMS: tuple[ClaimSpec, ...] = tuple(
     ClaimSpec(
         id=f"complexity.{source}_depth_flat", chapter="complexity", figure="Figs. 5–6",
-        claim=f"{SOURCE_TITLES[source]}: depth grows by less than half a layer per level",
+        claim=f"{SOURCE_TITLES[source]}: at a fixed prompt length, depth grows by less than half a layer per level",
         statement="Harder problems do not use deeper layers: the depth score stays flat across difficulty levels.",
-        statistic=f"rise: slope of the depth score D in layers per level, over the levels of "
+        statistic=f"rise: slope of the depth score D in layers per level at a fixed prompt length (items' D fitted "
+                  f"on level and prompt tokens, weighted by their total effect), over the levels of "
                   f"{min(LEVELS[source])}–{max(LEVELS[source])} the model solves above the constant answer (layer "
-                  f"effects, layers 2…L−1); margin {MARGIN:g} = half of one layer per level",
+                  f"effects, layers 2…L−1); margin {MARGIN:g} = half of one layer per level; not testable where "
+                  f"level and prompt length are collinear (|r| ≥ {COLLINEAR:g})",
         unit="item", rule=Rule(MARGIN, "below"), values=effects_by_item(source), reduce=rise(EARLY_LAYERS),
-        with_early=rise(0), precondition=competent(source), sample_size=per_level(source), control=CONTROL,
+        with_early=rise(0), precondition=competent_and_length_free(source), sample_size=per_level(source),
+        control=CONTROL,
         control_of=None, positive=shifted(EARLY_LAYERS),
         history=("2026-11-23: decided from the interval over items with a competence gate and ≥ 10 items per "
                  "level (was: a point estimate on 1–2 items per level, whatever the model solved).",
@@ -170,7 +216,12 @@ CLAIMS: tuple[ClaimSpec, ...] = tuple(
                  "with at least 3 such levels; the statistic is the slope in layers per level over those levels "
                  "(was: the rise of D / L over all levels) with the margin derived from the alternative, half of "
                  "one layer per level (was: 0.05 of depth, not derived); a positive control (profiles shifted one "
-                 "layer per level) must reach 'disagrees'."))
+                 "layer per level) must reach 'disagrees'.",
+                 "2026-11-26 (later): prompt length controlled (issue 36): the slope is the level's coefficient in a "
+                 "least-squares fit of each item's D on its level and prompt length in tokens, weighted by its total "
+                 "effect (was: the slope of the levels' D, length uncontrolled: the arithmetic prompts grow about 27 "
+                 "tokens per rung); not testable where level and prompt length are collinear over the fit's items "
+                 f"(|r| ≥ {COLLINEAR:g}). The positive control goes through the same fit."))
     for source in LEVELS)
 
 

@@ -61,6 +61,39 @@ def slope(x: Sequence[float], y: Sequence[float]) -> float:
     return float(np.polyfit(x[ok], y[ok], 1)[0])
 
 
+def partial_slope(y: Sequence[float], x: Sequence[float], covariate: Sequence[float] | None = None,
+                  weights: Sequence[float] | None = None) -> float:
+    """The coefficient of x in the weighted least-squares fit y ~ 1 + x + covariate: the slope of y per unit of x
+    at a fixed covariate (Frisch–Waugh: x and y both residualised on [1, covariate], then regressed). Without a
+    covariate, the weighted slope of y on x.
+
+    Units whose y is NaN or whose weight is ≤ 0 are dropped. NaN when fewer than two distinct x remain, or when the
+    covariate explains x to within 1e-9 of its weighted variance (x and covariate collinear: the fit cannot tell
+    their slopes apart). A constant covariate only duplicates the intercept and changes nothing.
+
+    Args:
+        y, x, covariate, weights: [units] each (weights default to 1).
+    """
+    y, x = np.asarray(y, float), np.asarray(x, float)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, float)
+    z = np.zeros_like(y) if covariate is None else np.asarray(covariate, float)
+    ok = np.isfinite(y) & np.isfinite(x) & np.isfinite(z) & (w > 0)
+    y, x, z, w = y[ok], x[ok], z[ok], w[ok]
+    if len(np.unique(x)) < 2:
+        return float("nan")
+    design = np.column_stack([np.ones_like(x), z]) * np.sqrt(w)[:, None]
+
+    def residual(v: np.ndarray) -> np.ndarray:  # v's part the design does not explain, in the weighted metric
+        sw = v * np.sqrt(w)
+        return sw - design @ np.linalg.lstsq(design, sw, rcond=None)[0]
+
+    rx, ry = residual(x), residual(y)
+    spread = float(np.sum(w * (x - np.average(x, weights=w)) ** 2))
+    if float(rx @ rx) <= 1e-9 * spread:
+        return float("nan")
+    return float(rx @ ry / (rx @ rx))
+
+
 def level_statistics(E: np.ndarray, O: np.ndarray, levels: np.ndarray, n_boot: int = 1000, seed: int = 0,
                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Depth score per level and its slope over levels, both with percentile bootstrap 95 % intervals.
