@@ -25,10 +25,11 @@
 # The interactive form needs a live kernel — open this page in Jupyter or with the Colab button at the top. On the
 # static page below, the same computation is shown once for a fixed example.
 #
-# The three computations are the chapters' own nnsight traces, so they also run on
-# [NDIF](https://ndif.us): with `remote = True`, an NDIF API key (`NDIF_API_KEY`, e.g. a Colab secret) and
-# `model_name` a hub id that NDIF hosts (e.g. `"meta-llama/Llama-3.1-70B"`, with `compare_models = []`), you explore
-# a 70B model live from this notebook, three requests per click; the weights stay on the server. Without a key, the
+# The three computations are one nnsight session, chapter 03's skip session for the chosen layer, whose clean pass
+# also reads the contributions and the logit lens: two forward passes per prompt, the clean one and the skipped one.
+# So they also run on [NDIF](https://ndif.us): with `remote = True`, an NDIF API key (`NDIF_API_KEY`, e.g. a Colab
+# secret) and `model_name` a hub id that NDIF hosts (e.g. `"meta-llama/Llama-3.1-70B"`, with `compare_models = []`),
+# you explore a 70B model live from this notebook, one request per click; the weights stay on the server. Without a key, the
 # network or the model hosted, NDIF's preflight stops the notebook in seconds, before anything is loaded, with one
 # line saying which (`lmdepth run explorer -p remote=true` checks the same before the notebook starts).
 

@@ -69,6 +69,11 @@ def test_the_ndif_cost_of_the_paper_profile_per_chapter():
     # the paper profile runs chapter 05 on a GPU (remote false): integrated gradients would be refused on NDIF
     assert "refuses" not in erasure.notes and erasure["the profile runs it"].startswith("here")
     assert "refuses" not in remote_cost("default").set_index("measurement").loc["residual erasure", "notes"]
+    # the explorer: one session, the clean pass and the skipped one (tests/test_explorer.py counts them with a hook)
+    from lmdepth.book.explorer import EXPLORE_FORWARDS, EXPLORE_REQUESTS
+
+    explore = rows.loc[("explorer", "contributions, logit-lens tokens, one layer skipped")]
+    assert (explore["requests / prompt"], explore["forwards / prompt"]) == (EXPLORE_REQUESTS, EXPLORE_FORWARDS) == (1, 2)
     small = remote_cost("paper", n_layers=32).set_index("measurement")
     assert small.loc["future tokens", "forwards / prompt"] == 1 + 32 * 4
 

@@ -125,9 +125,11 @@ def test_widget_in_a_live_kernel(tiny_dirs):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3", "olmo2"])
 def test_explorer_traces_equal_the_plain_hook_reference_here_and_under_the_strict_server(family):
-    """The explorer runs the chapters' remote-ready traces; the plain-hook code it ran before is the reference
+    """The explorer runs chapter 03's remote-ready skip session; the plain-hook code it ran before is the reference
     (contributions: hooked taps; lens: a clean hooked pass through the adapter's unembedding; skip: chapter 03's
-    fast path). Under remote='local' every request survives the strict server."""
+    fast path). Each panel alone is one request; an explore is one request and two forward passes (the clean pass
+    shared by the three panels, then the skipped pass; it was four in three requests), counted by a hook. Under
+    remote='local' every request survives the strict server."""
     from lmdepth.hooks.skip_hooks import Row, clean_pass, run_rows
     from lmdepth.metrics.residual_stats import RESIDUAL_METRICS, residual_token_metrics
     from lmdepth.model.families import ModelAdapter
@@ -138,7 +140,8 @@ def test_explorer_traces_equal_the_plain_hook_reference_here_and_under_the_stric
 
     model = tiny_model(family)
     adapter = ModelAdapter.for_model(model)
-    ids = tiny_tokenizer()("Natalia sold 48 clips in April.", return_tensors="pt").input_ids
+    text = "Natalia sold 48 clips in April."
+    ids = LoadedModel("tiny", model, tiny_tokenizer(), adapter, "local").encode(text)
     L, layer, pos, k = adapter.n_layers, 1, 5, 4
     taps = hooked_residuals(adapter, ids, logits_to_keep=1)
     names = [c for m, c in RESIDUAL_METRICS if m == "relative_contribution"]
@@ -149,33 +152,44 @@ def test_explorer_traces_equal_the_plain_hook_reference_here_and_under_the_stric
         probs = adapter.unembed(torch.cat([clean.resid_in[:, pos], clean.resid_out[-1:, pos]])).float().softmax(-1)
     ref_top = probs.topk(k, dim=-1)
     E, O, _ = run_rows(adapter, ids, clean, [Row(s=layer)])
-    for remote in (False, "local"):
-        lm = LoadedModel("tiny", model, tiny_tokenizer(), adapter, "local", remote_mode=remote)
-        before = len(server.REQUESTS)
-        c = explorer.contributions(lm, ids)
+    forwards = []
+    model.model.register_forward_pre_hook(lambda mod, args: forwards.append(1))
+
+    def check(c, lens, eff, out, remote):
         for i, n in enumerate(names):
             got = c[c.component == n].sort_values("layer")["value"].to_numpy()
             assert got == pytest.approx(ref_contrib[i].numpy(), abs=1e-6), (remote, n)
-        lens = explorer.lens_top_tokens(lm, ids, position=pos, k=k)
         for l in range(L + 1):
             row = lens[lens.layer == l].sort_values("rank")
             assert row.token_id.tolist() == ref_top.indices[l].tolist(), (remote, l)
             assert row.prob.to_numpy() == pytest.approx(ref_top.values[l].numpy(), abs=1e-6)
-        eff, out = explorer.skip_effect(lm, ids, layer)
         assert eff.relative_change.to_numpy() == pytest.approx(E[0].numpy(), abs=1e-5), remote
         assert out == pytest.approx(float(O[0]), abs=1e-5) and out > 0
+
+    for remote in (False, "local"):
+        lm = LoadedModel("tiny", model, tiny_tokenizer(), adapter, "local", remote_mode=remote)
+        before = len(server.REQUESTS)
+        forwards.clear()
+        check(explorer.contributions(lm, ids), explorer.lens_top_tokens(lm, ids, position=pos, k=k),
+              *explorer.skip_effect(lm, ids, layer), remote)
+        assert len(forwards) == 4  # each panel alone: its own clean pass (the skip: + the skipped pass)
+        panels = len(server.REQUESTS) - before
+        forwards.clear()
+        x = explorer.explore(lm, text, layer, position=pos, k=k)
+        assert len(forwards) == explorer.EXPLORE_FORWARDS == 2, remote  # the clean pass once, the skipped pass
+        check(x.contributions, x.lens, x.skip, x.output_change, remote)
+        records = server.REQUESTS[before:]
         if remote == "local":
-            records = server.REQUESTS[before:]
-            assert len(records) == 3  # contributions, lens, skip session: one request each
+            assert panels == 3 and len(records) - panels == explorer.EXPLORE_REQUESTS == 1  # one session
             assert all(r.payload_bytes < 50_000 for r in records)
             assert not [m for r in records for m in r.modules if m.split(".")[0] == "lmdepth"]
         else:
-            assert len(server.REQUESTS) == before
+            assert not records
 
 
 def test_explore_under_the_strict_server_equals_the_local_explore(tiny_dirs):
     """``remote='local'`` (the chapter's and the widget's parameter, through :func:`explorer.load`): every panel of an
-    explore equals the local one, in three requests that survive the strict server."""
+    explore equals the local one, in one request that survives the strict server."""
     from lmdepth.traces import server
 
     here = explorer.explore(explorer.load(str(tiny_dirs["qwen2"])), TEXT, layer=1, position=2)
@@ -184,7 +198,9 @@ def test_explore_under_the_strict_server_equals_the_local_explore(tiny_dirs):
     before = len(server.REQUESTS)
     sim = explorer.explore(sim_lm, TEXT, layer=1, position=2)
     records = server.REQUESTS[before:]
-    assert len(records) == 3 and not [m for r in records for m in r.modules if m.split(".")[0] == "lmdepth"]
+    assert len(records) == explorer.EXPLORE_REQUESTS == 1
+    assert not [m for r in records for m in r.modules if m.split(".")[0] == "lmdepth"]
+    assert sorted(records[0].saved) == ["E_all", "O_all", "clean_contributions", "lens_ids", "lens_probs"]
     assert sim.tokens == here.tokens and sim.lens[["layer", "rank", "token_id"]].equals(here.lens[["layer", "rank", "token_id"]])
     assert (sim.lens.prob - here.lens.prob).abs().max() <= 1e-5
     assert (sim.contributions.value - here.contributions.value).abs().max() <= 1e-5
@@ -223,4 +239,4 @@ def test_the_widget_runs_under_the_strict_server(tiny_dirs, capsys):
     w = explorer.explorer_widget([str(tiny_dirs["gemma3"])], "ab cd ef", 1, remote="local")
     before = len(server.REQUESTS)
     w.children[1].children[3].click()
-    assert "ConcatChart" in capsys.readouterr().out and len(server.REQUESTS) - before == 3
+    assert "ConcatChart" in capsys.readouterr().out and len(server.REQUESTS) - before == 1

@@ -374,6 +374,51 @@ def test_the_skip_session_for_chosen_layers_equals_those_rows_of_the_full_sessio
 
 @pytest.mark.integration
 @pytest.mark.parametrize("family", FAMILIES)
+def test_the_skip_sessions_clean_readings_equal_their_references_and_cost_no_pass(family, ids):
+    """``contributions`` and ``lens``: the clean pass of the skip session also reduces the relative contributions
+    (= the first three rows of the residual-metrics trace) and the logit lens' top-k (= the adapter's unembedding of
+    plain-hook residuals), here and under the strict server; the skip effects stay bit-identical and the session
+    makes no extra forward pass (the clean one, then the skipped one: the explorer's explore). Alone, the readings
+    are one pass."""
+    from lmdepth.hooks.skip_hooks import clean_pass
+    from lmdepth.traces.skip_effects import skip_effects
+
+    model = tiny_model(family)
+    adapter = ModelAdapter.for_model(model)
+    nn, paths, L, T = _wrap(model), TapPaths.of(adapter), adapter.n_layers, ids.shape[1]
+    pos, k, s = T - 3, 4, 1
+    ref_contrib = residual_metrics(nn, paths, ids)[:, :3, 0]  # [L, 3, T]
+    clean = clean_pass(adapter, ids)
+    with torch.no_grad():
+        ref = adapter.unembed(torch.cat([clean.resid_in[:, pos], clean.resid_out[-1:, pos]])).float().softmax(-1)
+    ref_top = ref.topk(k, dim=-1)
+    kw = dict(parts=("layer",), local=False, current=True, config=model.config, skipped=[s])
+    plain = skip_effects(nn, paths, ids, **kw)
+    calls = []
+    model.model.register_forward_pre_hook(lambda mod, args: calls.append(1))
+    for remote in (False, "local"):
+        calls.clear()
+        before = len(server.REQUESTS)
+        got = skip_effects(nn, paths, ids, contributions=True, lens=(pos, k), remote=remote, **kw)
+        assert len(calls) == 2 and len(server.REQUESTS) - before == (remote == "local")
+        assert sorted(got) == sorted([*plain, ("clean", "contributions"), ("clean", "lens")])
+        for key in plain:
+            assert all(a.nan_to_num(-1.0).equal(b.nan_to_num(-1.0)) for a, b in zip(got[key], plain[key])), key
+        assert plain["current", "layer"][0][s].max() > 0.01  # not all zero: the check can fail
+        (contrib,) = got["clean", "contributions"]
+        assert contrib.shape == (L, 3, T) and (contrib - ref_contrib).abs().max() <= 1e-6, remote
+        probs, top = got["clean", "lens"]
+        assert top.equal(ref_top.indices) and (probs - ref_top.values).abs().max() <= 1e-6, remote
+    calls.clear()
+    alone = skip_effects(nn, paths, ids, current=False, contributions=True, lens=(pos, k))
+    assert len(calls) == 1 and sorted(alone) == [("clean", "contributions"), ("clean", "lens")]
+    assert alone["clean", "lens"][1].equal(ref_top.indices)
+    with pytest.raises(ValueError, match="lens position must be in"):
+        skip_effects(nn, paths, ids, lens=(T, k), **kw)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
 def test_every_trace_reaches_the_families_modules_through_envoys_resolved_before_the_block(family, ids):
     """:meth:`TapPaths.envoys` is every trace's one way to its modules: the envoys wrap the adapter's own modules,
     and one read inside a block survives the strict round trip by reference (the model is not in the payload)."""

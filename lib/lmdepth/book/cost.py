@@ -248,9 +248,9 @@ def remote_cost(profile: str = "paper", n_layers: int = PAPER_LAYERS) -> pd.Data
             f"texts of <= {tokens} padded tokens", "the maps are fitted here")
 
     def explorer() -> None:
-        one_layer = session_forwards(1, 0, True)  # the skip session of the chosen layer alone
-        add("explorer", "contributions, logit-lens tokens, one layer skipped", 3, 1 + 1 + one_layer, 1,
-            "per explore: the residual-metrics trace, the lens trace, the skip session of the chosen layer")
+        add("explorer", "contributions, logit-lens tokens, one layer skipped", 1, session_forwards(1, 0, True), 1,
+            "per explore: the skip session of the chosen layer alone, whose clean pass also reads the contributions "
+            "and the logit-lens tokens")
 
     counted = {"norms": norms, "cosine": cosine, "skipping": skipping, "lens": lens, "complexity": complexity,
                "maps": maps, "explorer": explorer}

@@ -1,11 +1,12 @@
 """Live explorer: one prompt, one model, one layer — its residual contributions, logit-lens tokens and skip effect.
 
 The compute functions are plain (testable on tiny models); :func:`explorer_widget` wraps them in ipywidgets for a
-live Jupyter or Colab kernel. Everything is computed on the spot through the remote-ready traces of the chapters, in
-the loaded model's ``remote_mode`` (here, on NDIF, or under the strict offline simulation of NDIF; :func:`load`):
-the residual-metrics trace for the contributions (chapter 01), a logit-lens trace for the top tokens
-(:func:`lmdepth.traces.lens_trace.lens_top_k`) and chapter 03's skip session run for the chosen layer alone (all tokens,
-whole layer). One explore is three requests on NDIF: a reader explores a hosted 70B model live from a notebook.
+live Jupyter or Colab kernel. Everything is computed on the spot through chapter 03's remote-ready skip session
+(:func:`lmdepth.traces.skip_effects.skip_effects`), in the loaded model's ``remote_mode`` (here, on NDIF, or under the
+strict offline simulation of NDIF; :func:`load`): its clean pass also reduces the contributions (chapter 01's
+relative contributions) and the logit lens' top tokens (chapter 04's lens), and the chosen layer alone is skipped
+(all tokens, whole layer). One explore is one request and two forward passes — the clean pass and the skipped one:
+a reader explores a hosted 70B model live from a notebook.
 """
 
 from __future__ import annotations
@@ -17,43 +18,60 @@ from lmdepth.charts.explorer_charts import Exploration, exploration_charts
 from lmdepth.metrics.residual_stats import RESIDUAL_METRICS
 from lmdepth.model.registry import LoadedModel, load_model
 from lmdepth.params import check_remote
-from lmdepth.traces.lens_trace import lens_top_k
-from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
-from lmdepth.traces.skip_effects import skip_effects
+from lmdepth.traces.residual_metrics import TapPaths
+from lmdepth.traces.skip_effects import session_forwards, skip_effects
+
+#: What one explore costs: requests (one nnsight session) and forward passes (the skip session of one layer, all
+#: tokens: the clean pass and the skipped pass).
+EXPLORE_REQUESTS, EXPLORE_FORWARDS = 1, session_forwards(1, 0, True)
 
 
 @torch.no_grad()
-def contributions(lm: LoadedModel, ids: torch.Tensor) -> pd.DataFrame:
-    """Relative contributions of every layer, mean over the prompt's tokens (chapter 01's metrics on one prompt,
-    through its trace).
+def _readings(lm: LoadedModel, ids: torch.Tensor, layer: int | None = None, position: int | None = None,
+              k: int = 5, contributions: bool = False) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
+    """One skip session (one request): the clean pass, with the readings asked for, and the pass skipping
+    ``layer`` (all tokens, whole layer) when it is given."""
+    if layer is not None and not 0 <= layer < lm.adapter.n_layers:
+        raise ValueError(f"layer must be in 0..{lm.adapter.n_layers - 1} for {lm.name}, got {layer}")
+    return skip_effects(lm.nn, TapPaths.of(lm.adapter), ids, parts=("layer",), local=False, current=layer is not None,
+                        config=lm.model.config, remote=lm.remote_mode, skipped=[] if layer is None else [layer],
+                        contributions=contributions, lens=None if position is None else (position % ids.shape[1], k))
 
-    Args:
-        ids: [1, T] token ids.
-    """
+
+def _contribution_frame(values: torch.Tensor) -> pd.DataFrame:
+    """[L, 3, T] relative contributions → ``layer, component, value``, the mean over the prompt's tokens."""
     names = [c for m, c in RESIDUAL_METRICS if m == "relative_contribution"]
-    values = residual_metrics(lm.nn, TapPaths.of(lm.adapter), ids, remote=lm.remote_mode)  # [L, 11, 1, T]
-    vals = values[:, : len(names), 0].mean(-1).T  # [3, L]
+    vals = values.mean(-1).T  # [3, L]
     return pd.DataFrame([dict(layer=l, component=n, value=float(vals[i, l]))
                          for l in range(vals.shape[1]) for i, n in enumerate(names)])
 
 
-@torch.no_grad()
+def _lens_frame(lm: LoadedModel, probs: torch.Tensor, top: torch.Tensor) -> pd.DataFrame:
+    """[L + 1, k] probabilities and token ids → ``layer, rank, token, token_id, prob``."""
+    return pd.DataFrame([dict(layer=l, rank=r + 1, token=lm.tokenizer.decode([int(top[l, r])]), token_id=int(top[l, r]),
+                              prob=float(probs[l, r])) for l in range(top.shape[0]) for r in range(top.shape[1])])
+
+
+def _skip_frame(lm: LoadedModel, E: torch.Tensor, O: torch.Tensor, layer: int) -> tuple[pd.DataFrame, float]:
+    return pd.DataFrame({"layer": range(lm.adapter.n_layers), "relative_change": E[layer].numpy()}), float(O[layer])
+
+
+def contributions(lm: LoadedModel, ids: torch.Tensor) -> pd.DataFrame:
+    """Relative contributions of every layer, mean over the prompt's tokens (chapter 01's metrics on one prompt;
+    one request, one forward pass).
+
+    Args:
+        ids: [1, T] token ids.
+    """
+    return _contribution_frame(_readings(lm, ids, contributions=True)["clean", "contributions"][0])
+
+
 def lens_top_tokens(lm: LoadedModel, ids: torch.Tensor, position: int = -1, k: int = 5) -> pd.DataFrame:
     """Logit-lens top-k tokens at one position, for the residual entering every layer and for the output (one
-    trace: only [L + 1, k] numbers come back)."""
-    softcap = getattr(lm.model.config, "final_logit_softcapping", None) or None
-    probs, top = lens_top_k(lm.nn, TapPaths.of(lm.adapter), ids, position % ids.shape[1], k, softcap,
-                            remote=lm.remote_mode)
-    rows = []
-    for l in range(top.shape[0]):
-        for r in range(k):
-            tid = int(top[l, r])
-            rows.append(dict(layer=l, rank=r + 1, token=lm.tokenizer.decode([tid]), token_id=tid,
-                             prob=float(probs[l, r])))
-    return pd.DataFrame(rows)
+    request, one forward pass: only [L + 1, k] numbers come back)."""
+    return _lens_frame(lm, *_readings(lm, ids, position=position, k=k)["clean", "lens"])
 
 
-@torch.no_grad()
 def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int) -> tuple[pd.DataFrame, float]:
     """Effect of skipping ``layer`` at every position ≥ 1 on every layer's contribution (chapter 03, all tokens,
     whole layer: its skip session for this skipped layer alone, i.e. the clean pass and one intervened pass).
@@ -61,15 +79,12 @@ def skip_effect(lm: LoadedModel, ids: torch.Tensor, layer: int) -> tuple[pd.Data
     Returns:
         (``layer, relative_change`` with the largest change over positions, output change ‖P − P′‖₂).
     """
-    if not 0 <= layer < lm.adapter.n_layers:
-        raise ValueError(f"layer must be in 0..{lm.adapter.n_layers - 1} for {lm.name}, got {layer}")
-    E, O = skip_effects(lm.nn, TapPaths.of(lm.adapter), ids, parts=("layer",), local=False, current=True,
-                        config=lm.model.config, remote=lm.remote_mode, skipped=[layer])[("current", "layer")][:2]
-    return pd.DataFrame({"layer": range(lm.adapter.n_layers), "relative_change": E[layer].numpy()}), float(O[layer])
+    return _skip_frame(lm, *_readings(lm, ids, layer=layer)["current", "layer"][:2], layer)
 
 
 def explore(lm: LoadedModel, text: str, layer: int, position: int = -1, k: int = 5) -> Exploration:
-    """Everything the explorer shows, for one prompt."""
+    """Everything the explorer shows, for one prompt: one skip session (:data:`EXPLORE_REQUESTS` request,
+    :data:`EXPLORE_FORWARDS` forward passes), whose clean pass serves all three panels."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("The prompt is empty: type some text.")
     ids = lm.encode(text)
@@ -78,9 +93,10 @@ def explore(lm: LoadedModel, text: str, layer: int, position: int = -1, k: int =
         raise ValueError(f"position must be in {-len(tokens)}..{len(tokens) - 1} for this prompt of {len(tokens)} "
                          f"tokens, got {position}")
     pos = position % len(tokens)
-    skip, out = skip_effect(lm, ids, layer)
-    return Exploration(lm.name, tokens, pos, layer, contributions(lm, ids), lens_top_tokens(lm, ids, pos, k),
-                       skip, out)
+    got = _readings(lm, ids, layer=layer, position=pos, k=k, contributions=True)
+    skip, out = _skip_frame(lm, *got["current", "layer"][:2], layer)
+    return Exploration(lm.name, tokens, pos, layer, _contribution_frame(got["clean", "contributions"][0]),
+                       _lens_frame(lm, *got["clean", "lens"]), skip, out)
 
 
 def lens_token_table(x: Exploration) -> pd.DataFrame:
@@ -161,5 +177,5 @@ def explorer_widget(models: list[str], prompt: str, layer: int = 0, device: str 
     return w.VBox([text, w.HBox([model, lay, pos, run]), out])
 
 
-__all__ = ["contributions", "lens_top_tokens", "skip_effect", "explore", "lens_token_table", "load",
-           "explorer_widget"]
+__all__ = ["EXPLORE_REQUESTS", "EXPLORE_FORWARDS", "contributions", "lens_top_tokens", "skip_effect", "explore",
+           "lens_token_table", "load", "explorer_widget"]

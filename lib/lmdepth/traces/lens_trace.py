@@ -132,45 +132,4 @@ def lens_readings(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, posit
     return values, float(check)
 
 
-def lens_top_k(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, position: int, k: int = 5,
-               softcap: float | None = None, remote: bool | str = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """One traced forward pass → the logit lens' top-k tokens at one position, for the residual entering every
-    layer and for the last layer's output (the explorer's lens; only [L + 1, vocab] logits exist at once, and only
-    [L + 1, k] numbers leave the trace).
-
-    The unembedding is the model's own (:meth:`lmdepth.model.families.ModelAdapter.unembed`: final norm in the
-    residual's dtype, matmul in the model's dtype, fp32 logits, soft-capped); its reference twin is that method on
-    plain-hook residuals.
-
-    Args:
-        nn_model: the remotable nnsight wrapper of the model (``LoadedModel.nn``).
-        paths: the family's taps (:meth:`TapPaths.of`).
-        input_ids: [1, tokens] token ids.
-        position: the position read (0 ≤ position < tokens).
-        k: how many tokens.
-        softcap: the model's ``final_logit_softcapping`` (Gemma) or None.
-        remote: ``False`` (here), ``True`` (NDIF) or ``"local"`` (strict simulation).
-
-    Returns:
-        (probabilities [L + 1, k] fp32, token ids [L + 1, k] int64), on CPU, best first.
-    """
-    envoys = paths.envoys(nn_model)  # envoys and plain data for the block
-    layers, norm, head, n_layers = envoys.layers, envoys.final_norm, envoys.lm_head, paths.n_layers
-    position = int(position)
-    with torch.no_grad(), nn_model.trace(input_ids, logits_to_keep=1, **trace_kwargs(nn_model, remote)):
-        hs = [layers[l].input[0, position] for l in range(n_layers)]
-        last = layers[n_layers - 1].output
-        hs.append((last[0] if isinstance(last, (tuple, list)) else last)[0, position])
-        x = norm(torch.stack(hs))  # [L+1, d]
-        weight = head.weight.detach()
-        z = torch.nn.functional.linear(x.to(weight.dtype), weight).float()
-        bias = getattr(head, "bias", None)
-        z = z + bias.detach().float() if bias is not None else z
-        z = torch.tanh(z / softcap) * softcap if softcap else z
-        top = z.softmax(-1).topk(k, dim=-1)
-        probs = top.values.cpu().save()
-        token_ids = top.indices.cpu().save()
-    return probs, token_ids
-
-
-__all__ = ["MAX_LOGITS", "lens_readings", "lens_top_k"]
+__all__ = ["MAX_LOGITS", "lens_readings"]

@@ -25,9 +25,8 @@ REMOTE_READY = {"norms": "residual metrics (lmdepth.traces.residual_metrics)",
                          "residuals collected by a remote-ready trace (lmdepth.traces.boundary_residuals.token_residuals)",
                 "complexity": "depth score (lmdepth.traces.skip_effects), correctness check (lmdepth.traces.generation) "
                               "and erasure (lmdepth.traces.erasure_trace); integrated gradients run here (ig_steps=0)",
-                "explorer": "residual metrics, logit-lens top tokens (lmdepth.traces.lens_trace.lens_top_k) and the skip "
-                            "session for the chosen layer alone (lmdepth.traces.skip_effects): three requests per "
-                            "explore"}
+                "explorer": "the skip session of the chosen layer alone, whose clean pass also reads the contributions "
+                            "and the logit-lens top tokens (lmdepth.traces.skip_effects): one request per explore"}
 #: The chapters that do not run remotely, and why (the ones with a model refuse ``remote`` in one line).
 NOT_REMOTE = {"moeut": "its models are trained here, not hosted on NDIF",
               "atlas": "runs no model (reads the other chapters' results)",

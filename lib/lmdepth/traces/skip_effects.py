@@ -8,6 +8,11 @@ inside each trace — E[b, j] the max relative change of layer j's contribution,
 [variants × layers] numbers leave it: here, under the strict simulation (``remote="local"``) and on NDIF, one
 request per prompt.
 
+The clean trace can also reduce readings of the clean pass itself: the relative contributions of every layer and
+token and the logit lens' top-k tokens at one position (``contributions``, ``lens``). They live here because an
+nnsight session ships the source of one block, so what shares the clean pass with the skipped passes — the
+explorer's one explore: one request, the clean pass plus one pass for the chosen layer — must be written in it.
+
 The block reads only torch, transformers' ``DynamicCache``, the model's envoys (resolved before it) and plain data.
 Its reference twins are :func:`lmdepth.hooks.skip_hooks.prompt_effects` (plain hooks, the same algorithm) and
 :func:`~lmdepth.hooks.skip_hooks.prompt_effects_naive` (one full forward per intervention), which the tests hold it
@@ -31,7 +36,8 @@ LOGIT_CHUNK = 64  # positions unembedded at once: bounds memory at chunk × voca
 def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: Sequence[int] = (),
                  parts: Sequence[str] = PARTS, local: bool = True, current: bool = True, config: Any = None,
                  remote: bool | str = False, floor: float | None = None, skipped: Sequence[int] | None = None,
-                 rel_eps: float = 1e-6) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
+                 rel_eps: float = 1e-6, contributions: bool = False,
+                 lens: tuple[int, int] | None = None) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
     """All skip effects of one prompt (the semantics of :func:`lmdepth.hooks.skip_hooks.prompt_effects`).
 
     Args:
@@ -52,16 +58,30 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
         skipped: the skipped layers s to run (None: every layer). Each costs its own traces (one per cut point and
             analysis) and nothing else, so one layer costs the clean pass plus those (the explorer's skip effect);
             its rows equal the full session's.
+        rel_eps: the relative changes' (and contributions') denominator floor.
+        contributions: also, from the clean pass, ‖a_l‖/‖h_l‖, ‖m_l‖/‖h_l + a_l‖ and ‖a_l + m_l‖/‖h_l‖ of every
+            layer and token (the first three of chapter 01's residual metrics,
+            :data:`~lmdepth.metrics.residual_stats.RESIDUAL_METRICS`, as :func:`lmdepth.traces.residual_metrics
+            .residual_metrics` computes them).
+        lens: ``(position, k)``: also, from the clean pass, the logit lens' top-k tokens at that position (0 ≤
+            position < T) for the residual entering every layer and for the last layer's output, through the model's
+            own unembedding (final norm in the residual's dtype, matmul in the model's dtype, fp32 logits,
+            soft-capped by ``config``'s ``final_logit_softcapping``); only [L + 1, k] numbers leave the trace.
 
     Returns:
         ``{(analysis, variant): (E [L, L], O [L])}``: analysis "current" or "future", variant a part or "local";
         with ``floor``, ``(E, O, M [L, L], Q [L])``, M and Q the robust means. Row s of E (and M), entry s of O (and
-        Q) belong to skipped layer s; those of layers not in ``skipped`` are NaN.
+        Q) belong to skipped layer s; those of layers not in ``skipped`` are NaN. With ``contributions``, also
+        ``("clean", "contributions"): (C [L, 3, T],)``; with ``lens``, ``("clean", "lens"): (probabilities [L + 1, k]
+        fp32, token ids [L + 1, k] int64)``, best first.
     """
     L, T = paths.n_layers, int(input_ids.shape[1])
     run_layers = list(range(L)) if skipped is None else sorted({int(s) for s in skipped})
     if any(not 0 <= s < L for s in run_layers):
         raise ValueError(f"skipped layers must be in 0..{L - 1}, got {list(skipped or [])}")
+    lens_at, top_k = (None, 0) if lens is None else (int(lens[0]), int(lens[1]))
+    if lens_at is not None and not 0 <= lens_at < T:
+        raise ValueError(f"the lens position must be in 0..{T - 1} for this prompt of {T} tokens, got {lens_at}")
     variants = [(p, False) for p in parts] + ([("layer", True)] if local else [])
     names = ["local" if loc else p for p, loc in variants]
     cuts = sorted({int(t) for t in cuts if t > 1}, reverse=True)  # t ≤ 1 intervenes nowhere: zero effect
@@ -87,17 +107,49 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
         O_all = torch.zeros(len(analyses), B, L)
         M_all = torch.zeros(len(analyses), B, L, L)
         Q_all = torch.zeros(len(analyses), B, L)
-        if analyses:
-            # the clean pass: residuals in and out of every layer, keys/values, output distribution
-            with nn_model.trace(input_ids, use_cache=True):
-                ins, outs = [], []
-                for l in range(L):
-                    ins.append(layers[l].input[0].clone())
+        if analyses or contributions or lens_at is not None:
+            # the clean pass: residuals in and out of every layer, keys/values, output distribution (the skip
+            # effects' references); the readings of the clean pass asked for, reduced here
+            with nn_model.trace(input_ids, **({"use_cache": True} if analyses else {"logits_to_keep": 1})):
+                ins, outs, rel, lens_h = [], [], [], []
+                for l in range(L):  # in execution order: the layer's input, attention, MLP, the layer's output
+                    h = layers[l].input[0]  # [T, D]
+                    if analyses:
+                        ins.append(h.clone())
+                    if lens_at is not None:
+                        lens_h.append(h[lens_at].clone())
+                    if contributions:
+                        a = attns[l].output
+                        a = (a[attn_index] if attn_index >= 0 and isinstance(a, (tuple, list)) else a)[0].float()
+                        m = mlps[l].output
+                        m = (m[mlp_index] if mlp_index >= 0 and isinstance(m, (tuple, list)) else m)[0].float()
+                        hf = h.float()
+                        h_n = hf.norm(dim=-1).clamp_min(rel_eps)
+                        rel.append(torch.stack([a.norm(dim=-1) / h_n,
+                                                m.norm(dim=-1) / (hf + a).norm(dim=-1).clamp_min(rel_eps),
+                                                (a + m).norm(dim=-1) / h_n]))  # [3, T]
                     o = layers[l].output
-                    outs.append((o[0] if isinstance(o, (tuple, list)) else o)[0].clone())
-                clean_out = nn_model.output
-                probs = clean_out.logits[0].float().softmax(-1)  # [T, V]: the model's own (soft-capped) logits
-                clean_kv = [(c.keys, c.values) for c in clean_out.past_key_values.layers]
+                    o = (o[0] if isinstance(o, (tuple, list)) else o)[0]  # [T, D]
+                    if analyses:
+                        outs.append(o.clone())
+                    if lens_at is not None and l == L - 1:
+                        lens_h.append(o[lens_at].clone())
+                if contributions:
+                    clean_contributions = torch.stack(rel).cpu().save()  # [L, 3, T]
+                if lens_at is not None:  # the model's unembedding of [L + 1, D] residuals: [L + 1, V] logits at once
+                    x = norm(torch.stack(lens_h))
+                    weight = head.weight.detach()
+                    z = torch.nn.functional.linear(x.to(weight.dtype), weight).float()
+                    bias = getattr(head, "bias", None)
+                    z = z + bias.detach().float() if bias is not None else z
+                    z = torch.tanh(z / softcap) * softcap if softcap else z
+                    top = z.softmax(-1).topk(top_k, dim=-1)
+                    lens_probs, lens_ids = top.values.cpu().save(), top.indices.cpu().save()
+                if analyses:
+                    clean_out = nn_model.output
+                    probs = clean_out.logits[0].float().softmax(-1)  # [T, V]: the model's own (soft-capped) logits
+                    clean_kv = [(c.keys, c.values) for c in clean_out.past_key_values.layers]
+        if analyses:
             resid_in, resid_out = torch.stack(ins), torch.stack(outs)  # [L, T, D]
             contrib = resid_out.float() - resid_in.float()
             # [L] the denominators' floor: a stated fraction of each layer's median clean contribution norm
@@ -191,9 +243,14 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
     not_run = [s for s in range(L) if s not in run_layers]
     for values in ((E_all, O_all, M_all, Q_all) if robust else (E_all, O_all)) if not_run else ():
         values[:, :, not_run] = float("nan")  # not run: no value, rather than a zero that reads as "no effect"
-    return {(a, n): ((E_all[i, b].clone(), O_all[i, b].clone())
-                     + ((M_all[i, b].clone(), Q_all[i, b].clone()) if robust else ()))
-            for i, a in enumerate(analyses) for b, n in enumerate(names)}
+    effects = {(a, n): ((E_all[i, b].clone(), O_all[i, b].clone())
+                        + ((M_all[i, b].clone(), Q_all[i, b].clone()) if robust else ()))
+               for i, a in enumerate(analyses) for b, n in enumerate(names)}
+    if contributions:
+        effects["clean", "contributions"] = (clean_contributions,)
+    if lens_at is not None:
+        effects["clean", "lens"] = (lens_probs, lens_ids)
+    return effects
 
 
 def session_forwards(n_layers: int, n_cuts: int, current: bool) -> int:
