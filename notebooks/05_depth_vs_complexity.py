@@ -28,7 +28,7 @@
 # is the one they can climb — every model solves its easiest rung well above the constant-answer baseline; how far
 # accuracy falls on the harder rungs differs by model (the accuracy table below) — and it was built to carry this
 # chapter's test; its prompts grow with the rung, though, and whether depth per rung can be told from depth per
-# token there is read off the prompt-length table below. MATH and GSM8K stay as the paper's data, at 1–2 items per
+# token there is read off the slope table below. MATH and GSM8K stay as the paper's data, at 1–2 items per
 # level in the default profile: shown with their accuracy, not counted in the findings' headline. Beyond the paper, and as its reviewers asked, every item is marked
 # **solved or unsolved** by the model's own greedy answer, so depth can be compared between what a model can and
 # cannot do; each level's depth score has a bootstrap interval, and the trend over levels a fitted slope with an
@@ -125,7 +125,7 @@ loaders = complexity.model_loaders(models, device=dev, dtype=dtype, remote=remot
 # The multi-hop passages have the same number of statements for every k (distractors fill up, including hard
 # negatives such as the colour of an intermediate person), so the prompt length barely changes with k. In the
 # arithmetic chains every partial result stays within 0–9 and the worked examples have the question's k, so the
-# prompt grows with k (the prompt-length table below gives the tokens per level): there, depth and length change
+# prompt grows with k (the slope table below gives the tokens per level): there, depth and length change
 # together. All synthetic answers are balanced over 10 one-token answers (a constant answer scores 10 % over the
 # whole set; on a rung of 12 items, where 10 answers cannot all appear equally often, up to 17 %), and the tests
 # check every generated answer, and every worked example, with an independent solver.
@@ -167,22 +167,6 @@ show_table(page.sizes_table(items))
 # prompt alone) and the number solved. The multi-hop prompts have about the same length at every k; the arithmetic
 # prompts grow with k.
 #
-# ## Prompt length and level
-#
-# A depth score can move with the length of the prompt alone, so the checks below read the slope of the depth
-# score per level *at a fixed prompt length*: each item's depth score is fitted on its level and its prompt length
-# in tokens (the model's own tokenizer, the prompt the analysis ran on), and the level's coefficient is the slope.
-# That works only where the two vary apart. Where the Pearson r of level and prompt length reaches 0.9 in size over
-# the items a fit uses, the slope's variance is more than 5 times what it would be with a length that did not follow
-# the level (1 / (1 − r²), the usual mark of severe collinearity): the fit cannot tell depth per level from depth per
-# token, and the check is not testable until the levels are length-matched. Per source and model, over all its
-# items:
-
-# %% tags=["hide-input"]
-show_table(page.length_table(items))
-md(page.length_md(items))
-
-# %% [markdown]
 # ## Can the models climb the ladder?
 #
 # A check of "depth does not grow with difficulty" means something only where difficulty engages the model: its
@@ -206,13 +190,21 @@ accuracy_chart(acc)
 depth_vs_level_chart(levels)
 
 # %% tags=["hide-input"]
-show_table(page.slope_table(slopes, levels))
+show_table(page.slope_table(slopes, levels, items))
 
 # %% [markdown]
 # The fitted slope of $D$ over the levels (mean aggregation), in layers per level and as the rise over the whole
 # range of levels in units of relative depth (0.1 = a tenth of the network). The interval resamples items within
-# each level and refits. These slopes take the levels as they come, prompt length included; the verdicts below
-# hold the length fixed.
+# each level and refits. These slopes take the levels as they come, prompt length included; the last two columns
+# say how much the prompt grows per level and how closely it follows the level (Pearson r over all of the source's
+# items; prompt lengths in tokens of the model's own tokenizer, on the prompt the analysis ran).
+#
+# A depth score can move with the length of the prompt alone, so the verdicts below read the slope *at a fixed
+# prompt length*: each item's depth score is fitted on its level and its prompt length, and the level's coefficient
+# is the slope. That works only where the two vary apart. Where r reaches 0.9 in size over the items a fit uses,
+# the slope's variance is more than 5 times what it would be with a length that did not follow the level
+# (1 / (1 − r²), the usual mark of severe collinearity): the fit cannot tell depth per level from depth per token,
+# and the check is not testable until the levels are length-matched.
 #
 # ## Where the effects sit, level by level
 #
@@ -243,7 +235,7 @@ solved_chart(solved)
 # model that does not solve at least three levels clearly better than always giving the most common answer, or a
 # sample with fewer than 10 items on a level, makes the check *not testable*: "difficulty" then never engages the
 # model. So does a prompt length that follows the level over the items of the fit (|r| ≥ 0.9, above): the slope is
-# read at a fixed prompt length, and there no fit can hold it fixed.
+# read at a fixed prompt length, and there no fit can hold it fixed; the reason then names r.
 
 # %% tags=["hide-input"]
 md(report.describe("complexity"))
@@ -351,8 +343,8 @@ comparison_maps(concat_tables(case), list(case), method="ig")  # one titled row 
 #   a verdict is the level's coefficient in a least-squares fit of each item's depth score on its level *and* its
 #   prompt length in tokens (each item weighted by its total effect, so that without the length the fit is the
 #   slope of the levels' depth scores): the length is regressed out. Where level and length are collinear over the
-#   fit's items (|r| ≥ 0.9) the check is not testable, and only length-matched levels could decide it; the
-#   prompt-length table above gives r per source and model.
+#   fit's items (|r| ≥ 0.9) the check is not testable, and only length-matched levels could decide it; the slope
+#   table above gives r per source and model.
 # - **Truncated solutions and small generation budget.** Keeping only the first `max_answer_tokens` solution
 #   tokens means the skip effects are measured on the start of the solution only; a `gen_tokens` budget cuts off
 #   some long MATH answers before their `\boxed{}`, which then count as unsolved.

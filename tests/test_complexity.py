@@ -518,9 +518,14 @@ def test_slope_table():
                            "rel_ci_low": [-0.01, 0, -0.02, 0.0], "rel_ci_high": [0.02, 1, 0.03, 0.1]})
     levels = pd.DataFrame({"model": ["m"] * 5, "source": ["math"] * 3 + ["vars"] * 2,
                            "aggregation": ["mean", "mean", "max", "mean", "mean"], "n": [4, 3, 1, 2, 5]})
-    sl = cx_page.slope_table(slopes, levels)
+    items = pd.DataFrame({"model": "m", "source": ["math"] * 5 + ["vars"] * 4, "level": [1, 2, 3, 4, 5, 1, 1, 2, 2],
+                          "prompt_tokens": [97, 124, 151, 178, 205, 60, 64, 64, 60]})
+    sl = cx_page.slope_table(slopes, levels, items)
     assert list(sl.columns) == ["model", "source", "metric", "slope (layers/level)",
-                                "rise over all levels (rel. depth)", "95% CI"]
+                                "rise over all levels (rel. depth)", "95% CI", "prompt tokens per level",
+                                "r (level, prompt length)"]
+    # the prompt length beside each slope: 27 tokens per level in step with it (r = 1); none on average, r = 0
+    assert list(sl["prompt tokens per level"]) == [27.0, 0.0, 0.0] and list(sl["r (level, prompt length)"]) == [1, 0, 0]
     assert len(sl) == 3 and (sl.metric != "max").all()
     math, vars_ = sl.iloc[0], sl.iloc[1]
     assert math["rise over all levels (rel. depth)"] == pytest.approx(0.12)  # 4 level steps × 0.03

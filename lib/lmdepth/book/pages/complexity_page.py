@@ -9,7 +9,7 @@ import pandas as pd
 from lmdepth.analyses.complexity import ComplexitySummary, model_names, summary_frame
 from lmdepth.analyses.erasure import ErasureSummary
 from lmdepth.claims import report
-from lmdepth.claims.complexity_claims import COLLINEAR, length_r
+from lmdepth.claims.complexity_claims import length_r
 from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.results import RunResult
@@ -38,51 +38,6 @@ def sizes_table(items: pd.DataFrame) -> pd.DataFrame:
         n=("item", "size"), tokens=("n_tokens", "mean"), solved=("correct", solved_cell)).reset_index()
     sizes["cell"] = [f"{r.n} items · {r.tokens:.0f} tokens · {r.solved} solved" for r in sizes.itertuples()]
     return sizes.pivot(index=["source", "level"], columns="model", values="cell").reset_index()
-
-
-def _lengths(items: pd.DataFrame) -> pd.DataFrame:
-    """Per source and model, unrounded: shortest and longest prompt, tokens per level (least-squares slope over
-    items) and the Pearson r of level and prompt length over all of the source's items (:func:`length_r`)."""
-    rows = []
-    for (source, model), g in items.groupby(["source", "model"], sort=False):
-        tokens = g.prompt_tokens.astype(float)
-        rows.append({"source": source, "model": model, "shortest": tokens.min(), "longest": tokens.max(),
-                     "per_level": float(np.polyfit(g.level, tokens, 1)[0]) if g.level.nunique() > 1 else np.nan,
-                     "r": length_r(g)})
-    return pd.DataFrame(rows, columns=["source", "model", "shortest", "longest", "per_level", "r"])
-
-
-def length_table(items: pd.DataFrame) -> pd.DataFrame:
-    """Per source and model: the prompt lengths in tokens (shortest–longest), the tokens a level adds and the
-    Pearson r of level and prompt length over all of the source's items — the r the claim check bounds, there over
-    the items of the levels the model is competent on.
-
-    Columns: ``source, model, prompt tokens, tokens per level, r (level, length)``.
-    """
-    x = _lengths(items)
-    return pd.DataFrame({"source": x.source, "model": x.model,
-                         "prompt tokens": [f"{a:.0f}–{b:.0f}" for a, b in zip(x.shortest, x.longest)],
-                         "tokens per level": x.per_level.round(1), "r (level, length)": x.r.round(2)})
-
-
-def length_md(items: pd.DataFrame) -> str:
-    """Markdown, one line per source: r of level and prompt length and the tokens per level, per model, and
-    whether level and length can be told apart there (|r| below the registry's bound) or only length-matched levels
-    could decide."""
-    lines = []
-    for source, g in _lengths(items).groupby("source", sort=False):
-        rs = "; ".join(f"{m}: r = {r:.2f}, {t:+.1f} tokens per level" for m, r, t in zip(g.model, g.r, g.per_level))
-        past = (g.r.abs() >= COLLINEAR).to_numpy()
-        if past.all():
-            verdict = (f"length follows the level (|r| ≥ {COLLINEAR:g}) for every model: no fit can tell depth per "
-                       "level from depth per token there, so its rows are not testable until the levels are "
-                       "length-matched")
-        elif not past.any():
-            verdict = f"level and length can be told apart (|r| < {COLLINEAR:g}): the slope is read at a fixed length"
-        else:
-            verdict = f"|r| ≥ {COLLINEAR:g} for {', '.join(g.model[past])} only"
-        lines.append(f"- *{SOURCE_TITLES.get(source, source)}* — {rs}: {verdict}.")
-    return "\n".join(lines)
 
 
 def accuracy_table(items: pd.DataFrame) -> pd.DataFrame:
@@ -128,12 +83,25 @@ def ladder_md(acc: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def slope_table(slopes: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
-    """The fitted slopes of the depth score over levels (mean aggregation) for display and for the claim.
+def _lengths(items: pd.DataFrame) -> pd.DataFrame:
+    """Per source and model: tokens per level (least-squares slope of the prompt length over items) and the Pearson
+    r of level and prompt length over all of the source's items (:func:`length_r`)."""
+    rows = [{"source": source, "model": model, "r": length_r(g),
+             "per_level": float(np.polyfit(g.level, g.prompt_tokens.astype(float), 1)[0])
+             if g.level.nunique() > 1 else np.nan}
+            for (source, model), g in items.groupby(["source", "model"], sort=False)]
+    return pd.DataFrame(rows, columns=["source", "model", "per_level", "r"])
+
+
+def slope_table(slopes: pd.DataFrame, levels: pd.DataFrame, items: pd.DataFrame) -> pd.DataFrame:
+    """The fitted slopes of the depth score over levels (mean aggregation), with how much the prompt length follows
+    the level beside them.
 
     Columns: ``model, source, metric``, the slope in layers per level, the rise over the source's whole range of
     levels in units of relative depth (``D / (L − 1)``), and its 95 % interval — "n/a (k per level)" when some level
-    has fewer than 3 items (every bootstrap resample is then nearly the same item set).
+    has fewer than 3 items (every bootstrap resample is then nearly the same item set); then the prompt tokens a
+    level adds and the Pearson r of level and prompt length over all of the source's items (:func:`_lengths`: the r
+    the claim check bounds, there over the levels the model is competent on).
     """
     sl = slopes[(slopes.aggregation == "mean")].copy()
     span = sl.source.map({s: max(lv) - min(lv) for s, lv in LEVELS.items()})
@@ -143,7 +111,10 @@ def slope_table(slopes: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
     sl["95% CI"] = [f"{lo * sp:+.3f} … {hi * sp:+.3f}" if n >= 3 else f"n/a ({n} per level)"
                     for lo, hi, sp, n in zip(sl.rel_ci_low, sl.rel_ci_high, span, sl["items per level"])]
     sl["slope (layers/level)"] = sl.slope.round(3)
-    return sl[["model", "source", "metric", "slope (layers/level)", "rise over all levels (rel. depth)", "95% CI"]]
+    sl = sl.merge(_lengths(items), on=["model", "source"], how="left")
+    sl["prompt tokens per level"], sl["r (level, prompt length)"] = sl.per_level.round(1), sl.r.round(2)
+    return sl[["model", "source", "metric", "slope (layers/level)", "rise over all levels (rel. depth)", "95% CI",
+               "prompt tokens per level", "r (level, prompt length)"]]
 
 
 def solved_counts(items: pd.DataFrame) -> pd.DataFrame:
