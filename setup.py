@@ -22,10 +22,14 @@ class BuildPyWithBookFiles(build_py):
     """``build_py`` that also copies the finished runs and the chapter sources into the wheel (see above)."""
 
     def run(self) -> None:
+        package = Path(self.build_lib) / "lmdepth"
+        if not getattr(self, "editable_mode", False):
+            # setuptools reuses build/lib and never removes what was deleted or renamed since (pypa/setuptools#1871):
+            # a wheel built in a checkout would ship stale modules beside the current ones
+            shutil.rmtree(package, ignore_errors=True)
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        package = Path(self.build_lib) / "lmdepth"
         files = [(meta.parent / name, package / "_checkpoints" / "dm_math" / meta.parent.name / name)
                  for meta in sorted(RUNS.glob("*/meta.json")) if (meta.parent / "model.pt").is_file()
                  for name in ("meta.json", "model.pt")]

@@ -204,7 +204,9 @@ show_table(page.slope_table(slopes, levels, items))
 # is the slope. That works only where the two vary apart. Where r reaches 0.9 in size over the items a fit uses,
 # the slope's variance is more than 5 times what it would be with a length that did not follow the level
 # (1 / (1 − r²), the usual mark of severe collinearity): the fit cannot tell depth per level from depth per token,
-# and the check is not testable until the levels are length-matched.
+# and the check is not testable until the levels are length-matched. The verdicts apply the bound to the
+# correlation ratio η (with the fit's item weights), which equals |r| for a length linear in the level and also
+# catches one length per level along a curve.
 #
 # ## Where the effects sit, level by level
 #
@@ -234,8 +236,8 @@ solved_chart(solved)
 # From the claims registry (`lmdepth.claims`), per model and source, with the unit the items were drawn as. A
 # model that does not solve at least three levels clearly better than always giving the most common answer, or a
 # sample with fewer than 10 items on a level, makes the check *not testable*: "difficulty" then never engages the
-# model. So does a prompt length that follows the level over the items of the fit (|r| ≥ 0.9, above): the slope is
-# read at a fixed prompt length, and there no fit can hold it fixed; the reason then names r.
+# model. So does a prompt length that the level fixes over the items of the fit (η ≥ 0.9, above): the slope is
+# read at a fixed prompt length, and there no fit can hold it fixed; the reason then names r and η.
 
 # %% tags=["hide-input"]
 md(report.describe("complexity"))
@@ -341,10 +343,11 @@ comparison_maps(concat_tables(case), list(case), method="ig")  # one titled row 
 # - **Length.** The paper reports no control for prompt length. Here harder levels often come with longer prompts
 #   (MATH level-1 items are not even the shortest), and a depth score can move with length alone, so the slope of
 #   a verdict is the level's coefficient in a least-squares fit of each item's depth score on its level *and* its
-#   prompt length in tokens (each item weighted by its total effect, so that without the length the fit is the
-#   slope of the levels' depth scores): the length is regressed out. Where level and length are collinear over the
-#   fit's items (|r| ≥ 0.9) the check is not testable, and only length-matched levels could decide it; the slope
-#   table above gives r per source and model.
+#   prompt length in tokens (each item weighted by its share of its level's total effect, so that without the
+#   length the fit is the slope of the levels' depth scores): the length is regressed out. Where the level fixes the
+#   length over the fit's items (correlation ratio η ≥ 0.9, which also catches a length set per level along a curve)
+#   the check is not testable, and only length-matched levels could decide it; the slope table above gives r per
+#   source and model over all items.
 # - **Truncated solutions and small generation budget.** Keeping only the first `max_answer_tokens` solution
 #   tokens means the skip effects are measured on the start of the solution only; a `gen_tokens` budget cuts off
 #   some long MATH answers before their `\boxed{}`, which then count as unsolved.

@@ -132,5 +132,5 @@ show_table(explorer.lens_token_table(x))
 #
 # - One prompt is an anecdote: the chapters average the same quantities over problems and report intervals.
 # - The skip effect here is the largest change over *all* positions ≥ 1 of the prompt (chapter 03's "all tokens"
-#   variant for a single prompt): one intervened forward pass per click, besides the clean ones.
+#   variant for a single prompt): one intervened forward pass per click, besides the clean one.
 # - The logit lens reads every residual in the output basis; chapter 04 shows where a tuned lens disagrees.

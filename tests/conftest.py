@@ -11,7 +11,7 @@ A test with no tier marker, or more than one, stops the collection (see ``pytest
 
 ``scripts/test.sh`` runs the suite on two pytest-xdist workers: the tests that share the smoke-executed book or the
 fresh Colab environment (session fixtures, minutes to build) form one group and run in one worker, everything else
-in the other; each worker's torch gets its share of the cores.
+is spread over both; each worker's torch gets its share of the cores.
 """
 
 from __future__ import annotations

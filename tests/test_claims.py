@@ -368,7 +368,19 @@ def test_a_control_without_the_required_pattern_is_told_apart_by_the_required_cl
     assert (depth.state, depth.control_state, depth.counted_as) == ("agrees", "not testable", "agrees")
     assert (depth.paired_diff, depth.paired_low, depth.paired_high) == (sign.paired_diff, sign.paired_low,
                                                                         sign.paired_high)
-    assert sign.paired_low > 0 and "lacks the pattern" in depth.side and "cosine.sign_change" in depth.side
+    assert sign.paired_low > 0 and "lacks the pattern" in depth.side and depth.paired_of == "cosine.sign_change"
+    # the pattern's interval must lie on the paper's side: a control beyond the model on the sign change itself (e.g.
+    # a noisy twin, inconclusive on it, with the larger margin) tells nothing about the model's transition
+    from lmdepth.claims.spec import Decided, evaluate
+    from lmdepth.metrics.verdicts import Paired
+
+    real, ctrl = units("m", metric, curves), units(control_name("m"), metric, flat, seed=1)
+    decided = Decided()
+    evaluate(REGISTRY["cosine.sign_change"], real, "m", ctrl, control_name("m"), decided)
+    assert decided.paired[("cosine.sign_change", "m")][1]  # this model is beyond its twin, on the paper's side
+    decided.paired[("cosine.sign_change", "m")] = (Paired(-0.1, -0.15, -0.05, 20), False)  # ... and if it were not
+    row = evaluate(REGISTRY["cosine.mid_depth"], real, "m", ctrl, control_name("m"), decided)
+    assert row["control_valid"] and not row["discriminates"] and "beyond the model" in row["side"]
 
 
 def test_a_comparison_built_into_the_statistic_shows_its_interval_as_the_paired_one():
@@ -619,14 +631,20 @@ def test_depth_vs_difficulty_is_not_testable_where_prompt_length_follows_the_lev
     flat = lambda level, rng, i: 6  # noqa: E731
     ladder = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, tokens=lambda lv, i: 70 + 27 * lv))
     assert ladder.state == "not testable" and ladder.headline
-    assert "prompt length grows with the level (r = 1.00 over the items of levels 1, 2, 3, 4, 5" in ladder.reason
+    assert "prompt length grows with the level (over the fit's items of levels 1, 2, 3, 4, 5: r = 1.00, η = 1.00" \
+        in ladder.reason
     assert "length-matched levels needed" in ladder.reason
     falling = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, tokens=lambda lv, i: 300 - lv))
-    assert falling.state == "not testable" and "falls with the level (r = -1.00" in falling.reason
+    assert falling.state == "not testable" and "falls with the level" in falling.reason and "r = -1.00" in falling.reason
     # r ≈ 0.96 from a little within-level spread: still past the bound (the fit's standard error × 3.6)
     near = verdict_of("complexity.math_depth_flat",
                       item_units("m", "math", flat, tokens=lambda lv, i: 70 + 27 * lv + 4 * (i % 10)))
     assert near.state == "not testable" and "r = 0.96" in near.reason
+    # one length per level along a zigzag: r is small, yet the level fixes the length (η = 1), so a linear fit could
+    # only separate the two through the zigzag's shape
+    zigzag = {1: 100, 2: 220, 3: 120, 4: 240, 5: 140}
+    curve = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, tokens=lambda lv, i: zigzag[lv]))
+    assert curve.state == "not testable" and "η = 1.00" in curve.reason, curve.reason
     # the same levels with prompts of one length: nothing to confound (r taken as 0), decided
     same = verdict_of("complexity.math_depth_flat", item_units("m", "math", flat, tokens=lambda lv, i: 100))
     assert same.state == "agrees"

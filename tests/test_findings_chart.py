@@ -136,3 +136,18 @@ def test_an_old_verdict_record_is_drawn_without_its_missing_columns(verdicts, tm
     rows = forest_table(saved).query("kind == 'row'")
     assert set(rows[rows.panel == "control"].note) == {"not testable", "no paired test in this record"}
     assert not np.isnan(rows.n).any()
+
+
+def test_a_borrowed_interval_is_named_not_placed_on_another_claims_scale():
+    """A twin without a sign change has no transition depth: the depth row carries the sign change's paired interval
+    (cosine units), which the forest plot names in a note instead of placing it on the depth's scale."""
+    from test_claims import SCENARIOS
+
+    metric, curves = SCENARIOS["cosine.mid_depth"]["agrees"]
+    _, flat = SCENARIOS["cosine.sign_change"]["disagrees"]
+    v = report.check("cosine", units("m", metric, curves), ["m"], units(control_name("m"), metric, flat, seed=1))
+    t = forest_table(v)
+    row = t[(t.kind == "row") & (t.claim_id == "cosine.mid_depth") & (t.panel == "control")].iloc[0]
+    assert row.note == "control lacks the pattern: see cosine.sign_change"
+    sign = t[(t.kind == "row") & (t.claim_id == "cosine.sign_change") & (t.panel == "control")].iloc[0]
+    assert sign.note == "" and np.isfinite(sign.x)

@@ -369,7 +369,7 @@ def prompt_lengths(results: dict[tuple[str, str], RunResult]) -> pd.DataFrame:
     """Each item's prompt length in tokens: the answer start of the input the run analysed (the model's own
     tokenizer on the item's prompt + answer, :func:`lmdepth.data.difficulty.answer_start`). A run records it in its
     summary's items; for a run from before it did, the run's items are regenerated (the sidecar's item digest
-    guards that they are the same) and encoded again, with the tokenizer alone (no weights are loaded).
+    guards that they are the same) and encoded again, with the tokenizer alone (no model is loaded; a packaged model is converted on first use).
 
     Returns:
         ``model, source, item, prompt_tokens``, one row per item of every run.

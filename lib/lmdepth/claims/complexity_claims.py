@@ -4,8 +4,8 @@ Unit: the item. Per (model, source) the statistic is the slope, in layers per le
 the depth score D (the future effect of skipping each layer, book/method.md#method-depth-score, over layers 2…L−1:
 the book's convention on layers 0–1): the coefficient of the level in a least-squares fit of each item's D on its
 level and its prompt length in tokens, over the items of the levels the model is competent on, each item weighted by
-its total effect. D of a level's mean effect profile is exactly the so-weighted mean of its items' D, so without the
-length term the fit is the slope of the levels' D (weighted by their total effect); with it, a depth that follows
+its total effect as a share of its level's. D of a level's mean effect profile is exactly the so-weighted mean of its
+items' D and every level weighs 1, so without the length term the fit is the slope of the levels' D; with it, a depth that follows
 the prompt length rather than the level is regressed out. Harder levels come with longer prompts on some sources
 (the arithmetic ladder's worked examples have the question's number of operations), and a depth score can move with
 length alone.
@@ -16,9 +16,9 @@ closer to "flat" than to "one layer per operation". It is the same in layers for
 
 Preconditions (book/method.md#method-verdicts): a model that does the task *on every level the fit uses* — each
 level's exact match, with its 95 % Wilson interval, above that level's constant-answer baseline (the share of its
-most common reference answer); the fit uses only such levels and needs at least 3 of them; level and prompt length
-not collinear over the items the fit uses (|Pearson r| < :data:`COLLINEAR`: beyond it the fit cannot tell the
-level's slope from the length's, and only length-matched levels could); at least 10 items on every level (a size
+most common reference answer); the fit uses only such levels and needs at least 3 of them; a prompt length the level
+does not fix over the items the fit uses (correlation ratio η < :data:`COLLINEAR`, with the fit's weights: beyond
+it the fit cannot tell the level's slope from the length's, and only length-matched levels could); at least 10 items on every level (a size
 requirement: a row short of it is shown but not counted in the headline).
 
 Control (a positive one): the same pipeline on the model's own effect profiles shifted one layer deeper per level —
@@ -46,10 +46,12 @@ ALTERNATIVE = 1.0
 #: The equivalence margin, in layers per level: half the alternative's rise (closer to flat than to the alternative).
 MARGIN = ALTERNATIVE / 2
 MIN_LEVELS = 3  # a slope over fewer competent levels says little about growth
-#: The largest |Pearson r| of level and prompt length over a fit's items at which the partial slope is still read.
-#: Its variance is 1 / (1 − r²) times that of a fit whose length does not follow the level (the variance inflation
-#: factor): 5.3 at r = 0.9 (a standard error 2.3 times as wide), the usual mark of severe collinearity, and 50 at
-#: r = 0.99. Beyond it the fit cannot tell the level's slope from the length's: length-matched levels are needed.
+#: The largest correlation ratio η of prompt length on level (over the fit's items, with its weights) at which the
+#: partial slope is still read. For a length linear in the level η = |r|, and the slope's variance is 1 / (1 − r²)
+#: times that of a fit whose length does not follow the level (the variance inflation factor): 5.3 at 0.9 (a
+#: standard error 2.3 times as wide), the usual mark of severe collinearity, and 50 at 0.99. η also catches a length
+#: fixed per level along a curve (|r| < 1, η = 1), which the linear fit could only separate through that curve's
+#: shape. Beyond it the fit cannot tell the level's slope from the length's: length-matched levels are needed.
 COLLINEAR = 0.9
 
 
@@ -120,15 +122,48 @@ def effects_by_item(source: str) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
     return values
 
 
+def fit_inputs(v: np.ndarray, skip: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What the rise is fitted on, per item of :func:`effects_by_item`'s values ``v`` [items, L + 2]: its D (effects
+    of layers < ``skip`` set to 0), level, prompt tokens, and weight — its total effect as a share of its level's, so
+    every level weighs 1 and D of the level's mean profile is its items' weighted mean D (without the length term the
+    fit is then exactly the slope of the levels' D, every level counted once)."""
+    e, lv, tokens = v[:, :-2].copy(), v[:, -2], v[:, -1]
+    e[:, :skip] = 0.0
+    total = e.sum(1)
+    level_total = pd.Series(total).groupby(lv).transform("sum").to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return depth_score(e), lv, tokens, np.where(level_total > 0, total / level_total, 0.0)
+
+
+def length_confound(v: np.ndarray, skip: int) -> tuple[float, float]:
+    """How far the level fixes the prompt length over the fit's items, with the fit's weights: (r, η) — the weighted
+    Pearson r of level and length, and the correlation ratio η (√ of the share of the length's variance that the
+    levels' mean lengths explain; |r| ≤ η, and η = 1 where every level has one length, whatever its shape). 0 where
+    every prompt has the same length; NaN with fewer than two levels."""
+    _, lv, tokens, w = fit_inputs(v, skip)
+    ok = w > 0
+    lv, tokens, w = lv[ok], tokens[ok], w[ok]
+    if len(np.unique(lv)) < 2:
+        return float("nan"), float("nan")
+    if np.ptp(tokens) == 0:  # one length for every prompt: nothing to confound
+        return 0.0, 0.0
+    t_mean, l_mean = np.average(tokens, weights=w), np.average(lv, weights=w)
+    var_t = np.average((tokens - t_mean) ** 2, weights=w)
+    cov = np.average((lv - l_mean) * (tokens - t_mean), weights=w)
+    r = cov / np.sqrt(np.average((lv - l_mean) ** 2, weights=w) * var_t)
+    means = pd.Series(tokens * w).groupby(lv).sum() / pd.Series(w).groupby(lv).sum()
+    between = np.average((means.reindex(lv).to_numpy() - t_mean) ** 2, weights=w)
+    return float(r), float(np.sqrt(min(between / var_t, 1.0)))
+
+
 def rise(skip: int) -> Callable[[np.ndarray], float]:
     """The partial slope of D in layers per level at a fixed prompt length (:func:`partial_slope`): each item's D
-    (effects of layers < ``skip`` set to 0) fitted on its level and prompt length, weighted by its total effect.
+    (effects of layers < ``skip`` set to 0) fitted on its level and prompt length, weighted by :func:`fit_inputs`.
     NaN with fewer than two levels in the sample."""
 
     def reduce(v: np.ndarray) -> float:
-        e, lv, tokens = v[:, :-2].copy(), v[:, -2], v[:, -1]
-        e[:, :skip] = 0.0
-        return partial_slope(depth_score(e), lv, tokens, weights=e.sum(1))
+        d, lv, tokens, w = fit_inputs(v, skip)
+        return partial_slope(d, lv, tokens, weights=w)
 
     return reduce
 
@@ -166,8 +201,9 @@ def per_level(source: str) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
 
 
 def competent_and_length_free(source: str) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
-    """At least :data:`MIN_LEVELS` levels solved above their constant-answer baseline, and level and prompt length
-    not collinear over those levels' items (|r| < :data:`COLLINEAR`; r is named wherever two levels give one)."""
+    """At least :data:`MIN_LEVELS` levels solved above their constant-answer baseline, and the prompt length not
+    fixed by the level over the items the fit uses, with its weights (:func:`length_confound`: η < :data:`COLLINEAR`;
+    r and η are named wherever two levels give them)."""
 
     def check(units: pd.DataFrame, model: str) -> tuple[bool, str]:
         ok, notes = competent_levels(units, model, source)
@@ -177,12 +213,13 @@ def competent_and_length_free(source: str) -> Callable[[pd.DataFrame, str], tupl
                           + (f" ({', '.join(map(str, ok))})" if ok else "")
                           + f", at least {MIN_LEVELS} needed; not above the constant-answer baseline: "
                           + "; ".join(notes))
-        items = _items(units, model, source).drop_duplicates("item")
-        r = length_r(items[items.level.isin(ok)])
-        if abs(r) >= COLLINEAR:
-            failed.append(f"prompt length {'grows' if r > 0 else 'falls'} with the level (r = {r:.2f} over the "
-                          f"items of levels {', '.join(map(str, ok))}, |r| ≥ {COLLINEAR:g}): the fit cannot tell the "
-                          "level's slope from the length's; length-matched levels needed")
+        v = effects_by_item(source)(units, model).to_numpy(dtype=float)
+        r, eta = length_confound(v, EARLY_LAYERS) if len(v) else (float("nan"), float("nan"))
+        if eta >= COLLINEAR:
+            how = "grows" if r >= 0.05 else "falls" if r <= -0.05 else "changes"
+            failed.append(f"prompt length {how} with the level (over the fit's items of levels "
+                          f"{', '.join(map(str, ok))}: r = {r:.2f}, η = {eta:.2f} ≥ {COLLINEAR:g}): the fit cannot "
+                          "tell the level's slope from the length's; length-matched levels needed")
         return not failed, "; ".join(failed)
 
     return check
@@ -199,10 +236,10 @@ CLAIMS: tuple[ClaimSpec, ...] = tuple(
         claim=f"{SOURCE_TITLES[source]}: at a fixed prompt length, depth grows by less than half a layer per level",
         statement="Harder problems do not use deeper layers: the depth score stays flat across difficulty levels.",
         statistic=f"rise: slope of the depth score D in layers per level at a fixed prompt length (items' D fitted "
-                  f"on level and prompt tokens, weighted by their total effect), over the levels of "
+                  f"on level and prompt tokens, weighted by their share of their level's total effect), over the levels of "
                   f"{min(LEVELS[source])}–{max(LEVELS[source])} the model solves above the constant answer (layer "
                   f"effects, layers 2…L−1); margin {MARGIN:g} = half of one layer per level; not testable where "
-                  f"level and prompt length are collinear (|r| ≥ {COLLINEAR:g})",
+                  f"the level fixes the prompt length (η ≥ {COLLINEAR:g})",
         unit="item", rule=Rule(MARGIN, "below"), values=effects_by_item(source), reduce=rise(EARLY_LAYERS),
         with_early=rise(0), precondition=competent_and_length_free(source), sample_size=per_level(source),
         control=CONTROL,
@@ -219,9 +256,11 @@ CLAIMS: tuple[ClaimSpec, ...] = tuple(
                  "layer per level) must reach 'disagrees'.",
                  "2026-11-26 (later): prompt length controlled (issue 36): the slope is the level's coefficient in a "
                  "least-squares fit of each item's D on its level and prompt length in tokens, weighted by its total "
-                 "effect (was: the slope of the levels' D, length uncontrolled: the arithmetic prompts grow about 27 "
-                 "tokens per rung); not testable where level and prompt length are collinear over the fit's items "
-                 f"(|r| ≥ {COLLINEAR:g}). The positive control goes through the same fit."))
+                 "effect as a share of its level's, so every level weighs 1 and without the length term the fit is "
+                 "the levels' slope as before (was: the slope of the levels' D, length uncontrolled: the arithmetic "
+                 "prompts grow about 27 tokens per rung); not testable where the level fixes the prompt length over "
+                 f"the fit's items (correlation ratio η ≥ {COLLINEAR:g}, with the fit's weights). The positive control "
+                 "goes through the same fit."))
     for source in LEVELS)
 
 

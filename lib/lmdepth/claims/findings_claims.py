@@ -24,12 +24,12 @@ _DEFAULTS: dict[str, object] = {
     "control": "", "control_model": "", "headline": True, "counted_as": "", "control_kind": "", "control_note": "",
     "control_state": "", "control_valid": False, "control_estimate": np.nan, "control_ci_low": np.nan,
     "control_ci_high": np.nan, "paired_diff": np.nan, "paired_low": np.nan, "paired_high": np.nan, "p_value": np.nan,
-    "side": "",
+    "side": "", "paired_of": "",
 }
 _NUMERIC = ("n", "estimate", "ci_low", "ci_high", "control_estimate", "control_ci_low", "control_ci_high",
             "paired_diff", "paired_low", "paired_high", "p_value")
 _TEXT = ("figure", "rule", "reason", "control", "control_model", "counted_as", "control_kind", "control_note",
-         "control_state", "side")
+         "control_state", "side", "paired_of")
 
 
 def _text(v: object) -> str:

@@ -193,21 +193,26 @@ def _paired(spec: ClaimSpec, real: pd.DataFrame, control: pd.DataFrame, n_boot: 
     return p, ""
 
 
+def _paper_side(spec: ClaimSpec, diff: float) -> bool:
+    """Whether model − control = ``diff`` lies on the paper's side (a window rule has none: True)."""
+    return spec.rule.side == "between" or (diff < 0 if spec.rule.side == "below" else diff > 0)
+
+
 def _side(spec: ClaimSpec, diff: float) -> str:
     """Where the model lies relative to its control, in the terms of the rule."""
     if spec.rule.side == "between":
         return "later than its control" if diff > 0 else "earlier than its control"
-    paper = diff < 0 if spec.rule.side == "below" else diff > 0
-    return "beyond its control (the paper's side)" if paper else "short of its control"
+    return "beyond its control (the paper's side)" if _paper_side(spec, diff) else "short of its control"
 
 
 @dataclass
 class Decided:
     """What a chapter's earlier rows found, by (claim id, model), for the claims that ``require`` them: each model's
-    (and control's) verdict, and each model's paired interval against its control."""
+    (and control's) verdict, and each model's paired interval against its control with whether it lies on the
+    paper's side of 0."""
 
     verdicts: dict[tuple[str, str], Verdict] = field(default_factory=dict)
-    paired: dict[tuple[str, str], Paired] = field(default_factory=dict)
+    paired: dict[tuple[str, str], tuple[Paired, bool]] = field(default_factory=dict)
 
 
 def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd.DataFrame | None,
@@ -254,7 +259,7 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
            "control": spec.control, "control_model": control_model, "headline": spec.headline and sized,
            "control_state": "", "control_reason": "", "control_estimate": NAN, "control_ci_low": NAN,
            "control_ci_high": NAN, "paired_diff": NAN, "paired_low": NAN, "paired_high": NAN, "p_value": NAN,
-           "side": "", "control_valid": False, "control_note": "", "discriminates": False}
+           "side": "", "control_valid": False, "control_note": "", "discriminates": False, "paired_of": ""}
     if real.state == "not testable":  # nothing to discriminate; the control is still shown where it ran
         row["control_note"] = "the check itself is not testable"
     if spec.null is not None:
@@ -281,18 +286,20 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
     if spec.requires and ctrl.state == "not testable" and not ctrl.reason.startswith(_NEEDS.split("{")[0]):
         return {**out, "control_note": f"the control could not be decided: {ctrl.reason}"}
     if spec.requires and ctrl.state == "not testable":  # the control lacks the pattern the claim needs
-        q = decided.paired.get((spec.requires, model))
-        if q is None:
+        found = decided.paired.get((spec.requires, model))
+        if found is None:
             return {**out, "control_note": f"the control lacks the pattern this claim needs, and '{spec.requires}' "
                                            "has no paired interval to show that the model differs from it"}
+        q, paper = found  # the model must lie beyond its control on the pattern itself, on the paper's side
         out.update(paired_diff=q.estimate, paired_low=q.ci_low, paired_high=q.ci_high, control_valid=True,
-                   discriminates=q.excludes_zero)
-        return {**out, "side": (f"the control lacks the pattern this claim needs (paired interval of "
-                                f"'{spec.requires}')" if q.excludes_zero else "not distinguishable from its control")}
+                   discriminates=q.excludes_zero and paper, paired_of=spec.requires)
+        side = (f"the control lacks the pattern this claim needs (paired interval of '{spec.requires}')" if paper else
+                f"the control lacks the pattern this claim needs, yet lies beyond the model on '{spec.requires}'")
+        return {**out, "side": side if q.excludes_zero else "not distinguishable from its control"}
     p, why = _paired(spec, values, cvalues, n_boot, seed)
     if p is None:
         return {**out, "control_note": why}
-    decided.paired[(spec.id, model)] = p
+    decided.paired[(spec.id, model)] = (p, _paper_side(spec, p.estimate))
     return {**out, "paired_diff": p.estimate, "paired_low": p.ci_low, "paired_high": p.ci_high, "control_valid": True,
             "discriminates": p.excludes_zero,
             "side": _side(spec, p.estimate) if p.excludes_zero else "not distinguishable from its control"}
@@ -322,7 +329,7 @@ def _built_in(spec: ClaimSpec, v: np.ndarray, real: Verdict, n_boot: int, seed: 
     if spec.positive is None:
         if spec.rule.side == "between" or spec.rule.threshold != 0:
             return {**out, "control_note": "a statistic that is itself the comparison must be decided against 0"}
-        excludes = bool(real.ci_low > 0 or real.ci_high < 0)
+        excludes = Paired(real.estimate, real.ci_low, real.ci_high, real.n).excludes_zero
         return {**out, "paired_diff": real.estimate, "paired_low": real.ci_low, "paired_high": real.ci_high,
                 "control_valid": True, "discriminates": excludes,
                 "side": (_side(spec, real.estimate) if excludes else "not distinguishable from its control"
