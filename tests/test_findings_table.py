@@ -159,3 +159,18 @@ def test_the_sort_script_ships_with_every_html_build(tmp_path):
     assert f"table.{table_sort.SORTABLE_CLASS}" in (app.outdir / "_static" / table_sort.CSS_NAME).read_text()
     config = yaml.safe_load((REPO / "_config.yml").read_text())
     assert "lmdepth.book.table_sort" in config["sphinx"]["extra_extensions"]
+
+
+def test_the_headline_says_where_each_agreement_lies_relative_to_its_control():
+    """Each counted agreement falls in exactly one group of the headline's sentence, by the side its row records."""
+    from lmdepth.claims.findings_claims import headline
+
+    sides = ["beyond its control (the paper's side)", "beyond its control (the paper's side)", "short of its control",
+             "earlier than its control", "beyond the alternative (the paper's side)",
+             "the control lacks the pattern this claim needs (paired interval of 'cosine.sign_change')"]
+    rows = pd.DataFrame({"claim": [f"c{i}" for i in range(6)], "model": "m", "state": "agrees",
+                         "counted_as": "agrees", "headline": True, "side": sides})
+    text = headline(rows)
+    assert ("Of the 6 agreements, 2 lie beyond their control on the paper's side, 1 short of it" in text
+            and "1 settle earlier or later" in text and "1 beat the alternative the statistic itself compares with"
+            in text and "1 rest on a control that lacks the pattern" in text and "other" not in text), text

@@ -270,20 +270,23 @@ def headline(verdicts: pd.DataFrame) -> str:
 def _beyond(verdicts: pd.DataFrame) -> str:
     """Where the counted agreements lie relative to their controls: beyond them on the paper's side, short of them
     (the untrained control shows the pattern more strongly, so training alone does not produce it), earlier or
-    later (a window rule), or decided against an alternative inside the statistic."""
+    later (a window rule), beyond an alternative inside the statistic, or beside a control lacking the pattern."""
     agree = verdicts[verdicts["headline"].astype(bool) & (verdicts["counted_as"] == "agrees")]
     if agree.empty:
         return ""
     side = agree["side"].fillna("").astype(str)
-    groups = [(side.str.startswith("beyond").sum(), "lie beyond their control on the paper's side"),
+    alternative = side.str.contains("the alternative")
+    lacks = side.str.startswith("the control lacks")
+    groups = [((side.str.startswith("beyond") & ~alternative).sum(), "lie beyond their control on the paper's side"),
               (side.str.startswith("short").sum(), "short of it (the untrained control shows the pattern more "
                                                      "strongly)"),
               (side.str.match(r"(earlier|later) than").sum(), "settle earlier or later than their control "
-                                                                "(a window rule)")]
+                                                                "(a window rule)"),
+              (alternative.sum(), "beat the alternative the statistic itself compares with"),
+              (lacks.sum(), "rest on a control that lacks the pattern the claim needs (the paired interval of that "
+                            "pattern tells them apart)")]
     rest = len(agree) - sum(int(n) for n, _ in groups)
-    parts = [f"{int(n)} {what}" for n, what in groups if n] + (
-        [f"{rest} rest on a statistic that is itself the comparison with its alternative, or on a control that "
-         "lacks the pattern the claim needs"] if rest else [])
+    parts = [f"{int(n)} {what}" for n, what in groups if n] + ([f"{rest} other"] if rest else [])
     return f" Of the {len(agree)} agreements, " + ", ".join(parts) + "."
 
 
