@@ -17,7 +17,4 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
     echo "[test] no chromium and no root/sudo: the browser tests will fail; install chromium, or run with -m 'not browser'"
   fi
 fi
-# Two workers (LMDEPTH_TEST_WORKERS; 0: none): the book-building tests all in one, the rest spread over both
-# (tests/conftest.py).
-exec "${LMDEPTH_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider -n "${LMDEPTH_TEST_WORKERS:-2}" \
-  --dist loadgroup "$@"
+exec "${LMDEPTH_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider "$@"

@@ -8,10 +8,6 @@ exactly one tier marker, at module level (``pytestmark``) or per test where a mo
 * ``browser``: draws the executed book in headless Chromium (builds the book too: minutes).
 
 A test with no tier marker, or more than one, stops the collection (see ``pytest_collection_modifyitems``).
-
-``scripts/test.sh`` runs the suite on two pytest-xdist workers: the tests that share the smoke-executed book or the
-fresh Colab environment (session fixtures, minutes to build) form one group and run in one worker, everything else
-is spread over both; each worker's torch gets its share of the cores.
 """
 
 from __future__ import annotations
@@ -21,13 +17,7 @@ from pathlib import Path
 
 import pytest
 
-#: Session fixtures that take minutes to build: the tests using them run in one worker (built once).
-SHARED_HEAVY = ("smoke_book", "colab_env")
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if _WORKERS > 1:  # before torch is imported: threads per worker, so two workers do not spin on each other's cores
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
-
-from lmdepth.testing import FAMILY_CONFIGS, save_tiny_model, tiny_tokenizer  # noqa: E402
+from lmdepth.testing import FAMILY_CONFIGS, save_tiny_model, tiny_tokenizer
 
 FAMILIES = list(FAMILY_CONFIGS)
 TIERS = ("unit", "integration", "packaged", "slow", "browser")
@@ -43,9 +33,6 @@ def pytest_collection_modifyitems(config, items):
         tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
         if len(tiers) != 1:
             bad.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier marker'}")
-    for item in items:  # one xdist worker builds each heavy session fixture once (``--dist loadgroup``)
-        if set(SHARED_HEAVY) & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("shared_heavy"))
     if bad:
         raise pytest.UsageError(f"Each test needs exactly one tier marker of {', '.join(TIERS)} "
                                 "(see tests/conftest.py):\n" + "\n".join(bad))
