@@ -224,7 +224,7 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
     * ``paired`` — real − control on the shared units, resampled jointly: ``paired_diff`` [``paired_low``,
       ``paired_high``]; discriminates when the interval excludes 0; ``side`` says where the model lies relative to
       its control; where the control lacks the pattern a ``requires`` claim needs (a twin with no sign change has no
-      depth of it), the paired interval is the required claim's, and must exclude 0;
+      depth of it), the paired interval is the required claim's, and must exclude 0 on the paper's side;
     * ``permutation`` — the statistic over ``n_null`` permuted copies: ``control_estimate`` is the null's median,
       [``control_ci_low``, ``control_ci_high``] its central 95 %, ``p_value`` two-sided;
     * ``built into the statistic`` — the statistic is the comparison with the alternative on the same units (a
