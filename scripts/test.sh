@@ -18,7 +18,7 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
   fi
 fi
 # One torch thread per process unless told otherwise: the suite's models are tiny and overhead-bound, and the chapters
-# run in kernel subprocesses beside pytest, so more threads only contend (a clean clone on 2 cores: 975 s with one
+# run in kernel subprocesses beside pytest, so more threads only contend (clean clones on 2 cores: 1,116 s with one
 # thread, 1,318 s with torch's default).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec "${LMDEPTH_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider "$@"
