@@ -6,10 +6,15 @@ positions and cut points; over problems, the elementwise max. The mean over prob
 one outlier). With ``floor`` set, every run also keeps the robust statistics the verdicts decide on
 (book/method.md#method-skipping): per problem the mean over positions of the change relative to a floored
 denominator, and the mean output change.
+
+A ``nudge`` run is the output change's control (book/method.md#method-skipping): on the same model, problems and
+positions, each layer's output is moved by the norm of its own contribution in a fixed random direction per layer
+instead of being skipped; its variant is "nudge".
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,10 +26,12 @@ import torch
 
 from lmdepth.analyses.run import Job, RunSummary, SampleSummary, per_unit, resolved
 from lmdepth.claims.report import control_models
+from lmdepth.claims.skipping_claims import nudge_control
 from lmdepth.data.datasets import Example, dataset_id, load_examples, selection_record
 from lmdepth.hooks.skip_cost import time_paths, unembed_cost, work_ratios, work_units
-from lmdepth.hooks.skip_hooks import PARTS, draw_cuts, variants
+from lmdepth.hooks.skip_hooks import NUDGE, PARTS, draw_cuts, nudge_directions, variants
 from lmdepth.metrics.effects import cutoff_with_ci, later_effect
+from lmdepth.metrics.verdicts import MIN_UNITS
 from lmdepth.model.registry import ModelRef, load_model
 from lmdepth.params import CommonParams, param
 from lmdepth.results import RunResult, RunStore
@@ -102,6 +109,9 @@ class SkipParams(CommonParams):
                                 help="also keep the robust statistics the verdicts decide on: the mean over positions "
                                      "of the change relative to max(‖Δ‖, floor × the layer's median ‖Δ‖); None: the "
                                      "paper's max only")
+    nudge: bool = param(False, help="the output change's control instead of the skips (parts and local ignored): each "
+                                    "layer's output moved by the norm of its contribution along a random unit vector "
+                                    "per layer, drawn with `seed`")
 
 
 @dataclass(frozen=True)
@@ -150,34 +160,39 @@ def run(params: SkipParams | ModelRef | str | None = None, **kwargs: Any) -> Run
         (:attr:`SkipSummary.cutoffs`).
     """
     p, ref = resolved(SkipParams, params, kwargs)
-    parts = [x for x in PARTS if x in p.parts]
+    parts = [NUDGE] if p.nudge else [x for x in PARTS if x in p.parts]
+    local = p.local and not p.nudge
     examples = load_examples(p.dataset, n_examples=p.n_examples, seed=p.seed, selection=p.selection)
+    # a nudge run's key differs in parts only (["nudge"]): the keys of the skip runs stay what they were
     key = dict(analysis=p.analysis, dataset=dataset_id(p.dataset), n_examples=p.n_examples, seed=p.seed,
-               selection=p.selection, parts=parts, local=p.local, dtype=p.dtype, threshold=p.threshold, n_boot=p.n_boot,
+               selection=p.selection, parts=parts, local=local, dtype=p.dtype, threshold=p.threshold, n_boot=p.n_boot,
                **({"n_cuts": p.n_cuts, "cut_stride": p.cut_stride} if p.analysis == "future" else {}),
                outputs=2,  # 2: also the per-problem table (runs finished before it recompute from their checkpoints)
                **({"floor": p.floor} if p.floor is not None else {}))  # absent: the keys of runs before it hold
     per_item = {k: v for k, v in key.items() if k not in ("n_examples", "threshold", "n_boot", "outputs")}
-    return Job(ANALYSIS, p, key, per_item, refs=ref).execute(lambda store: _compute(p, ref, parts, key, examples, store))
+    return Job(ANALYSIS, p, key, per_item, refs=ref).execute(
+        lambda store: _compute(p, ref, parts, local, key, examples, store))
 
 
-def _compute(p: SkipParams, ref: ModelRef, parts: list[str], key: dict[str, Any], examples: list[Example], store: RunStore
-             ) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
+def _compute(p: SkipParams, ref: ModelRef, parts: list[str], local: bool, key: dict[str, Any], examples: list[Example],
+             store: RunStore) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
     lm = load_model(ref, device=p.device, dtype=p.dtype)
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
     paths = TapPaths.of(lm.adapter)
-    names = [v.name for v in variants(parts, p.local)]
+    names = [v.name for v in variants(parts, local)]
+    # [L, D], drawn before any trace and shipped with it (never [L, T, D])
+    directions = nudge_directions(lm.n_layers, lm.adapter.d_model, p.seed) if p.nudge else None
     future = p.analysis == "future"
     cuts_used = {uid: draw_cuts(ids.shape[1], p.n_cuts, p.seed, uid, p.cut_stride) if future else []
                  for uid, ids in encoded}
 
     def one(uid: str, ids: Any) -> dict[str, np.ndarray]:
         # one session per problem (one request on NDIF): the clean pass, then one batched trace per (layer, cut)
-        res = skip_effects(lm.nn, paths, ids, cuts=cuts_used[uid], parts=parts, local=p.local, current=not future,
-                           config=lm.model.config, remote=lm.remote_mode, floor=p.floor)
+        res = skip_effects(lm.nn, paths, ids, cuts=cuts_used[uid], parts=parts, local=local, current=not future,
+                           config=lm.model.config, remote=lm.remote_mode, floor=p.floor, directions=directions)
         return {f"{v}_{x}": r.numpy() for v in names for x, r in zip("EOMQ", res[p.analysis, v])}
 
-    items = per_unit(store, encoded, one, desc=f"{p.model_name}: skip effects ({p.analysis})")
+    items = per_unit(store, encoded, one, desc=f"{p.model_name}: {'nudges' if p.nudge else 'skip effects'} ({p.analysis})")
     letters = "EOMQ" if p.floor is not None else "EO"
     per_problem = {n: {x: np.stack([it[f"{n}_{x}"] for it in items]) for x in letters} for n in names}
     table = _tidy(p.model_name, {(p.analysis, n): v for n, v in per_problem.items()})
@@ -189,9 +204,16 @@ def _compute(p: SkipParams, ref: ModelRef, parts: list[str], key: dict[str, Any]
         "model": lm.provenance(),
         "data": {**selection_record(p.dataset, p.selection, p.seed, examples), "cuts": cuts_used},
         "summary": summary,
+        **({"nudge": {"directions": f"torch.randn(L, d_model) from a CPU generator seeded with {p.seed}, rows scaled "
+                                    "to unit norm (lmdepth.hooks.skip_hooks.nudge_directions)",
+                      "directions_sha256": _digest(directions)}} if directions is not None else {}),
     }
     units = units_table(p.model_name, p.analysis, [uid for uid, _ in encoded], per_problem)
     return table, meta, units
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def matrix(table: pd.DataFrame, analysis: str, variant: str, stat: str = "max", model: str | None = None) -> np.ndarray:
@@ -262,12 +284,30 @@ def units_of(groups: Sequence[tuple[Sequence[str], int, int, int]], **common: An
     return pd.concat([r.units for r in runs], ignore_index=True) if runs else None
 
 
+def nudge_units(groups: Sequence[tuple[Sequence[str], int]], **common: Any) -> pd.DataFrame | None:
+    """The per-problem tables of the all-token nudge runs (the output change's control) of each model, their rows
+    named by :func:`~lmdepth.claims.skipping_claims.nudge_control`, concatenated; None for no models. A model
+    gets one where its all-token sample has at least 10 problems (fewer: the check is not testable) — remote runs
+    too, since the nudge runs on the model itself.
+
+    Args:
+        groups: ``(models, n_examples_current)`` per group of models sharing a sample size.
+    """
+    frames = []
+    for ms, n in groups:
+        for m in ms if n >= MIN_UNITS else ():
+            u = run(m, analysis="current", n_examples=n, nudge=True, **common).units
+            frames.append(u.assign(model=nudge_control(m)))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
 def claim_units(models: Sequence[str], main: tuple[int, int, int], others: tuple[int, int], **common: Any
                 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """What chapter 03's claims read: every model's whole-layer runs (with ``common``'s ``floor``, the robust
     statistic) and those of their random-init controls, on the same problems and cut points — the controls only
     where the model has at least 10 problems in both analyses, and none for remote runs
-    (:func:`lmdepth.claims.report.control_models`).
+    (:func:`lmdepth.claims.report.control_models`) —, and the nudge runs that are the output change's control
+    (:func:`nudge_units`).
 
     Args:
         models: the main model first, then the comparison models.
@@ -275,15 +315,17 @@ def claim_units(models: Sequence[str], main: tuple[int, int, int], others: tuple
         others: each comparison model's (problems in both analyses, cut points).
 
     Returns:
-        (the models' per-problem tables, the controls' or None).
+        (the models' per-problem tables, the controls' — twins and nudges — or None).
     """
     n_cur, n_fut, cuts = main
     n_cmp, cuts_cmp = others
     remote = common.get("remote") is True
     units = units_of([([models[0]], n_cur, n_fut, cuts), (models[1:], n_cmp, n_cmp, cuts_cmp)], **common)
-    controls = units_of([(control_models(models[:1], remote, min(n_cur, n_fut)), n_cur, n_fut, cuts),
-                         (control_models(models[1:], remote, n_cmp), n_cmp, n_cmp, cuts_cmp)], **common)
-    return units, controls
+    twins = units_of([(control_models(models[:1], remote, min(n_cur, n_fut)), n_cur, n_fut, cuts),
+                      (control_models(models[1:], remote, n_cmp), n_cmp, n_cmp, cuts_cmp)], **common)
+    nudges = nudge_units([(models[:1], n_cur), (models[1:], n_cmp)], **common)
+    found = [u for u in (twins, nudges) if u is not None]
+    return units, pd.concat(found, ignore_index=True) if found else None
 
 
 def later_effect_table(table: pd.DataFrame, models: Sequence[str]) -> pd.DataFrame:

@@ -8,8 +8,13 @@ the output change is the mean over measured positions. Across problems the stati
 The paper's aggregation — a max over positions (and cut points), clipped at 1 as its heatmaps are — is shown beside
 every verdict with the share of its per-problem values at the clip (``paper``): on trained models most of them sit at
 the clip, so a ratio of clipped maxima measures the clip rather than the model, and it decides nothing.
-The output change of an untrained twin is tiny in both halves, so its ratio is a quotient of noise: a control
-whose two halves both stay below 1 % of the model's first-half change is no valid control (``control_check``).
+The output change of an untrained twin is tiny in both halves (a random model's output barely depends on its
+input), so its ratio is a quotient of noise: a control whose two halves both stay below 1 % of the model's
+first-half change is no valid control (``control_check``). The output change's control is therefore the **nudge**
+on the trained model itself (rows ``random-nudge:<model>``, variant "nudge" of
+:func:`lmdepth.analyses.skipping.run`): on the same problems and positions, layer s's output is moved by ‖Δ_s‖ along
+a fixed random unit vector u_s instead of losing Δ_s, so the residual moves by the skip's norm in a direction
+unrelated to what the layer wrote; the twin stays on the page as a reference.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import pandas as pd
 
 from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 from lmdepth.errors import DataError
+from lmdepth.hooks.skip_hooks import NUDGE
 from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.layer_curves import half_layers
 from lmdepth.metrics.verdicts import Rule, at_bound
@@ -36,21 +42,36 @@ CUTOFF_LEVEL = 0.1  # the registry's future-effect level for the cutoff claim (t
 #: A control's output change below this fraction of the model's own (first half, both halves of the control) is
 #: numerical noise: a ratio of two such values decides nothing.
 NEGLIGIBLE = 0.01
+#: The name of a model's nudge control in per-problem tables (its rows hold the variant "nudge").
+NUDGE_PREFIX = "random-nudge:"
+NUDGE_CONTROL = ("the same model on the same problems and positions with each layer's output moved by the norm of "
+                 "its own contribution along a fixed random unit vector per layer (seeded) instead of skipped: does "
+                 "removing what a layer wrote change the output more, second half relative to first, than a random "
+                 "change of the same size? The random-init twin is shown beside it as a reference (an untrained "
+                 "model's output barely depends on its input, so its ratio is a quotient of noise)")
 CONTROL = ("a random-init model of the same architecture (weights never trained) on the same problems and cut "
            "points, run where the model has at least 10 problems: what skipping does in an untrained stack")
 
 
+def nudge_control(model: str) -> str:
+    """The name of ``model``'s nudge control rows (``random-nudge:<model>``)."""
+    return f"{NUDGE_PREFIX}{model}"
+
+
 def per_layer(analysis: str, metric: str, clip: float | None = None) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
-    """Per-problem values ``[problems, L]`` of the layer skip (``metric`` of the per-problem table), clipped at
-    ``clip`` if given, indexed by problem."""
+    """Per-problem values ``[problems, L]`` of the layer skip (``metric`` of the per-problem table; of the nudge for
+    a nudge control's rows), clipped at ``clip`` if given, indexed by problem."""
 
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
-        u = units[(units.model == model) & (units.analysis == analysis) & (units.variant == "layer")
+        variant = NUDGE if str(model).startswith(NUDGE_PREFIX) else "layer"
+        u = units[(units.model == model) & (units.analysis == analysis) & (units.variant == variant)
                   & (units.metric == metric)]
         if u.empty:
             floor = f", floor={FLOOR}" if metric.endswith("_robust") else ""
-            raise DataError(f"No per-problem {analysis}-token skip results ({metric}) for {model!r}: run "
-                            f"lmdepth.analyses.skipping.run(model_name={model!r}, analysis={analysis!r}{floor}) first.")
+            name, nudge = (model.removeprefix(NUDGE_PREFIX), ", nudge=True") if variant == NUDGE else (model, "")
+            raise DataError(f"No per-problem {analysis}-token {variant} results ({metric}) for {model!r}: run "
+                            f"lmdepth.analyses.skipping.run(model_name={name!r}, analysis={analysis!r}{floor}{nudge}) "
+                            "first.")
         wide = u.pivot_table(index="unit", columns="layer", values="value", sort=False, dropna=False)
         return wide.clip(upper=clip) if clip is not None else wide
 
@@ -146,9 +167,13 @@ CLAIMS: tuple[ClaimSpec, ...] = (
            statement="Second-half layers still change the output distribution: they refine the current prediction.",
            statistic="ratio: mean over problems of the mean over positions of the output change ‖P − P′‖₂, "
                      "second-half / first-half layers (without layers 0–1)",
-           rule=Rule(0.5, "above"), control_check=negligible_control,
-           control=CONTROL + f"; a control whose output change stays below {NEGLIGIBLE:.0%} of the model's in both "
-                             "halves is no valid control", history=_HISTORY + _HISTORY_26),
+           rule=Rule(0.5, "above"), control_of=nudge_control, control_check=negligible_control,
+           control=NUDGE_CONTROL + f"; a control whose output change stays below {NEGLIGIBLE:.0%} of the model's in "
+                                   "both halves is no valid control",
+           history=_HISTORY + _HISTORY_26 + (
+               "2026-11-26 (nudge): the control is a random nudge of the skip's size on the same model, problems and "
+               "positions (was: the random-init twin, whose output change is below 1 % of the model's in both halves "
+               "for all three packaged models, so the row had no valid control); the twin is shown as a reference.",)),
     _claim("future", "later_effect", halves_ratio("later_effect", EARLY_LAYERS), halves_ratio("later_effect", 0),
            id="skipping.future_later_small", figure="Fig. 3b",
            claim="future tokens: 2nd half feeds little forward",

@@ -6,6 +6,9 @@ Introduced in chapter 03. For a skipped layer s and a cut point t, the intervent
 * ``part="layer"``: the layer's output := its input; ``"attention"`` / ``"mlp"``: that contribution := 0;
 * ``local=True`` (the paper's appendix; book/method.md#method-skipping; part "layer" only): at the intervened positions every later residual is pinned to
   its clean value minus layer s's clean contribution, so the removal is not propagated through later layers there;
+* ``part="nudge"`` (the control of the output change, not a skip): the layer's output := its output +
+  ‖Δ_s‖ · u_s at each intervened position, u_s a fixed random unit vector of layer s (:func:`nudge_directions`): the
+  residual moves by exactly as much as when the layer is skipped, in a direction unrelated to what the layer wrote;
 * effect on layer j: ``e[s, j] = max_p ||Δ_j − Δ'_j|| / max(||Δ_j||, 1e-6)`` over measured positions, with
   Δ_j = h_{j+1} − h_j; effect on the output: ``o[s] = max_p ||P − P'||₂`` (probability vectors).
 
@@ -37,6 +40,7 @@ from lmdepth.model.paths import resolve, take
 from lmdepth.model.taps import forward_hooks, layer_output
 
 PARTS = ("layer", "attention", "mlp")
+NUDGE = "nudge"  # the control variant: a random direction of the skip's size (not a part of the layer)
 LOGIT_CHUNK = 64  # positions unembedded at once: bounds memory at chunk × vocab floats
 
 
@@ -98,6 +102,13 @@ def clean_pass(adapter: ModelAdapter, ids: torch.Tensor, with_probs: bool = Fals
     return CleanPass(torch.stack(ins), torch.stack(outs), kv, probs)
 
 
+def nudge_directions(n_layers: int, d_model: int, seed: int) -> torch.Tensor:
+    """[L, D] fp32 the nudge control's directions u_l: standard normal draws of a generator seeded with ``seed`` (CPU,
+    drawn in one call, so the same on every machine), each row scaled to unit norm."""
+    u = torch.randn(n_layers, d_model, generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float32)
+    return u / u.norm(dim=-1, keepdim=True)
+
+
 # ---- interventions as hooks (shared by both implementations) ------------------------------------------------
 
 def _set_rows(x: torch.Tensor, masks: torch.Tensor, values: torch.Tensor | float) -> torch.Tensor:
@@ -107,15 +118,17 @@ def _set_rows(x: torch.Tensor, masks: torch.Tensor, values: torch.Tensor | float
 
 
 def intervention_hooks(
-    adapter: ModelAdapter, clean: CleanPass, rows: Sequence[Row], positions: torch.Tensor
+    adapter: ModelAdapter, clean: CleanPass, rows: Sequence[Row], positions: torch.Tensor,
+    directions: torch.Tensor | None = None,
 ) -> list[tuple[torch.nn.Module, Callable]]:
     """Hooks that apply every row's intervention to its batch element.
 
     Args:
         adapter: model adapter.
-        clean: clean pass (for the pinned values of local rows).
+        clean: clean pass (for the pinned values of local rows and the size of a nudge).
         rows: one intervention per batch element; all rows share the same skipped layer s.
         positions: [W] absolute positions of the tokens in this forward pass.
+        directions: [L, D] unit vectors of the nudge rows (:func:`nudge_directions`); needed only by them.
     """
     s = rows[0].s
     fam = adapter.family
@@ -127,7 +140,18 @@ def intervention_hooks(
     hooks: list[tuple[torch.nn.Module, Callable]] = []
     layer_m, attn_m, mlp_m = part_mask("layer"), part_mask("attention"), part_mask("mlp")
     local_m = masks & torch.tensor([r.local for r in rows]).unsqueeze(1)
+    nudge_m = part_mask(NUDGE)
 
+    if nudge_m.any():
+        if directions is None:
+            raise ValueError("a nudge row needs the nudge directions: pass directions=nudge_directions(L, D, seed)")
+        # ‖Δ_s‖ per position along u_s: the residual after layer s moves by the skip's norm, not its direction
+        step = clean.contrib[s][positions].norm(dim=-1, keepdim=True) * directions[s].float()  # [W, D]
+
+        def nudge(mod, args, out):
+            y = layer_output(out)
+            return _set_rows(y, nudge_m, (y.float() + step).to(y.dtype))
+        hooks.append((adapter.layers[s], nudge))
     if layer_m.any():
         def skip_layer(mod, args, out):
             return _set_rows(layer_output(out), layer_m, args[0])
@@ -158,13 +182,14 @@ def robust_floor(clean: CleanPass, floor: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def naive_effect(adapter: ModelAdapter, ids: torch.Tensor, clean: CleanPass, row: Row, floor: float | None = None
-                 ) -> tuple[torch.Tensor, ...]:
+def naive_effect(adapter: ModelAdapter, ids: torch.Tensor, clean: CleanPass, row: Row, floor: float | None = None,
+                 directions: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """One full forward pass for one intervention, all layers, full logits (the authors' approach).
 
     Args:
         floor: also the robust means (see :func:`lmdepth.traces.skip_effects.skip_effects`), the reference of the
             production trace's.
+        directions: [L, D] the nudge directions (a nudge row only).
 
     Returns:
         e: [L] max relative change of each layer's contribution at measured positions; o: output change; with
@@ -181,7 +206,7 @@ def naive_effect(adapter: ModelAdapter, ids: torch.Tensor, clean: CleanPass, row
             contrib[l] = layer_output(out)[0].float() - args[0][0].float()
         return hook
 
-    hooks = intervention_hooks(adapter, clean, [row], positions)
+    hooks = intervention_hooks(adapter, clean, [row], positions, directions)
     hooks += [(layer, grab(l)) for l, layer in enumerate(adapter.layers)]  # after: sees the intervened output
     with forward_hooks(hooks):
         logits = adapter.model(ids).logits[0]
@@ -393,17 +418,20 @@ def prompt_effects_naive(
     local: bool = True,
     current: bool = True,
     floor: float | None = None,
+    directions: torch.Tensor | None = None,
 ) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
     """The same results as :func:`prompt_effects`, one full forward pass per intervention; with ``floor`` also the
     robust means of :func:`lmdepth.traces.skip_effects.skip_effects` (``(E, O, M, Q)``; M and Q averaged over the
-    cut points), its reference twin."""
+    cut points), its reference twin. ``parts`` may hold :data:`NUDGE` (the nudge control, with ``directions``
+    [L, D]), which :func:`prompt_effects` does not run."""
     L = adapter.n_layers
     clean = clean_pass(adapter, ids, with_probs=True)
     cuts = sorted({t for t in cuts if t > 1})  # t ≤ 1 intervenes nowhere: zero effect (as the fast paths)
     out = {}
     for v in variants(parts, local):
         if current:
-            res = [naive_effect(adapter, ids, clean, Row(s, v.part, None, v.local), floor) for s in range(L)]
+            res = [naive_effect(adapter, ids, clean, Row(s, v.part, None, v.local), floor, directions)
+                   for s in range(L)]
             out["current", v.name] = (torch.stack([r[0] for r in res]), torch.tensor([r[1] for r in res]))
             if floor is not None:
                 out["current", v.name] += (torch.stack([r[2] for r in res]), torch.tensor([r[3] for r in res]))
@@ -411,7 +439,7 @@ def prompt_effects_naive(
             E, O, M, Q = torch.zeros(L, L), torch.zeros(L), torch.zeros(L, L), torch.zeros(L)
             for t in cuts:
                 for s in range(L):
-                    r = naive_effect(adapter, ids, clean, Row(s, v.part, t, v.local), floor)
+                    r = naive_effect(adapter, ids, clean, Row(s, v.part, t, v.local), floor, directions)
                     _update_max((E, O), s, r[0], torch.tensor(r[1]))
                     if floor is not None:
                         M[s] += r[2] / len(cuts)
@@ -430,5 +458,5 @@ def draw_cuts(n_tokens: int, n_cuts: int, seed: int, key: str, stride: int = 8) 
     return sorted(candidates[:n_cuts])
 
 
-__all__ = ["PARTS", "Row", "CleanPass", "clean_pass", "naive_effect", "robust_floor", "prompt_effects", "prompt_effects_naive",
+__all__ = ["PARTS", "NUDGE", "nudge_directions", "Row", "CleanPass", "clean_pass", "naive_effect", "robust_floor", "prompt_effects", "prompt_effects_naive",
            "draw_cuts", "run_rows", "variants"]

@@ -2,7 +2,8 @@
 
 The session holds one clean trace (residuals, keys/values, the output distribution — they stay where the model
 runs) and, per skipped layer s, one batched trace per cut point with one row per variant (whole layer, attention,
-MLP, local). Layers before s are skipped with the clean residual h_s (they cannot change); a cut point after the
+MLP, local; or the nudge control, which moves the residual after layer s by the skip's norm in a random direction).
+Layers before s are skipped with the clean residual h_s (they cannot change); a cut point after the
 first reuses the lead trace's keys/values as its prefix, so it computes only positions ≥ t. Effects are reduced
 inside each trace — E[b, j] the max relative change of layer j's contribution, O[b] the output change — so only
 [variants × layers] numbers leave it: here, under the strict simulation (``remote="local"``) and on NDIF, one
@@ -37,7 +38,7 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                  parts: Sequence[str] = PARTS, local: bool = True, current: bool = True, config: Any = None,
                  remote: bool | str = False, floor: float | None = None, skipped: Sequence[int] | None = None,
                  rel_eps: float = 1e-6, contributions: bool = False,
-                 lens: tuple[int, int] | None = None) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
+                 lens: tuple[int, int] | None = None, directions: torch.Tensor | None = None) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
     """All skip effects of one prompt (the semantics of :func:`lmdepth.hooks.skip_hooks.prompt_effects`).
 
     Args:
@@ -46,7 +47,10 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
         input_ids: [1, T] the prompt.
         cuts: cut points t of the "future" analysis (intervene at 1..t−1, measure at ≥ t; max over cuts).
         parts, local: the variants (a part skipped at the intervened positions; ``local``: the whole layer removed
-            with every later residual pinned to its clean value minus layer s's clean contribution there).
+            with every later residual pinned to its clean value minus layer s's clean contribution there). A part
+            "nudge" is the output change's control, not a skip: layer s's output + ‖Δ_s‖ · u_s at the intervened
+            positions (Δ_s its clean contribution there, u_s row s of ``directions``), so the residual moves by
+            the skip's norm in a direction unrelated to what the layer wrote.
         current: also the "all tokens" analysis (intervene at every position ≥ 1, measure everywhere).
         config: the model's config (the keys/values cache of the cut points; a sliding window shorter than the
             prompt turns the prefix reuse off, as its cache has already dropped positions).
@@ -67,6 +71,8 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
             position < T) for the residual entering every layer and for the last layer's output, through the model's
             own unembedding (final norm in the residual's dtype, matmul in the model's dtype, fp32 logits,
             soft-capped by ``config``'s ``final_logit_softcapping``); only [L + 1, k] numbers leave the trace.
+        directions: [L, D] unit vectors of the "nudge" part
+            (:func:`lmdepth.hooks.skip_hooks.nudge_directions`): plain data shipped with the block.
 
     Returns:
         ``{(analysis, variant): (E [L, L], O [L])}``: analysis "current" or "future", variant a part or "local";
@@ -82,6 +88,11 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
     lens_at, top_k = (None, 0) if lens is None else (int(lens[0]), int(lens[1]))
     if lens_at is not None and not 0 <= lens_at < T:
         raise ValueError(f"the lens position must be in 0..{T - 1} for this prompt of {T} tokens, got {lens_at}")
+    if "nudge" in parts and (directions is None or directions.ndim != 2 or directions.shape[0] != L):
+        got = None if directions is None else tuple(directions.shape)
+        raise ValueError(f"the nudge needs directions of shape ({L}, d_model) "
+                         f"(lmdepth.hooks.skip_hooks.nudge_directions), got {got}")
+    u = directions.float() if directions is not None else None
     variants = [(p, False) for p in parts] + ([("layer", True)] if local else [])
     names = ["local" if loc else p for p, loc in variants]
     cuts = sorted({int(t) for t in cuts if t > 1}, reverse=True)  # t ≤ 1 intervenes nowhere: zero effect
@@ -91,7 +102,8 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
     layers, attns, mlps, norm, head = envoys.layers, envoys.attn, envoys.mlp, envoys.final_norm, envoys.lm_head
     attn_index, mlp_index = paths.attn_index, paths.mlp_index
     B = len(variants)
-    kinds = torch.tensor([[p == "layer" and not loc, p == "attention", p == "mlp", loc] for p, loc in variants])
+    kinds = torch.tensor([[p == "layer" and not loc, p == "attention", p == "mlp", loc, p == "nudge"]
+                          for p, loc in variants])
     softcap = getattr(config, "final_logit_softcapping", None) or None  # Gemma: cap·tanh(z/cap) on the logits
     window = getattr(config, "sliding_window", None)
     reuse_prefix = window is None or T < window
@@ -167,6 +179,7 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                     attn_m = touched[None, :] & kinds[:, 1:2]
                     mlp_m = touched[None, :] & kinds[:, 2:3]
                     local_m = touched[None, :] & kinds[:, 3:4]
+                    nudge_m = touched[None, :] & kinds[:, 4:5]
                     cache = None
                     if start > 0:  # positions < start: the lead trace's keys/values (the clean ones below s)
                         prefix = []
@@ -203,6 +216,10 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
                             edited = False
                             if j == s and bool(layer_m.any()):
                                 out, edited = torch.where(layer_m.unsqueeze(-1), h_in, out), True
+                            if j == s and bool(nudge_m.any()):  # ‖Δ_s‖ per position along u_s
+                                step = removed.norm(dim=-1, keepdim=True) * u[s]  # [W, D]
+                                nudged = (out.float() + step).to(out.dtype)
+                                out, edited = torch.where(nudge_m.unsqueeze(-1), nudged, out), True
                             if bool(local_m.any()):
                                 pinned = (resid_out[j][positions].float() - removed).to(out.dtype)
                                 out, edited = torch.where(local_m.unsqueeze(-1), pinned.expand(B, -1, -1), out), True
