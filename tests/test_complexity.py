@@ -28,6 +28,7 @@ from lmdepth.hooks.stack import (
     mean_residuals,
 )
 from lmdepth.metrics.depth import (
+    association,
     depth_score,
     group_statistics,
     layer_effect,
@@ -119,6 +120,26 @@ def test_slope():
     assert np.isnan(slope([1, 1], [0, 1]))
     assert slope([1, 2, 3], [1, np.nan, 3]) == pytest.approx(1)
 
+
+
+@pytest.mark.unit
+def test_association_is_pearson_r_and_the_correlation_ratio():
+    rng = np.random.default_rng(1)
+    level = np.repeat([1.0, 2, 3, 4], 10)
+    tokens = 5 * level + rng.normal(0, 3, level.size)
+    r, eta = association(level, tokens)
+    assert r == pytest.approx(np.corrcoef(level, tokens)[0, 1])
+    means = np.array([tokens[level == v].mean() for v in level])  # η² = between-level share of the variance
+    assert eta == pytest.approx(np.sqrt(((means - tokens.mean()) ** 2).sum() / ((tokens - tokens.mean()) ** 2).sum()))
+    # a length fixed per level along a curve: |r| < 1 but η = 1; weights count like repeated units
+    curve = np.array([10.0, 40, 20, 30])[level.astype(int) - 1]
+    r_curve, eta_curve = association(level, curve)
+    assert abs(r_curve) < 0.9 and eta_curve == pytest.approx(1.0)
+    w = rng.integers(1, 4, level.size).astype(float)
+    assert association(level, tokens, w)[0] == pytest.approx(association(np.repeat(level, w.astype(int)),
+                                                                         np.repeat(tokens, w.astype(int)))[0])
+    assert association(level, np.full(level.size, 9.0)) == (0.0, 0.0)  # one length: nothing to confound
+    assert all(np.isnan(association(np.ones(5), np.arange(5.0))))
 
 @pytest.mark.unit
 def test_partial_slope_holds_the_covariate_fixed():

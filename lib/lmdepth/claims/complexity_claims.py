@@ -37,7 +37,7 @@ import pandas as pd
 from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
 from lmdepth.errors import DataError
-from lmdepth.metrics.depth import depth_score, partial_slope
+from lmdepth.metrics.depth import association, depth_score, partial_slope
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.metrics.verdicts import MIN_UNITS, Rule
 
@@ -96,12 +96,9 @@ def prompt_tokens(items: pd.DataFrame) -> pd.Series:
 
 
 def length_r(items: pd.DataFrame) -> float:
-    """Pearson r of level and prompt length over items (one row per item): 0 where every prompt has the same
-    length (it cannot confound), NaN with fewer than two levels."""
-    lv, tokens = items.level.to_numpy(dtype=float), prompt_tokens(items).to_numpy()
-    if len(np.unique(lv)) < 2:
-        return float("nan")
-    return float(np.corrcoef(lv, tokens)[0, 1]) if np.ptp(tokens) > 0 else 0.0
+    """Pearson r of level and prompt length over items (one row per item; :func:`association` with unit weights):
+    0 where every prompt has the same length (it cannot confound), NaN with fewer than two levels."""
+    return association(items.level.to_numpy(dtype=float), prompt_tokens(items).to_numpy())[0]
 
 
 def effects_by_item(source: str) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
@@ -136,24 +133,10 @@ def fit_inputs(v: np.ndarray, skip: int) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def length_confound(v: np.ndarray, skip: int) -> tuple[float, float]:
-    """How far the level fixes the prompt length over the fit's items, with the fit's weights: (r, η) — the weighted
-    Pearson r of level and length, and the correlation ratio η (√ of the share of the length's variance that the
-    levels' mean lengths explain; |r| ≤ η, and η = 1 where every level has one length, whatever its shape). 0 where
-    every prompt has the same length; NaN with fewer than two levels."""
+    """How far the level fixes the prompt length over the fit's items, with the fit's weights: (r, η) of
+    :func:`association` (η = 1 where every level has one length, whatever its shape)."""
     _, lv, tokens, w = fit_inputs(v, skip)
-    ok = w > 0
-    lv, tokens, w = lv[ok], tokens[ok], w[ok]
-    if len(np.unique(lv)) < 2:
-        return float("nan"), float("nan")
-    if np.ptp(tokens) == 0:  # one length for every prompt: nothing to confound
-        return 0.0, 0.0
-    t_mean, l_mean = np.average(tokens, weights=w), np.average(lv, weights=w)
-    var_t = np.average((tokens - t_mean) ** 2, weights=w)
-    cov = np.average((lv - l_mean) * (tokens - t_mean), weights=w)
-    r = cov / np.sqrt(np.average((lv - l_mean) ** 2, weights=w) * var_t)
-    means = pd.Series(tokens * w).groupby(lv).sum() / pd.Series(w).groupby(lv).sum()
-    between = np.average((means.reindex(lv).to_numpy() - t_mean) ** 2, weights=w)
-    return float(r), float(np.sqrt(min(between / var_t, 1.0)))
+    return association(lv, tokens, w)
 
 
 def rise(skip: int) -> Callable[[np.ndarray], float]:

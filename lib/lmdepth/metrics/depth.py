@@ -94,6 +94,32 @@ def partial_slope(y: Sequence[float], x: Sequence[float], covariate: Sequence[fl
     return float(rx @ ry / (rx @ rx))
 
 
+def association(groups: Sequence[float], y: Sequence[float], weights: Sequence[float] | None = None
+                ) -> tuple[float, float]:
+    """How far ``groups`` (e.g. levels) fix ``y`` (e.g. prompt lengths), with weights: (r, η) — the weighted Pearson
+    r of the two, and the correlation ratio η (√ of the share of y's weighted variance that the groups' weighted mean
+    y explain; |r| ≤ η, and η = 1 where every group has one y, whatever its shape). (0, 0) where y is constant
+    (nothing to confound); NaN with fewer than two groups. Units with weight ≤ 0 are dropped.
+
+    Args:
+        groups, y, weights: [units] each (weights default to 1).
+    """
+    g, y = np.asarray(groups, float), np.asarray(y, float)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, float)
+    ok = w > 0
+    g, y, w = g[ok], y[ok], w[ok]
+    if len(np.unique(g)) < 2:
+        return float("nan"), float("nan")
+    if np.ptp(y) == 0:
+        return 0.0, 0.0
+    y_mean, g_mean = np.average(y, weights=w), np.average(g, weights=w)
+    var_y = np.average((y - y_mean) ** 2, weights=w)
+    r = np.average((g - g_mean) * (y - y_mean), weights=w) / np.sqrt(np.average((g - g_mean) ** 2, weights=w) * var_y)
+    means = pd.Series(y * w).groupby(g).sum() / pd.Series(w).groupby(g).sum()
+    between = np.average((means.reindex(g).to_numpy() - y_mean) ** 2, weights=w)
+    return float(r), float(np.sqrt(min(between / var_y, 1.0)))
+
+
 def level_statistics(E: np.ndarray, O: np.ndarray, levels: np.ndarray, n_boot: int = 1000, seed: int = 0,
                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Depth score per level and its slope over levels, both with percentile bootstrap 95 % intervals.
