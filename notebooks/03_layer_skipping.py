@@ -190,6 +190,18 @@ for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.fu
 # paired interval of (model − control) over the shared problems excludes 0. The second table sets the deciding
 # statistic beside the paper's (the same ratio on per-problem maxima clipped at 1) and the share of those maxima at
 # the clip: where it reaches 50 %, the paper's statistic measures the clip rather than the model.
+#
+# **The output change has another control.** An untrained twin's output distribution barely depends on its input,
+# so its output change is tiny in both halves and its ratio is a quotient of noise: such a control is no valid
+# control. *2nd half still changes the output* is instead paired with a **random nudge of the skip's size** on the
+# model itself, on the same problems and positions: at every position $p \ge 1$, layer $s$'s output is moved along
+# a fixed random unit vector $u_s$ (one per layer, drawn from `seed` before any run) by the norm of what the layer
+# wrote there, $h'_{s+1} := h_{s+1} + \lVert \Delta_s \rVert_2\, u_s$, instead of losing it, $h'_{s+1} := h_s$.
+# The residual moves exactly as far as when the layer is skipped, in a direction unrelated to what the layer
+# computed, and the output change $Q$ is measured in the same way. The paired interval of the halves ratio,
+# skip − nudge, asks whether removing what a second-half layer wrote changes the output more, relative to the
+# first half, than a random change of the same size does. The third table shows each run's halves, the twin's as a
+# reference.
 
 # %% tags=["hide-input"]
 md(report.describe("skipping"))
@@ -201,6 +213,7 @@ verdicts = report.check("skipping", verdict_units, models, controls, n_boot=n_bo
 report.save(verdicts, "skipping", results_dir)
 show_table(report.display(verdicts))
 show_table(page.statistics_table(verdicts))
+show_table(page.output_change_table(verdicts, verdict_units, controls, models))
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-skipping-claims"}}
 from lmdepth.charts.findings_charts import claims_forest
@@ -265,8 +278,12 @@ if benchmark and remote is False:  # a timing of this machine; CPU time is the f
 #   the last layer has no later layer; the registry's cutoff leaves that layer out and is L ("none") when layer
 #   L − 2 still feeds forward. It moves with the threshold, so it is reported here and not counted on the findings
 #   page.
+# - **Controls** are not in the paper. The later-effect checks are paired with a random-init twin; the output
+#   change with a random nudge of the skip's size on the same model (the twin's output change is too small in both
+#   halves to make a ratio, and is shown as a reference only). The nudge's directions are standard normal draws of
+#   a generator seeded with `seed`, one per layer, scaled to unit length; another seed is another control.
 # - **Beyond the paper:** the mean over problems is stored beside the paper's max; a cutoff layer per model with
-#   a bootstrap interval; verdicts with intervals and a random-init control.
+#   a bootstrap interval; verdicts with intervals and a paired control.
 #
 # ## Summary and environment
 

@@ -3,6 +3,8 @@ controls decide by the same rule, and the findings page counts states (never "N 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,6 +21,7 @@ from lmdepth.claims.findings_claims import (
 )
 from lmdepth.claims.maps_claims import units_of as maps_units
 from lmdepth.claims.scratch_claims import RUNS, SUBJECT, swap_objectives, units_of
+from lmdepth.claims.skipping_claims import nudge_control
 from lmdepth.data.difficulty import LEVELS
 from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.layer_curves import change_point, sign_change_margin
@@ -96,10 +99,12 @@ SCENARIOS = {  # claim id -> state -> (metric, {component: curve})
 }
 
 
-def skip_units(model: str, curves: dict[tuple[str, str], callable], n: int = 20, seed: int = 0) -> pd.DataFrame:
-    """A per-problem table like :func:`lmdepth.analyses.skipping.units_table` of a ``floor`` run (layer skip only):
-    the paper's max (``later_effect``, ``output_change``) and the robust mean (``…_robust``). A curve given for a base
-    metric serves both unless the robust one is given too; unlisted pairs get a flat 0.5."""
+def skip_units(model: str, curves: dict[tuple[str, str], callable], n: int = 20, seed: int = 0,
+               variant: str = "layer") -> pd.DataFrame:
+    """A per-problem table like :func:`lmdepth.analyses.skipping.units_table` of a ``floor`` run (one variant: the
+    layer skip, or the nudge of a nudge control's rows): the paper's max (``later_effect``, ``output_change``) and the
+    robust mean (``…_robust``). A curve given for a base metric serves both unless the robust one is given too;
+    unlisted pairs get a flat 0.5."""
     rng = np.random.default_rng(seed)
     rows = []
     flat = lambda r: np.full(L, 0.5)  # noqa: E731
@@ -108,7 +113,7 @@ def skip_units(model: str, curves: dict[tuple[str, str], callable], n: int = 20,
             for metric in ("later_effect", "output_change"):
                 curve = curves.get((analysis, metric), flat)(rng)
                 robust = curves[analysis, metric + "_robust"](rng) if (analysis, metric + "_robust") in curves else curve
-                rows += [dict(model=model, unit=f"p{p}", analysis=analysis, variant="layer", metric=name,
+                rows += [dict(model=model, unit=f"p{p}", analysis=analysis, variant=variant, metric=name,
                               layer=layer, value=float(v)) for name, c in ((metric, curve), (metric + "_robust", robust))
                          for layer, v in enumerate(c)]
     return pd.DataFrame(rows)
@@ -423,7 +428,7 @@ def _flat_control(claim_id: str) -> pd.DataFrame | None:
     """The claim's per-unit table for a control whose every curve is flat over layers (e.g. a bigram baseline
     entered as a curve), at a value that differs by problem."""
     chapter = REGISTRY[claim_id].chapter
-    ctrl = control_name("m")
+    ctrl = REGISTRY[claim_id].control_of("m")
     if chapter in ("norms", "cosine"):
         metric = SCENARIOS[claim_id]["agrees"][0]
         return units(ctrl, metric, {k: (lambda r: np.full(L, r.uniform(0.1, 0.9))) for k in ("attention", "mlp", "layer")})
@@ -433,7 +438,8 @@ def _flat_control(claim_id: str) -> pd.DataFrame | None:
                                  for m in ("kl", "kl_final_lens", "top5_overlap")})
     if chapter == "skipping":
         flat = lambda r: np.full(L, r.uniform(0.1, 0.9))  # noqa: E731
-        return skip_units(ctrl, {(a, m): flat for a in ("current", "future") for m in ("later_effect", "output_change")})
+        return skip_units(ctrl, {(a, m): flat for a in ("current", "future") for m in ("later_effect", "output_change")},
+                          variant="nudge" if ctrl == nudge_control("m") else "layer")
     return None
 
 
@@ -548,6 +554,46 @@ def test_a_run_without_the_robust_statistic_is_not_testable_and_says_how_to_get_
     t = t[~t.metric.str.endswith("_robust")]
     row = verdict_of("skipping.current_later_small", t)
     assert row.state == "not testable" and "floor=0.1" in row.reason
+
+
+def test_the_output_change_is_paired_with_the_nudge_of_the_same_model():
+    """The output change's control is the nudge run of the same model (rows ``random-nudge:m``, variant "nudge"), not
+    the twin: a nudge that changes the output like the skip cannot tell them apart, one whose second half changes it
+    far less can (the model lies beyond it); the twin alone leaves the row without a control, and the later-effect
+    rows keep the twin."""
+    cid = "skipping.current_output_changes"
+    real = skip_units("m", {("current", "output_change"): halves(0.8, 0.8, early=0.9)})  # ratio 1: agrees
+    same = skip_units(nudge_control("m"), {("current", "output_change"): halves(0.8, 0.8, early=0.9)}, seed=1,
+                      variant="nudge")
+    below = skip_units(nudge_control("m"), {("current", "output_change"): halves(0.8, 0.2, early=0.9)}, seed=1,
+                       variant="nudge")
+    twin = skip_units(control_name("m"), {}, seed=2)
+    a = report.check("skipping", real, ["m"], pd.concat([same, twin])).set_index("claim_id")
+    b = report.check("skipping", real, ["m"], pd.concat([below, twin])).set_index("claim_id")
+    assert a.loc[cid, "control_model"] == b.loc[cid, "control_model"] == nudge_control("m")
+    assert (a.loc[cid, "state"], a.loc[cid, "counted_as"]) == ("agrees", "not discriminating")
+    assert a.loc[cid, "paired_low"] <= 0 <= a.loc[cid, "paired_high"]
+    assert b.loc[cid, "counted_as"] == "agrees" and b.loc[cid, "paired_low"] > 0
+    assert b.loc[cid, "side"].startswith("beyond its control") and b.loc[cid, "control_estimate"] < 0.5
+    assert (a.loc["skipping.current_later_small", "control_model"] == control_name("m"))  # the twin, as before
+    # the nudge's rows are read only as the nudge control: a twin table alone gives this row no control
+    c = report.check("skipping", real, ["m"], twin).set_index("claim_id").loc[cid]
+    assert c.counted_as == "no valid control" and c.control_note == "the control was not run"
+    # and a nudge table without its nudge rows says how to compute them
+    missing = report.check("skipping", real, ["m"], below.assign(variant="layer")).set_index("claim_id").loc[cid]
+    assert missing.control_state == "not testable" and "nudge=True" in missing.control_reason
+    # the page's table: each run's halves and ratio, the paired interval and how the row counts
+    from lmdepth.book.pages.skipping_page import output_change_table
+
+    verdicts = report.check("skipping", real, ["m"], pd.concat([below, twin]))
+    row = output_change_table(verdicts, real, pd.concat([below, twin]), ["m"]).iloc[0]
+    numbers = lambda cell: [float(x) for x in re.findall(r"\d+\.?\d*", cell)]  # noqa: E731
+    assert numbers(row["layer skipped: 1st → 2nd half (ratio)"]) == pytest.approx([0.8, 0.8, 1.0, 20], abs=0.02)
+    assert numbers(row["nudge of the same size (control)"]) == pytest.approx([0.8, 0.2, 0.25, 20], abs=0.02)
+    assert numbers(row["random-init twin (reference)"]) == pytest.approx([0.5, 0.5, 1.0, 20])
+    assert row["ratio, skip − nudge [95 % CI]"] == f"{b.loc[cid, 'paired_diff']:.3g} [{b.loc[cid, 'paired_low']:.3g}, " \
+                                                   f"{b.loc[cid, 'paired_high']:.3g}]" and row["counted as"] == "agrees"
+    assert output_change_table(verdicts, real, None, ["m"]).iloc[0]["nudge of the same size (control)"] == "—"
 
 
 def test_a_lens_that_never_settles_is_not_a_late_settler():

@@ -100,6 +100,19 @@ def test_skipping_all_variants(setup, tmp_path, analysis):
 
 
 @pytest.mark.slow
+def test_skipping_nudge_control(setup, tmp_path):
+    """Chapter 03's output-change control: the nudge run, its [L, d] directions shipped with each problem's one
+    request."""
+    from lmdepth.analyses import skipping
+
+    kw = dict(dataset=setup["texts"], n_examples=2, analysis="current", floor=0.1, n_boot=20, nudge=True)
+    here, sim = twice(skipping.run, tmp_path, requests=2, model_name=setup["llama"], **kw)
+    assert set(here.units.variant) == {"nudge"} and here.meta["nudge"] == sim.meta["nudge"]
+    equal_tables(here.table, sim.table, ["value"])
+    equal_tables(here.units, sim.units, [c for c in here.units.columns if here.units[c].dtype.kind == "f"])
+
+
+@pytest.mark.slow
 def test_lens_logit_and_tuned_applied(setup, tmp_path):
     """Chapter 04: the translators are trained here (training refuses remote), then applied inside the trace."""
     from lmdepth.analyses import lens

@@ -11,13 +11,16 @@ from lmdepth.hooks.skip_hooks import (
     Row,
     clean_pass,
     draw_cuts,
+    intervention_hooks,
     naive_effect,
+    nudge_directions,
     prompt_effects,
     prompt_effects_naive,
     run_rows,
 )
 from lmdepth.metrics import effects
 from lmdepth.model.families import ModelAdapter
+from lmdepth.model.taps import forward_hooks, layer_output
 from lmdepth.testing import FAMILY_CONFIGS, tiny_model
 
 FAMILIES = list(FAMILY_CONFIGS)
@@ -97,6 +100,44 @@ def test_local_variant_pins_the_intervened_positions(ids):
     torch.testing.assert_close(E, torch.eye(adapter.n_layers), atol=1e-5, rtol=0)
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_nudge_moves_the_residual_by_the_skips_norm(family, ids):
+    """The residual after layer s, measured: skipping moves it by −Δ_s, the nudge by ‖Δ_s‖ · u_s — the same norm at
+    every position ≥ 1, nothing at position 0, along the layer's fixed random direction."""
+    adapter = ModelAdapter.for_model(tiny_model(family))
+    L, T = adapter.n_layers, ids.shape[1]
+    u = nudge_directions(L, adapter.d_model, 0)
+    clean = clean_pass(adapter, ids)
+    positions = torch.arange(T)
+    for s in range(L):
+        got = {}
+
+        def grab(mod, args, out):
+            got["h"] = layer_output(out).float()  # [2, T, D] after the interventions
+
+        rows = [Row(s, "layer"), Row(s, "nudge")]
+        with torch.no_grad(), forward_hooks(intervention_hooks(adapter, clean, rows, positions, u)
+                                            + [(adapter.layers[s], grab)]):
+            adapter.model(ids.expand(2, -1), logits_to_keep=1)
+        moved = got["h"] - clean.resid_out[s].float()  # [2, T, D]
+        size = clean.contrib[s].norm(dim=-1)  # [T] ‖Δ_s‖
+        torch.testing.assert_close(moved[:, 1:].norm(dim=-1), size[1:].expand(2, -1), atol=1e-5, rtol=1e-5)
+        assert moved[:, 0].abs().max() <= 1e-6 and size[1:].min() > 1e-3  # the sink untouched; sizes not all 0
+        torch.testing.assert_close(moved[1, 1:], size[1:, None] * u[s], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="nudge directions"):
+        intervention_hooks(adapter, clean, [Row(0, "nudge")], positions)
+
+
+@pytest.mark.unit
+def test_nudge_directions_are_seeded_unit_vectors():
+    u = nudge_directions(6, 32, 0)
+    assert u.shape == (6, 32) and u.dtype == torch.float32
+    torch.testing.assert_close(u.norm(dim=-1), torch.ones(6))
+    assert torch.equal(u, nudge_directions(6, 32, 0)) and not torch.allclose(u, nudge_directions(6, 32, 1))
+    assert (u @ u.T - torch.eye(6)).abs().max() < 0.9  # one direction per layer, not one shared
+
+
 @pytest.mark.unit
 def test_cut_points_follow_the_paper_and_are_seeded():
     cuts = draw_cuts(200, 4, seed=0, key="gsm8k/test/1")
@@ -169,6 +210,31 @@ def test_a_floor_run_keeps_the_robust_statistic_beside_the_papers(tiny_dirs, jso
     assert (robust_later <= paper_later + 1e-6).all()  # a floored denominator and a mean: never above the max
     assert (pick(robust, "output_change_robust") <= pick(robust, "output_change") + 1e-6).all()  # a mean ≤ the max
     assert {"relative_change_robust", "output_change_robust"} <= set(robust.table.metric)
+
+
+@pytest.mark.integration
+def test_a_nudge_run_is_a_control_run_under_its_own_key(tiny_dirs, jsonl, tmp_path):
+    """``nudge=True``: the same problems as the skip run, the nudge variant only (parts and local ignored), under its
+    own key — the skip run's key and numbers are what they were; :func:`nudge_units` names its rows
+    ``random-nudge:<model>`` and runs only where the model has at least 10 problems."""
+    from lmdepth.claims.skipping_claims import nudge_control
+
+    p = jsonl([f'{{"text": "Problem {i}: {TEXT}"}}' for i in range(10)])
+    kw = dict(analysis="current", dataset=str(p), n_examples=10, selection="first", parts=["layer", "mlp"],
+              local=True, results_dir=tmp_path, n_boot=20, floor=0.1)
+    m = str(tiny_dirs["llama"])
+    skip = skip_analysis.run(m, **kw)
+    nudge = skip_analysis.run(m, nudge=True, **kw)
+    assert nudge.path != skip.path and skip_analysis.run(m, **kw).from_cache
+    assert nudge.meta["parameters"]["parts"] == ["nudge"] and not nudge.meta["parameters"]["local"]
+    assert "nudge" not in skip.meta and len(nudge.meta["nudge"]["directions_sha256"]) == 16
+    assert set(nudge.units.variant) == {"nudge"} and set(nudge.units.unit) == set(skip.units.unit)
+    pick = lambda r, v: r.units[(r.units.variant == v) & (r.units.metric == "output_change_robust")].value.to_numpy()  # noqa: E731
+    assert (pick(nudge, "nudge") > 0).all() and not np.allclose(pick(nudge, "nudge"), pick(skip, "layer"))
+    common = {k: v for k, v in kw.items() if k not in ("analysis", "n_examples")}
+    units = skip_analysis.nudge_units([([m], 10), ([str(tiny_dirs["qwen2"])], 9)], **common)
+    assert set(units.model) == {nudge_control(m)} and len(units) == len(nudge.units)
+    assert skip_analysis.nudge_units([([m], 9)], **common) is None
 
 
 @pytest.mark.integration

@@ -374,6 +374,45 @@ def test_the_skip_session_for_chosen_layers_equals_those_rows_of_the_full_sessio
 
 @pytest.mark.integration
 @pytest.mark.parametrize("family", FAMILIES)
+def test_the_nudge_equals_its_hook_reference_here_and_on_the_strict_server(family):
+    """The output change's control: layer s's output + ‖Δ_s‖ · u_s at the intervened positions. The session's nudge
+    rows equal the naive plain-hook loop's (all tokens and future tokens, every statistic), one request under the
+    strict server with only the [L, d] directions shipped; and the nudge moves the residual by exactly the skip's
+    norm: on all tokens its effect on its own layer, ‖Δ′_s − Δ_s‖ / ‖Δ_s‖, is 1 at every position (E[s, s] = 1, as
+    for the skip) and its robust mean equals the skip's, though the two change the output differently."""
+    from lmdepth.hooks.skip_hooks import nudge_directions, prompt_effects_naive
+    from lmdepth.traces.skip_effects import skip_effects
+
+    model = tiny_model(family)
+    adapter = ModelAdapter.for_model(model)
+    ids = tiny_tokenizer()("Natalia sold 48 clips in April and half as many in May.", return_tensors="pt").input_ids
+    nn, paths, L = _wrap(model), TapPaths.of(adapter), adapter.n_layers
+    u = nudge_directions(L, adapter.d_model, 0)
+    kw = dict(cuts=[9, 24, 40], parts=("layer", "nudge"), local=False, floor=0.1)
+    for current in (True, False):
+        ref = prompt_effects_naive(adapter, ids, current=current, directions=u, **kw)
+        got = skip_effects(nn, paths, ids, current=current, config=model.config, directions=u, **kw)
+        assert sorted(got) == sorted(ref) and ("future", "nudge") in got
+        for k in ref:
+            assert all((g - r).abs().max() <= 1e-5 for g, r in zip(got[k], ref[k])), k
+    E, O, M, Q = got_current = skip_effects(nn, paths, ids, current=True, config=model.config, directions=u,
+                                            **kw)["current", "nudge"]
+    skip = skip_effects(nn, paths, ids, current=True, config=model.config, **{**kw, "parts": ("layer",)})
+    assert (E.diagonal() - 1).abs().max() <= 1e-5  # ‖Δ_s + ‖Δ_s‖u_s − Δ_s‖ = ‖Δ_s‖ everywhere
+    assert (M.diagonal() - skip["current", "layer"][2].diagonal()).abs().max() <= 1e-5
+    assert Q.min() > 0 and (Q - skip["current", "layer"][3]).abs().max() > 1e-4  # a change, not the skip's
+    before = len(server.REQUESTS)
+    sim = skip_effects(nn, paths, ids, current=True, config=model.config, directions=u, remote="local",
+                       **{**kw, "parts": ("nudge",)})
+    (record,) = server.REQUESTS[before:]
+    assert record.payload_bytes < 4 * u.numel() + 100_000  # the directions, never an [L, T, d] tensor
+    assert all((a - b).abs().max() <= 1e-6 for a, b in zip(sim["current", "nudge"], got_current))
+    with pytest.raises(ValueError, match="the nudge needs directions"):
+        skip_effects(nn, paths, ids, parts=("nudge",), config=model.config)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_skip_sessions_clean_readings_equal_their_references_and_cost_no_pass(family, ids):
     """``contributions`` and ``lens``: the clean pass of the skip session also reduces the relative contributions
     (= the first three rows of the residual-metrics trace) and the logit lens' top-k (= the adapter's unembedding of

@@ -215,6 +215,9 @@ def remote_cost(profile: str = "paper", n_layers: int = PAPER_LAYERS) -> pd.Data
             f"variants ({', '.join(s['parts'])}{', local' if s['local'] else ''}) as rows")
         add("skipping", "future tokens", 1, session_forwards(L, s["n_cuts"], False), variants,
             f"{s['n_examples']} problems x {s['n_cuts']} cut points; one pass per (skipped layer, cut point)")
+        add("skipping", "all tokens, nudge control", 1, session_forwards(L, 0, True), 1,
+            f"{s['n_examples_current']} problems (per comparison model {s['n_examples_compare']}); the output change's "
+            "control: the clean pass + one pass per nudged layer")
 
     def lens() -> None:
         s = chapter_settings("lens", profile)

@@ -152,7 +152,8 @@ ROW_COLUMNS = ("claim (paper figure; the paper's side)", "model", "verdict", "st
                "model − control [95 % CI]")
 #: The controls' names in :func:`row_table`, by the prefix of ``control_model``
 #: (:func:`lmdepth.model.random_init.control_name`).
-CONTROL_NAMES = {"random-init": "random-init twin", "absolute-index": "alignment by layer index"}
+CONTROL_NAMES = {"random-init": "random-init twin", "absolute-index": "alignment by layer index",
+                 "random-nudge": "random nudge of the skip's size"}
 #: Shorter forms of the paired test's ``side`` (:func:`lmdepth.claims.spec.evaluate`) under the column's title.
 SIDES = {"beyond its control (the paper's side)": "beyond it, on the paper's side",
          "short of its control": "short of it",

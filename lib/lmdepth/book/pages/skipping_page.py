@@ -9,8 +9,12 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.analyses.skipping import BenchmarkSummary, SkipSummary, matrix
+from lmdepth.claims.skipping_claims import ROBUST, nudge_control, per_layer
+from lmdepth.claims.spec import EARLY_LAYERS
+from lmdepth.errors import DataError
 from lmdepth.metrics.effects import later_effect
-from lmdepth.metrics.layer_curves import half_means
+from lmdepth.metrics.layer_curves import half_layers, half_means
+from lmdepth.model.random_init import control_name
 from lmdepth.results import RunResult
 
 VARIANT_TITLES = {"layer": "Layer skipped", "attention": "Attention removed", "mlp": "MLP removed",
@@ -82,6 +86,42 @@ def statistics_table(verdicts: pd.DataFrame) -> pd.DataFrame:
                          "robust statistic (decides) [95 % CI]": [ci(r) for r in rows.itertuples()],
                          "paper's statistic (clipped max)": [f"{v:.3g}" for v in rows["paper_estimate"]],
                          "paper's maxima at the clip": [f"{v:.0%}" for v in rows["paper_at_bound"]]})
+
+
+OUTPUT_CLAIM = "skipping.current_output_changes"
+
+
+def output_change_table(verdicts: pd.DataFrame, units: pd.DataFrame, controls: pd.DataFrame | None,
+                        models: Sequence[str]) -> pd.DataFrame:
+    """The output change on all tokens — the statistic that decides *2nd half still changes the output* — per model:
+    first- and second-half means (layers 0–1 left out) and their ratio, for the layer skip, for its control (the
+    nudge of the same size) and for the random-init twin (a reference), with the paired interval of the ratio
+    (skip − nudge) and how the row counts. "—" where a run is missing."""
+    values = per_layer("current", ROBUST["output_change"])
+    rows = verdicts.set_index(["claim_id", "model"])
+
+    def halves(table: pd.DataFrame | None, name: str) -> str:
+        try:
+            v = values(table, name).to_numpy(dtype=float) if table is not None else None
+        except DataError:
+            v = None
+        if v is None:
+            return "—"
+        first, second = half_layers(v.shape[1], EARLY_LAYERS)
+        a, b = float(v[:, first].mean()), float(v[:, second].mean())
+        return f"{a:.3g} → {b:.3g} ({b / a:.2f}), n = {len(v)}" if a > 0 else f"{a:.3g} → {b:.3g}, n = {len(v)}"
+
+    out = []
+    for m in models:
+        r = rows.loc[(OUTPUT_CLAIM, m)] if (OUTPUT_CLAIM, m) in rows.index else None
+        paired = (f"{r.paired_diff:.3g} [{r.paired_low:.3g}, {r.paired_high:.3g}]"
+                  if r is not None and np.isfinite(r.paired_diff) else "—")
+        out.append({"model": m, "layer skipped: 1st → 2nd half (ratio)": halves(units, m),
+                    "nudge of the same size (control)": halves(controls, nudge_control(m)),
+                    "random-init twin (reference)": halves(controls, control_name(m)),
+                    "ratio, skip − nudge [95 % CI]": paired,
+                    "counted as": r.counted_as if r is not None else "—"})
+    return pd.DataFrame(out)
 
 
 def check_identities(table: pd.DataFrame, models: Sequence[str]) -> None:
