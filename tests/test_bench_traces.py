@@ -1,0 +1,37 @@
+"""scripts/bench_traces.py: each chapter's trace timed against its plain-hook reference on the same inputs, which must
+give the same numbers."""
+
+import importlib.util
+import sys
+
+import pytest
+
+from lmdepth.runtime import REPO_ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_traces", REPO_ROOT / "scripts" / "bench_traces.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bench_runs_on_a_model_directory_and_compares_equal_numbers(tiny_dirs, capsys):
+    rows = bench().main(["--model", str(tiny_dirs["llama"]), "--chapters", "01-02,04,06", "--repeats", "2"])
+    assert [(r["chapter"], r["runs"]) for r in rows] == [("01-02", 2), ("04", 2), ("04", 2), ("06", 2)]
+    assert all(r["diff"] <= 1e-5 and r["ref_cpu"] > 0 and r["trace_cpu"] > 0 for r in rows)
+    assert all(r["ref_fw"] == r["trace_fw"] == 1 for r in rows)  # one forward pass per problem, either path
+    table = capsys.readouterr().out
+    assert "residual metrics" in table and "load average at end" in table
+
+
+def test_the_bench_stops_in_one_line_when_a_trace_differs_from_its_reference(tiny_dirs, monkeypatch):
+    module = bench()
+    real = module.residual_metrics
+    monkeypatch.setattr(module, "residual_metrics", lambda *a, **k: real(*a, **k) + 1e-3)
+    with pytest.raises(SystemExit, match=r"^01-02 residual metrics: the trace and its reference differ by 0\.001 \(> 1e-05\)$") as e:
+        module.main(["--model", str(tiny_dirs["llama"]), "--chapters", "01-02", "--repeats", "1"])
+    assert "\n" not in str(e.value)
