@@ -31,7 +31,8 @@ the pair past ``--budget`` seconds: the skip sessions cost minutes a round on a 
 compared (max abs difference ≤ ``--tol``, else the script exits non-zero with one line) and its forward passes of the
 decoder counted by a hook. The table gives the median CPU seconds (process time, robust to other jobs on a shared
 machine) and wall seconds of each path over all its problems, and the ratio trace / reference; the load average is
-printed at the start and the end. The defaults take about 10 minutes on a loaded 2-core CPU. Run with one thread:
+printed at the start and the end. The defaults (one problem a chapter: the skip sessions alone are ~10 minutes) took
+16 minutes on a loaded 2-core CPU (load average ~3); ``--chapters`` runs a subset. Run with one thread:
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_traces.py --model smollm2-135m --problems 1 --repeats 3
 """
