@@ -318,7 +318,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         raise SystemExit(f"--chapters must be within {','.join(CHAPTERS)} (got {','.join(bad)}); --problems and "
                          "--repeats at least 1")
 
-    torch.set_grad_enabled(False)
+    with torch.no_grad():  # not torch.set_grad_enabled(False): main() is also called in-process (the tests)
+        return bench(args, chapters)
+
+
+def bench(args: argparse.Namespace, chapters: list[str]) -> list[dict[str, Any]]:
     lm = load_model(args.model)
     forwards: list[int] = []
     lm.model.get_decoder().register_forward_pre_hook(lambda mod, a: forwards.append(1))  # one per forward pass

@@ -5,6 +5,7 @@ import importlib.util
 import sys
 
 import pytest
+import torch
 
 from lmdepth.runtime import REPO_ROOT
 
@@ -24,6 +25,7 @@ def test_the_bench_runs_on_a_model_directory_and_compares_equal_numbers(tiny_dir
     assert [(r["chapter"], r["runs"]) for r in rows] == [("01-02", 2), ("04", 2), ("04", 2), ("06", 2)]
     assert all(r["diff"] <= 1e-5 and r["ref_cpu"] > 0 and r["trace_cpu"] > 0 for r in rows)
     assert all(r["ref_fw"] == r["trace_fw"] == 1 for r in rows)  # one forward pass per problem, either path
+    assert torch.is_grad_enabled()  # called in-process, it leaves autograd as it found it
     table = capsys.readouterr().out
     assert "residual metrics" in table and "load average at end" in table
 
