@@ -270,7 +270,7 @@ def headline(verdicts: pd.DataFrame) -> str:
 
 def _beyond(verdicts: pd.DataFrame) -> str:
     """Where the counted agreements lie relative to their controls: beyond them on the paper's side, short of them
-    (the untrained control shows the pattern more strongly, so training alone does not produce it), earlier or
+    (the control — an untrained twin, a random nudge — shows the pattern more strongly), earlier or
     later (a window rule), beyond an alternative inside the statistic, or beside a control lacking the pattern."""
     agree = verdicts[verdicts["headline"].astype(bool) & (verdicts["counted_as"] == "agrees")]
     if agree.empty:
@@ -279,8 +279,8 @@ def _beyond(verdicts: pd.DataFrame) -> str:
     alternative = side.str.contains("the alternative")
     lacks = side.str.startswith("the control lacks")
     groups = [((side.str.startswith("beyond") & ~alternative).sum(), "lie beyond their control on the paper's side"),
-              (side.str.startswith("short").sum(), "short of it (the untrained control shows the pattern more "
-                                                     "strongly)"),
+              (side.str.startswith("short").sum(), "short of it (the control, e.g. an untrained twin or a "
+                                                     "random nudge, shows the pattern more strongly)"),
               (side.str.match(r"(earlier|later) than").sum(), "settle earlier or later than their control "
                                                                 "(a window rule)"),
               (alternative.sum(), "beat the alternative the statistic itself compares with"),
