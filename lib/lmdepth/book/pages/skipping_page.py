@@ -13,7 +13,7 @@ from lmdepth.claims.skipping_claims import ROBUST, nudge_control, per_layer
 from lmdepth.claims.spec import EARLY_LAYERS
 from lmdepth.errors import DataError
 from lmdepth.metrics.effects import later_effect
-from lmdepth.metrics.layer_curves import half_layers, half_means
+from lmdepth.metrics.layer_curves import half_means
 from lmdepth.model.random_init import control_name
 from lmdepth.results import RunResult
 
@@ -107,8 +107,7 @@ def output_change_table(verdicts: pd.DataFrame, units: pd.DataFrame, controls: p
             v = None
         if v is None:
             return "—"
-        first, second = half_layers(v.shape[1], EARLY_LAYERS)
-        a, b = float(v[:, first].mean()), float(v[:, second].mean())
+        a, b = half_means(v.mean(0), EARLY_LAYERS)  # every problem has every layer: the mean of its halves
         return f"{a:.3g} → {b:.3g} ({b / a:.2f}), n = {len(v)}" if a > 0 else f"{a:.3g} → {b:.3g}, n = {len(v)}"
 
     out = []
