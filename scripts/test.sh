@@ -21,4 +21,7 @@ fi
 # run in kernel subprocesses beside pytest, so more threads only contend (clean clones on 2 cores: 1,116 s with one
 # thread, 1,318 s with torch's default).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec "${LMDEPTH_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider "$@"
+# Two pytest workers (pytest-xdist; LMDEPTH_TEST_WORKERS=0 for one process): the suite is one core's work for most
+# of its length (the smoke book executes its chapters one after the other), so the second core runs the other tests
+# beside it. The tests of the smoke book run on one worker (tests/conftest.py), which executes the book once.
+exec "${LMDEPTH_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider -n "${LMDEPTH_TEST_WORKERS:-2}" "$@"

@@ -36,6 +36,44 @@ def pytest_collection_modifyitems(config, items):
     if bad:
         raise pytest.UsageError(f"Each test needs exactly one tier marker of {', '.join(TIERS)} "
                                 "(see tests/conftest.py):\n" + "\n".join(bad))
+    misplaced = [item.nodeid for item in items
+                 if ("smoke_book" in getattr(item, "fixturenames", ())) != reads_smoke_book(item.nodeid)]
+    if misplaced:
+        raise pytest.UsageError("SMOKE_BOOK_TESTS (tests/conftest.py) must name exactly the tests that take the "
+                                "smoke_book fixture; fix it for:\n  " + "\n  ".join(misplaced))
+
+
+#: The tests that take the ``smoke_book`` fixture, by name. Under pytest-xdist (``scripts/test.sh`` runs two workers)
+#: they form one work unit, so one worker executes the book once while the other runs the rest of the suite beside it.
+#: The controller that hands out the units sees only test ids, so the names are listed here; the collection hook above
+#: checks the list against the fixtures the tests take.
+SMOKE_BOOK_TESTS = frozenset({
+    "tests/test_book.py::test_smoke_executed_chapters_are_clean",
+    "tests/test_book.py::test_charts_draw_offline_in_chromium",
+    "tests/test_book.py::test_pages_have_no_reader_visible_defects",
+    "tests/test_book.py::test_book_pages_link_each_other",
+    "tests/test_book.py::test_pages_load_without_console_errors_or_network",
+    "tests/test_book.py::test_internal_links_resolve",
+    "tests/test_book.py::test_colab_buttons_point_to_committed_notebooks",
+    "tests/test_colab.py::test_every_chapter_runs_from_an_empty_directory",
+})
+
+
+def reads_smoke_book(nodeid: str) -> bool:
+    return nodeid.split("[", 1)[0] in SMOKE_BOOK_TESTS
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it (`-p no:xdist`) pytest ignores it
+def pytest_xdist_make_scheduler(config, log):
+    """Hand out whole test modules (their module fixtures are built once), except that the tests of the smoke book
+    are one unit of their own (pytest-xdist's own ``xdist_group`` mark does not regroup tests under pytest 9.2)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SmokeBookTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "smoke_book" if reads_smoke_book(nodeid) else super()._split_scope(nodeid)
+
+    return SmokeBookTogether(config, log)
 
 
 @pytest.fixture(scope="session")
