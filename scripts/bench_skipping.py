@@ -6,7 +6,8 @@ point's prefix reused, the variants of one layer batched). Both run on the same 
 checks that they agree (max abs difference of every effect ≤ --tol) and prints wall times, the speed ratio and
 ``work_ratio_ceiling``: the ratio of the layer and unembedding work the two paths do on these inputs (counted, not
 timed), which is what the timed ratio approaches when matrix products dominate. Measured on a quiet 2-core CPU
-(2026-11-22, the plain-hook fast path the trace replaced): fast 91.7 s, naive 187.7 s, 2.05×, work ratio 2.05×.
+(2026-11-22, the plain-hook fast path the trace replaced): fast 91.7 s, naive 187.7 s, 2.05×, work ratio 2.05×;
+with the session, one thread (2026-11-27): fast 150.5 s, naive 293.7 s, 1.95×, 0.95 of the work ratio (CHANGELOG.md).
 Example (a 5× target was set for smollm2-135m, future; the counted work allows about 2× on this problem, 2.5× in
 the median over 200 problems: `--ceiling 200`):
 
