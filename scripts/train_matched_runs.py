@@ -5,6 +5,10 @@ every 500 steps and a finished run is skipped, so the script can be stopped and 
 
     .venv/bin/python scripts/train_matched_runs.py            # the whole queue, in order
     .venv/bin/python scripts/train_matched_runs.py --list     # each run's key and state, nothing trained
+    .venv/bin/python scripts/train_matched_runs.py --only transformer:answer_only:2   # that run alone
+
+Two processes may share the queue (one core each): a run being trained holds a lock beside its folder, and the
+other process skips it.
 
 Runs one thread each (a second process on a 2-core machine oversubscribes the cores: pause it, or use ``nice``,
 while timing anything else). MoEUT takes ~2.3 h and the Transformer ~1.2 h per run on one quiet core. MoEUT seed 0
@@ -15,7 +19,9 @@ at 1e-3 is the default run already committed. Finished runs land in ``checkpoint
 from __future__ import annotations
 
 import argparse
+import fcntl
 import time
+from pathlib import Path
 
 from lmdepth.scratch.training import run_config, run_dir, train_run
 
@@ -32,17 +38,33 @@ def main() -> None:
     ap.add_argument("--checkpoint-dir", default="checkpoints/dm_math")
     ap.add_argument("--data-dir", default="results/dm_math_data")
     ap.add_argument("--list", action="store_true", help="print each run's key and state; train nothing")
+    ap.add_argument("--only", action="append", metavar="ARCH:OBJECTIVE:SEED",
+                    help="train only these runs of the queue (repeatable), e.g. transformer:answer_only:2")
     args = ap.parse_args()
-    for arch, objective, seed in QUEUE:
+    queue = QUEUE
+    if args.only:
+        wanted = {tuple(o.split(":")) for o in args.only}
+        queue = [r for r in QUEUE if (r[0], r[1], str(r[2])) in wanted]
+        if len(queue) != len(wanted):
+            ap.error(f"--only names runs of the queue as ARCH:OBJECTIVE:SEED, one of: "
+                     f"{', '.join(f'{a}:{o}:{s}' for a, o, s in QUEUE)}")
+    for arch, objective, seed in queue:
         cfg = run_config("default", arch, objective, lr=LR, seed=seed, threads=1)
         rd = run_dir(cfg, args.checkpoint_dir)
         state = "finished" if (rd / "model.pt").exists() else ("started" if (rd / "ckpt.pt").exists() else "to do")
         if args.list:
             print(f"{cfg.name} seed {seed}: {rd.name} {state}")
             continue
-        t0 = time.time()
-        path = train_run(cfg, args.checkpoint_dir, data_dir=args.data_dir, progress=False)
-        print(f"{cfg.name} seed {seed}: {path} ({time.time() - t0:.0f} s in this call)", flush=True)
+        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(args.checkpoint_dir) / f".{rd.name}.lock", "w") as lock:
+            try:  # released when the process ends, however it ends
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"{cfg.name} seed {seed}: {rd.name} is being trained by another process: skipped", flush=True)
+                continue
+            t0 = time.time()
+            path = train_run(cfg, args.checkpoint_dir, data_dir=args.data_dir, progress=False)
+            print(f"{cfg.name} seed {seed}: {path} ({time.time() - t0:.0f} s in this call)", flush=True)
 
 
 if __name__ == "__main__":
