@@ -477,6 +477,20 @@ def test_run_grid_sizes_samples_per_model_and_source(monkeypatch):
 
 
 @pytest.mark.unit
+def test_run_grid_loads_with_the_parameters_settings(monkeypatch):
+    """Without loaders the grid makes them with the runs' own device, dtype and remote (the parameters' defaults
+    where not given), and a misspelt parameter stops it in one line before any model is loaded."""
+    made = []
+    monkeypatch.setattr(C, "model_loaders", lambda models, *settings: made.append(settings) or dict.fromkeys(models))
+    monkeypatch.setattr(C, "run", lambda m, **kw: None)
+    C.run_grid(["a"], ["math"], 1, 1, 1, 1, dtype="bfloat16", remote="local")
+    assert made == [(C.ComplexityParams().device, "bfloat16", "local")]
+    with pytest.raises(ParameterError, match="dtyp"):
+        C.run_grid(["a"], ["math"], 1, 1, 1, 1, dtyp="bfloat16")
+    assert len(made) == 1
+
+
+@pytest.mark.unit
 def test_grid_summaries_and_notes():
     results = {("m1", "vars"): _fake_result("m1", "vars", from_cache=True),
                ("m1", "gsm8k"): _fake_result("m1", "gsm8k"), ("m2", "vars"): _fake_result("m2", "vars", L=7)}

@@ -351,8 +351,8 @@ def run_grid(models: list[str], sources: list[str], n_per_level: int, n_syntheti
         ``{(model, source): RunResult}``.
     """
     if loaders is None:
-        loaders = model_loaders(models, kwargs.get("device", "cpu"), kwargs.get("dtype", "float32"),
-                                kwargs.get("remote", False))
+        p = ComplexityParams.of(**kwargs)  # the loaders' settings, with the parameters' own defaults and checks
+        loaders = model_loaders(models, p.device, p.dtype, p.remote)
     results: dict[tuple[str, str], RunResult] = {}
     for m in models:
         main = m == models[0]

@@ -420,9 +420,9 @@ def prompt_effects_naive(
     floor: float | None = None,
     directions: torch.Tensor | None = None,
 ) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
-    """The same results as :func:`prompt_effects`, one full forward pass per intervention; with ``floor`` also the
-    robust means of :func:`lmdepth.traces.skip_effects.skip_effects` (``(E, O, M, Q)``; M and Q averaged over the
-    cut points), its reference twin. ``parts`` may hold :data:`NUDGE` (the nudge control, with ``directions``
+    """The reference twin of :func:`prompt_effects` and of :func:`lmdepth.traces.skip_effects.skip_effects`: the
+    same results, one full forward pass per intervention; with ``floor`` also the robust means of ``skip_effects``
+    (``(E, O, M, Q)``; M and Q averaged over the cut points). ``parts`` may hold :data:`NUDGE` (the nudge control, with ``directions``
     [L, D]), which :func:`prompt_effects` does not run."""
     L = adapter.n_layers
     clean = clean_pass(adapter, ids, with_probs=True)

@@ -9,7 +9,7 @@ lens builds one in its lens dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,23 +27,6 @@ def softcap(z: torch.Tensor, cap: float | None) -> torch.Tensor:
     """The logit soft-capping of Gemma 2/3 (``cap·tanh(z/cap)``), in fp32; identity when ``cap`` is None or 0."""
     z = z.float()
     return torch.tanh(z / cap) * cap if cap else z
-
-
-class Loaded(Protocol):
-    """What :meth:`Unembedding.of` reads of a loaded model (a :class:`lmdepth.model.registry.LoadedModel`): named
-    here by its shape because the registry sits above the adapters, which build an :class:`Unembedding`."""
-
-    @property
-    def model(self) -> torch.nn.Module: ...
-
-    @property
-    def adapter(self) -> Any: ...  # a ModelAdapter (lmdepth.model.families, which imports this module)
-
-    @property
-    def nn(self) -> Any: ...
-
-    @property
-    def remote(self) -> bool: ...
 
 
 @dataclass
@@ -69,8 +52,11 @@ class Unembedding:
     remote_vocab: int = 0
 
     @classmethod
-    def of(cls, lm: Loaded, dtype: str = DEFAULT_LENS_DTYPE, traced: bool = True) -> "Unembedding":
-        """Build from a loaded model. ``traced``: take the final norm's nnsight envoy (for use inside traces)."""
+    def of(cls, lm: Any, dtype: str = DEFAULT_LENS_DTYPE, traced: bool = True) -> "Unembedding":
+        """Build from a loaded model. ``traced``: take the final norm's nnsight envoy (for use inside traces).
+
+        ``lm`` is a :class:`lmdepth.model.registry.LoadedModel` (its ``model``, ``adapter``, ``nn`` and ``remote``
+        are read); typed loosely because the registry imports the adapters, which import this module."""
         softcap = getattr(lm.model.config, "final_logit_softcapping", None) or None
         if lm.remote:  # the weights live on the server: call its lm_head (in the model's dtype) inside the trace
             fam = lm.adapter.family
