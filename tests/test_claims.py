@@ -803,3 +803,17 @@ def test_a_change_point_needs_segments_of_some_length():
     """One extreme last layer is not a 'segment' of its own (the transition would land at the output)."""
     curve = np.r_[0.5, 0.5, [-0.1] * 6, [0.05] * 7, 0.6]
     assert change_point(curve, 2) == 8
+
+
+@pytest.mark.unit
+def test_controls_left_out_on_ndif_say_so_in_one_line():
+    """On NDIF no random-init control runs (it is built here): the chapter says so once, in one line, and a local or
+    simulated run is unchanged and silent."""
+    import warnings
+
+    with pytest.warns(UserWarning, match="No random-init controls on NDIF") as caught:
+        assert report.control_models(["smollm2-135m"], True, 20) == []
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert report.control_models(["smollm2-135m"], "local", 20) == report.control_models(["smollm2-135m"], False, 20) != []

@@ -1,6 +1,7 @@
 """The CLI and papermill parameter checks (no kernel is started for bad input)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -75,6 +76,17 @@ def test_cli_values_are_yaml():
 def test_bad_parameters_fail_before_execution(params, message):
     with pytest.raises(ParameterError, match=message):
         check_parameters("norms", params)
+
+
+@pytest.mark.unit
+def test_remote_on_a_chapter_that_cannot_go_to_ndif_says_why():
+    from lmdepth.traces.remote import NOT_REMOTE
+
+    for chapter, why in NOT_REMOTE.items():
+        with pytest.raises(ParameterError, match=f"{chapter!r} does not run on NDIF: {re.escape(why)}"):
+            check_parameters(chapter, {"remote": True})
+    with pytest.raises(ParameterError, match="has no parameter 'remot'"):
+        check_parameters("moeut", {"remot": True})
 
 
 @pytest.mark.parametrize(

@@ -454,3 +454,15 @@ def test_a_remote_lens_run_that_would_train_the_tuned_lens_is_refused_before_the
     (r.path / tuned_lens.TRANSLATORS).unlink()
     with pytest.raises(ParameterError, match="trained here, not on NDIF"):
         lens.run(model, **kw)
+
+
+@pytest.mark.unit
+def test_the_bigram_baseline_left_out_on_ndif_says_so_in_one_line():
+    """The bigram baseline needs the weights here: on NDIF the lens table comes back unchanged, with one line that
+    says why (nothing is loaded first)."""
+    from lmdepth.analyses import bigram
+
+    table = pd.DataFrame({"model": ["m"], "layer": [0], "lens": ["logit"]})
+    with pytest.warns(UserWarning, match="No bigram baseline on NDIF") as caught:
+        assert bigram.with_baseline(table, ["no-such-model"], remote=True) is table
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)

@@ -14,6 +14,7 @@ pairs back off to the unigram distribution.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -126,6 +127,8 @@ def with_baseline(lens_units: pd.DataFrame, models: list[str], **kwargs: Any) ->
         kwargs: the lens run's parameters.
     """
     if kwargs.get("remote") is True:
+        warnings.warn("No bigram baseline on NDIF (remote=true): it needs the model's weights here. Run the lens "
+                      "chapter with remote=false for the chart's reference line.", stacklevel=2)
         return lens_units
     kwargs = {**kwargs, "remote": False}  # "local": the weights are here; the baseline's forward is plain torch
     flat = []

@@ -31,6 +31,7 @@ from lmdepth.model.ndif import preflight
 from lmdepth.model.registry import current_weights_id
 from lmdepth.params import CommonParams, Params, check_device, check_remote, check_results_dir, check_type
 from lmdepth.runtime import REPO_ROOT
+from lmdepth.traces.remote import NOT_REMOTE
 
 CHAPTERS: dict[str, str] = {
     "norms": "01_residual_norms",
@@ -176,6 +177,9 @@ def check_parameters(chapter: str, params: dict[str, Any]) -> dict[str, Any]:
     spec = declared_parameters(chapter)
     out = {}
     for name, value in params.items():
+        if name == "remote" and name not in spec and chapter in NOT_REMOTE:
+            raise ParameterError(f"Chapter {chapter!r} does not run on NDIF: {NOT_REMOTE[chapter]} (it takes no "
+                                 "'remote' parameter).")
         if name not in spec:
             raise ParameterError(f"Chapter {chapter!r} has no parameter {name!r}. Parameters: {', '.join(spec)}.")
         declared = _DECLARED_TYPES.get(spec[name].type_name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,10 @@ def control_models(models: list[str], remote: bool | str = False, n_units: int =
     """The random-init controls of ``models``: none for NDIF runs (``remote=True``: a control is built and run
     locally), the same as a local run's under ``remote="local"`` (the weights are here), and none when the sample has
     fewer than 10 units (the real check is then not testable: nothing to discriminate)."""
+    if remote is True and models:
+        warnings.warn("No random-init controls on NDIF (remote=true): a control is built and run here, so the "
+                      "verdict rows that need one read 'no valid control'. Run with remote=false (a smaller model "
+                      "of the family) for the controls.", stacklevel=2)
     return [] if remote is True or n_units < MIN_UNITS else [control_name(m) for m in models]
 
 
