@@ -244,7 +244,13 @@ page.check_identities(comparison.table, models)
 # distribution over 200 problems is computed below). On a quiet machine `scripts/bench_skipping.py` (SmolLM2, one
 # 210-token problem, four cuts, three parts) measured naive 187.7 s vs fast 91.7 s, **2.05×**, equal to the
 # counted ratio of 2.05× for that input, with the plain-hook implementation the session replaced (kept as the tests'
-# reference); the timing below is the session's.
+# reference), and 1.95× (0.95 of the counted ratio) with the session itself, one thread; the timing below is the
+# session's.
+#
+# On NDIF a problem is one request, and a trace's rows are the parts measured together (at most five: three parts,
+# the local variant, the nudge control), so the server holds activations for at most five copies of the prompt
+# whatever the model's depth. The paper profile's cost table (Reproducibility page) gives the forward passes per
+# problem for Llama 3.1 70B.
 
 # %% tags=["hide-input"]
 if benchmark and remote is False:  # a timing of this machine; CPU time is the fair measure on a shared machine
