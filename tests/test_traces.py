@@ -297,7 +297,7 @@ def test_skip_trace_equals_the_naive_reference_for_every_variant(family):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_one_prompt_of_skipping_is_one_request_to_the_strict_server(family):
     from lmdepth.hooks.skip_hooks import prompt_effects
     from lmdepth.traces.skip_effects import skip_effects
@@ -315,6 +315,7 @@ def test_one_prompt_of_skipping_is_one_request_to_the_strict_server(family):
     assert record.saved == ["E_all", "O_all"] and record.payload_bytes < 100_000
     for k in ref:
         assert (got[k][0] - ref[k][0]).abs().max() <= 1e-5 and (got[k][1] - ref[k][1]).abs().max() <= 1e-5, k
+    assert any(ref[k][0].max() > 0.01 and ref[k][1].max() > 1e-4 for k in ref)  # not all zero: the check can fail
     # the robust means come back from the server too (two more saved values), equal to the local run's
     robust = skip_effects(_wrap(model), TapPaths.of(adapter), ids, cuts=[9, 24, 40], current=False,
                           config=model.config, remote="local", floor=0.1)
@@ -780,3 +781,123 @@ def test_integrated_gradients_refuse_remote_in_one_line(remote):
     assert ErasureParams(model_name="org/model", remote=remote, ig_steps=0).remote == remote
     assert ErasureParams(model_name="org/model", remote=remote, ig_prompts=0).remote == remote
     assert ComplexityParams(model_name="org/model", remote=remote).remote == remote
+
+
+# ---- one packaged model: every trace under the strict server --------------------------------------------------------
+
+def _naive_skip_rows(adapter: ModelAdapter, ids: torch.Tensor, skipped: list[int], cuts: list[int], current: bool,
+                     floor: float, parts=("layer", "attention", "mlp"), local: bool = True):
+    """:func:`lmdepth.hooks.skip_hooks.prompt_effects_naive` for the ``skipped`` layers only (one full plain-hook
+    forward per intervention; max over the cut points for E and O, mean for M and Q): ``{key: (E, O, M, Q)}`` with
+    the other layers' rows NaN, as the session returns them."""
+    from lmdepth.hooks.skip_hooks import Row, clean_pass, naive_effect, variants
+
+    L = adapter.n_layers
+    clean = clean_pass(adapter, ids, with_probs=True)
+    out = {}
+    for v in variants(parts, local):
+        for analysis, ts in ((("current", [None]),) if current else ()) + ((("future", cuts),) if cuts else ()):
+            E, O, M, Q = (torch.full(shape, float("nan")) for shape in ((L, L), (L,), (L, L), (L,)))
+            for s in skipped:
+                rs = [naive_effect(adapter, ids, clean, Row(s, v.part, t, v.local), floor) for t in ts]
+                E[s] = torch.stack([r[0] for r in rs]).amax(0)
+                O[s] = max(r[1] for r in rs)
+                M[s] = torch.stack([r[2] for r in rs]).mean(0)
+                Q[s] = sum(r[3] for r in rs) / len(rs)
+            out[analysis, v.name] = (E, O, M, Q)
+    return out
+
+
+@pytest.mark.packaged
+def test_every_trace_on_the_packaged_smollm2_under_the_strict_server_equals_its_reference():
+    """Issue 35's packaged-model proof for the traces of chapters 01-03, 05 and 06 (the lens: the test above): on
+    SmolLM2-135M (30 layers) and one short arithmetic prompt, each trace runs through the strict simulation of the
+    NDIF server and equals its plain-hook reference to 1e-5: the residual metrics, the skip session (the first and
+    last layer, all tokens and one cut point, every part and the local variant, with the robust means), the boundary
+    residuals and the tuned lens' token residuals, the erasure session and its means, and the correctness check
+    (both outcomes) and greedy generation. Every reference is checked to be non-trivial, so each comparison can fail."""
+    from lmdepth.analyses.tuned_lens import collect_residuals
+    from lmdepth.data.datasets import Example
+    from lmdepth.hooks.lens_hooks import collect_residuals_hooked
+    from lmdepth.hooks.stack import AdapterStack, boundary_residuals, erasure_map, mean_residuals
+    from lmdepth.model.generate import generate_greedy, teacher_forced_correct
+    from lmdepth.model.registry import load_model
+    from lmdepth.traces.boundary_residuals import boundary_residuals_at
+    from lmdepth.traces.erasure_trace import boundary_sums, erasure_effects
+    from lmdepth.traces.generation import greedy_matches, greedy_texts
+    from lmdepth.traces.skip_effects import skip_effects
+
+    lm = load_model("smollm2-135m")
+    adapter, nn, paths, L = lm.adapter, lm.nn, TapPaths.of(lm.adapter), lm.n_layers
+    prompt = "Question: 12 + 7 = 19"
+    ids = lm.encode(prompt)  # 12 tokens; the answer " 19" is tokens 9..11, and SmolLM2 produces it greedily
+    wrong = lm.encode("Question: 12 + 7 = 18")
+    T, a = ids.shape[1], 9
+    assert T == wrong.shape[1] == 12 and lm.tokenizer.decode(ids[0, a:]) == " 19"
+    before = len(server.REQUESTS)
+
+    def sent(n: int = 1):
+        """The requests since the last call: ``n`` of them, no library module in any payload."""
+        nonlocal before
+        records, before = server.REQUESTS[before:], len(server.REQUESTS)
+        assert len(records) == n and not [m for r in records for m in r.modules if m.split(".")[0] == "lmdepth"]
+        return records
+
+    # chapters 01-02: the residual metrics
+    ref = _reference(adapter, ids)
+    got = residual_metrics(nn, paths, ids, remote="local")
+    (record,) = sent()
+    assert got.shape == ref.shape == (L, 11, 1, T) and (got - ref).abs().max() <= 1e-5
+    assert ref.nan_to_num().abs().max() > 1e-3 and record.result_bytes < 4 * got.numel() + 4_000
+
+    # chapter 03: the skip session, the first and last layer only (the naive reference costs a forward per row)
+    chosen, cuts = [0, L - 1], [6]
+    ref = _naive_skip_rows(adapter, ids, chosen, cuts, current=True, floor=0.1)
+    got = skip_effects(nn, paths, ids, cuts=cuts, current=True, config=lm.model.config, floor=0.1, skipped=chosen,
+                       remote="local")
+    (record,) = sent()  # the whole prompt: one session, one request
+    assert record.payload_bytes < 100_000
+    assert sorted(got) == sorted(ref) == sorted((an, v) for an in ("current", "future")
+                                               for v in ("layer", "attention", "mlp", "local"))
+    for k in ref:
+        assert len(got[k]) == 4, k
+        for g, r in zip(got[k], ref[k]):  # E [L, L], O [L], M [L, L], Q [L]
+            assert (g[chosen] - r[chosen]).abs().max() <= 1e-5, k
+            assert g[[s for s in range(L) if s not in chosen]].isnan().all(), k
+        assert ref[k][0][chosen].max() > 0.01 and ref[k][1][chosen].max() > 1e-3, k  # not zero: can fail
+
+    # chapter 06 (and the tuned lens' training): the boundary residuals of a batch, and of every token of one text
+    batch = torch.cat([ids, wrong])
+    rows, positions = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 5, 3, T - 1])
+    ref = boundary_residuals(AdapterStack(adapter), batch).float()[:, rows, positions]  # [L + 1, R, d]
+    got = boundary_residuals_at(nn, paths, batch, rows, positions, remote="local")
+    (record,) = sent()
+    assert got.shape == ref.shape == (L + 1, 4, adapter.d_model) and (got - ref).abs().max() <= 1e-5
+    assert record.result_bytes < 4 * ref.numel() + 4_000  # the kept rows only, not the whole activations
+    assert (ref[1:] - ref[:-1]).abs().max() > 1e-3
+    exs = [Example(id="p/0", prompt=prompt)]
+    ref = collect_residuals_hooked(lm, exs, T)
+    got = collect_residuals(lm, exs, T, remote="local")
+    sent()
+    assert got.shape == ref.shape == (T, L + 1, adapter.d_model) and (got - ref).abs().max() <= 1e-5
+
+    # chapter 05: the erasure means and session (the whole prompt: one request, 31 batched traces)
+    stack = AdapterStack(adapter)
+    mu = mean_residuals(stack, [ids, wrong])
+    got_mu = (boundary_sums(nn, paths, ids, remote="local") + boundary_sums(nn, paths, wrong, remote="local")) / (2 * T)
+    sent(2)
+    assert (got_mu - mu).abs().max() <= 1e-5
+    ref = erasure_map(stack, ids, a, mu, batch_size=T + 1)
+    got = erasure_effects(nn, paths, ids, a, mu, batch_size=T + 1, remote="local")
+    (record,) = sent()
+    assert got.shape == ref.shape == (L + 1, T) and (got - ref).abs().max() <= 1e-5
+    assert ref.max() > 1e-3 and record.result_bytes < 4 * ref.numel() + 4_000  # erasing moves the answer
+
+    # chapter 05: the correctness check (right and wrong answer) and greedy generation
+    for x, right in ((ids, True), (wrong, False)):
+        assert greedy_matches(nn, x, a, remote="local") is teacher_forced_correct(lm, x, a) is right
+    sent(2)
+    prompts = ["Question: 12 + 7 =", "Question: what is 3 times 4?\nAnswer:"]
+    texts = greedy_texts(nn, lm.tokenizer, prompts, 4, remote="local")
+    sent()
+    assert texts == generate_greedy(lm, prompts, 4) and texts[0].strip().startswith("19")
