@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         before = len(strict.REQUESTS)
         norms, skip = smoke(args)
     except LmDepthError as e:
-        print(f"ndif_smoke: {e}", file=sys.stderr)
+        print("\n".join(f"ndif_smoke: {line}" for line in str(e).splitlines()), file=sys.stderr)  # one per problem
         return 2
     from lmdepth.traces.skip_effects import session_forwards
 

@@ -224,6 +224,7 @@ def test_remote_true_is_checked_in_one_line_before_anything_loads(tiny_dirs, mon
     assert "\n" not in str(e.value)
     monkeypatch.setattr(explorer, "load_model", registry.load_model)
     monkeypatch.setattr("nnsight.LanguageModel", lambda *a, **k: pytest.fail("asked the hub for a model"))
+    monkeypatch.setattr("lmdepth.model.ndif._reachable", lambda url, timeout: True)  # network there, key not
     with pytest.raises(RemoteUnavailable, match="NDIF API key") as e:
         explorer.load("meta-llama/Llama-3.1-70B", remote=True)
     assert "\n" not in str(e.value)

@@ -208,6 +208,27 @@ def test_preflight_says_what_is_missing_in_one_line(case, message, monkeypatch):
 
 
 @pytest.mark.unit
+def test_preflight_names_every_missing_piece_it_can_see_at_once(monkeypatch):
+    """No key and no network: one line for each, and NDIF is not asked about hosting or versions."""
+    from nnsight import ndif
+    from nnsight.schema.config import CONFIG
+
+    from lmdepth.model import ndif as pre
+
+    monkeypatch.setattr(CONFIG.API, "APIKEY", None)
+    monkeypatch.delenv("NDIF_API_KEY", raising=False)
+    monkeypatch.setattr(pre, "_reachable", lambda url, timeout: False)
+    asked = []
+    monkeypatch.setattr(ndif, "is_model_running", lambda name: asked.append(name) or True)
+    with pytest.raises(RemoteUnavailable) as e:
+        pre.preflight("meta-llama/Llama-3.1-70B")
+    lines = str(e.value).splitlines()
+    assert [("API key" in line, "hub" in line, "NDIF (" in line) for line in lines] == [
+        (True, False, False), (False, True, False), (False, False, True)]
+    assert asked == []
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("chapter", ["norms", "explorer"])
 def test_remote_true_fails_before_any_kernel_or_model(chapter, monkeypatch, capsys, tmp_path):
     from nnsight.schema.config import CONFIG
@@ -221,10 +242,17 @@ def test_remote_true_fails_before_any_kernel_or_model(chapter, monkeypatch, caps
     import papermill
 
     monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: pytest.fail("started a kernel"))
-    assert cli.main(["run", chapter, "--model", "meta-llama/Llama-3.1-70B", "-p", "remote", "true",
-                     "--results-dir", str(tmp_path)]) == 2
+    from lmdepth.model import ndif
+
+    argv = ["run", chapter, "--model", "meta-llama/Llama-3.1-70B", "-p", "remote", "true", "--results-dir", str(tmp_path)]
+    monkeypatch.setattr(ndif, "_reachable", lambda url, timeout: True)  # the network is there: only the key misses
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "NDIF API key" in err and err.count("error") == 1
+    monkeypatch.setattr(ndif, "_reachable", lambda url, timeout: False)  # and without it: one line per missing piece
+    assert cli.main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 3 and all(line.startswith("lmdepth: error: remote=true") for line in errors)
 
 
 @pytest.mark.unit

@@ -189,12 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``lmdepth`` command: run a subcommand, return the exit status; an error ends in one line."""
+    """The ``lmdepth`` command: run a subcommand, return the exit status; an error ends in one line (one per
+    problem where several were found at once, e.g. the NDIF preflight's)."""
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except LmDepthError as e:
-        print(f"lmdepth: error: {e}", file=sys.stderr)
+        print("\n".join(f"lmdepth: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
     except BrokenPipeError:
         # the reader closed the pipe (`lmdepth list -v | head`): stop quietly, and keep Python's exit-time flush of

@@ -30,19 +30,25 @@ def preflight(model_name: str, timeout: float = 3.0) -> dict[str, Any]:
         The server's versions (for the run's sidecar).
 
     Raises:
-        RemoteUnavailable: one line per failed check, saying what to do.
+        RemoteUnavailable: one line per failed check, saying what to do (key, hub and NDIF are checked together;
+            hosting and versions once those pass).
     """
     from nnsight.schema.config import CONFIG
 
+    # key, hub and NDIF reachability all checked, so a fresh setup learns every missing piece at once (one line
+    # each); the hosting and version checks need all three
+    missing = []
     if not (os.environ.get("NDIF_API_KEY") or CONFIG.API.APIKEY):
-        raise RemoteUnavailable("remote=true needs an NDIF API key: get one at https://login.ndif.us and set "
-                                "NDIF_API_KEY (in Colab: a secret named NDIF_API_KEY), or run with remote=false.")
+        missing.append("remote=true needs an NDIF API key: get one at https://login.ndif.us and set NDIF_API_KEY "
+                       "(in Colab: a secret named NDIF_API_KEY), or run with remote=false.")
     if not _reachable("https://huggingface.co", timeout):
-        raise RemoteUnavailable("remote=true: the Hugging Face hub (huggingface.co) cannot be reached from this "
-                                "machine; NDIF needs the model's config and tokenizer from it. Check the network.")
+        missing.append("remote=true: the Hugging Face hub (huggingface.co) cannot be reached from this machine; "
+                       "NDIF needs the model's config and tokenizer from it. Check the network.")
     if not _reachable(CONFIG.API.HOST, timeout):
-        raise RemoteUnavailable(f"remote=true: NDIF ({CONFIG.API.HOST}) cannot be reached from this machine. Check "
-                                "the network, or NDIF's status page.")
+        missing.append(f"remote=true: NDIF ({CONFIG.API.HOST}) cannot be reached from this machine. Check the "
+                       "network, or NDIF's status page.")
+    if missing:
+        raise RemoteUnavailable("\n".join(missing))
     import nnsight
     from nnsight import ndif
 
