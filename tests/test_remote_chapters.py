@@ -210,7 +210,8 @@ def test_the_offline_simulation_keeps_the_random_init_controls():
 
     models = ["smollm2-135m", "gemma3-270m"]
     assert control_models(models, "local", 20) == control_models(models, False, 20) != []
-    assert control_models(models, True, 20) == []
+    with pytest.warns(UserWarning, match="No random-init controls on NDIF"):
+        assert control_models(models, True, 20) == []
 
 
 # ---- scripts/ndif_smoke.py: the one real NDIF check, tested offline ---------------------------------------------------

@@ -647,7 +647,8 @@ def test_the_bigram_reference_of_chapter_04_is_computed_under_the_strict_server_
     assert (tmp_path / "b" / bigram.ANALYSIS).is_dir()  # computed in the simulated run's own results, not borrowed
     monkeypatch.setattr(bigram, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
     lens_only = units["local"][units["local"].lens != "bigram"]
-    assert bigram.with_baseline(lens_only, [model_dir], **dict(kw, remote=True)) is lens_only
+    with pytest.warns(UserWarning, match="No bigram baseline on NDIF"):
+        assert bigram.with_baseline(lens_only, [model_dir], **dict(kw, remote=True)) is lens_only
 
 
 @pytest.mark.unit
