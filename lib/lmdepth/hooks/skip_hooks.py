@@ -422,8 +422,8 @@ def prompt_effects_naive(
 ) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
     """The reference twin of :func:`prompt_effects` and of :func:`lmdepth.traces.skip_effects.skip_effects`: the
     same results, one full forward pass per intervention; with ``floor`` also the robust means of ``skip_effects``
-    (``(E, O, M, Q)``; M and Q averaged over the cut points). ``parts`` may hold :data:`NUDGE` (the nudge control, with ``directions``
-    [L, D]), which :func:`prompt_effects` does not run."""
+    (``(E, O, M, Q)``; M and Q averaged over the cut points). ``parts`` may hold :data:`NUDGE` (the nudge control,
+    with ``directions`` [L, D]), which :func:`prompt_effects` does not run."""
     L = adapter.n_layers
     clean = clean_pass(adapter, ids, with_probs=True)
     cuts = sorted({t for t in cuts if t > 1})  # t ≤ 1 intervenes nowhere: zero effect (as the fast paths)
