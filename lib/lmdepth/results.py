@@ -401,6 +401,35 @@ def recorded_runs(record_root: str | Path, chapter: str = "*") -> set[Path]:
     return out
 
 
+@dataclass(frozen=True)
+class RecordedCost:
+    """What a finished run's sidecar says it cost (written by :class:`lmdepth.analyses.run.Job`).
+
+    Attributes:
+        units: the run's units (problems, items); NaN for a run older than the units' timing.
+        timed: how many of them have their compute seconds.
+        seconds: those units' compute seconds, whether computed in the finishing execution or read from their
+            checkpoints.
+        wall_s: the wall time of the execution that finished the run (NaN where not recorded).
+    """
+
+    units: float
+    timed: int
+    seconds: float
+    wall_s: float
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> RecordedCost | None:
+        """The cost recorded in ``run_dir``'s sidecar, or None when the run has no sidecar."""
+        meta_path = Path(run_dir) / "meta.json"
+        if not meta_path.exists():
+            return None
+        meta = json.loads(meta_path.read_text())
+        cost = meta.get("unit_compute_s") or {}
+        return cls(units=float(cost.get("units", float("nan"))), timed=int(cost.get("timed", 0)),
+                   seconds=float(cost.get("total", 0.0)), wall_s=float(meta.get("wall_time_s", float("nan"))))
+
+
 def check_recorded(record_root: str | Path, chapters: Iterable[str] | None = None) -> None:
     """Stop, in one line, when a run the book recorded (for ``chapters``, default all) is missing or damaged: the
     pages that read it would otherwise publish fewer rows, or numbers from a cut file.

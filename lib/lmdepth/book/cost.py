@@ -10,7 +10,6 @@ without units (a benchmark) or without unit timings, but only a lower bound for 
 from __future__ import annotations
 
 import ast
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -20,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from lmdepth.errors import LmDepthError
-from lmdepth.results import check_recorded, recorded_runs
+from lmdepth.results import RecordedCost, check_recorded, recorded_runs
 from lmdepth.runtime import REPO_ROOT
 
 COLUMNS = ["chapter", "model", "runs", "units", "timed units", "s / unit", "profile total (min)", "run wall time (min)"]
@@ -38,15 +37,12 @@ def cost_table(results_dir: str | Path, profile: str) -> pd.DataFrame:
     rows = []
     for chapter_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         for run in sorted(recorded_runs(root, chapter_dir.name)):
-            meta_path = run / "meta.json"
-            if not meta_path.exists():
+            cost = RecordedCost.read(run)
+            if cost is None:
                 continue
-            meta = json.loads(meta_path.read_text())
-            cost = meta.get("unit_compute_s") or {}
             # a run without the record (older than the timing) has unknown units: NaN, not 0
-            rows.append({"chapter": chapter_dir.name, "model": run.parent.name, "units": cost.get("units", math.nan),
-                         "timed": cost.get("timed", 0), "seconds": cost.get("total", 0.0),
-                         "wall": meta.get("wall_time_s", math.nan)})
+            rows.append({"chapter": chapter_dir.name, "model": run.parent.name, "units": cost.units,
+                         "timed": cost.timed, "seconds": cost.seconds, "wall": cost.wall_s})
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     g = pd.DataFrame(rows).groupby(["chapter", "model"], sort=False).agg(
