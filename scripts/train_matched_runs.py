@@ -1,7 +1,8 @@
-"""Chapter 07's comparison runs for a fair MoEUT-vs-Transformer check: one learning rate for both architectures
-(1e-3, the largest at which MoEUT trains without overflowing; see ``lmdepth.scratch.training.PRESETS``) and three
-training seeds per (architecture, objective), in the default recipe otherwise. Resumable: each run checkpoints
-every 500 steps and a finished run is skipped, so the script can be stopped and started again across sessions.
+"""Chapter 07's comparison runs for a fair MoEUT-vs-Transformer check (``lmdepth.scratch.training.matched_configs``):
+one learning rate for both architectures (1e-3, the largest at which MoEUT trains without overflowing) and three
+training seeds per (architecture, objective), in the default recipe otherwise; chapter 07 reads every finished one.
+Resumable: each run checkpoints every 500 steps and a finished run is skipped, so the script can be stopped and
+started again across sessions.
 
     .venv/bin/python scripts/train_matched_runs.py            # the whole queue, in order
     .venv/bin/python scripts/train_matched_runs.py --list     # each run's key and state, nothing trained
@@ -23,14 +24,11 @@ import fcntl
 import time
 from pathlib import Path
 
-from lmdepth.scratch.training import run_config, run_dir, train_run
+from lmdepth.scratch.training import matched_configs, run_dir, train_run
 
-LR = 1e-3
-SEEDS = (0, 1, 2)
-#: Answer-only first (the comparison the chapter's headline rows make), the Transformer first (it decides whether
-#: the arms can reach matched competence at this learning rate).
-QUEUE = [(arch, objective, seed) for objective in ("answer_only", "lm")
-         for seed in SEEDS for arch in ("transformer", "moeut")]
+#: (arch, objective, seed, config) in training order: answer-only first (the objective of the chapter's headline
+#: rows), the Transformer first (it decides whether the arms reach matched competence at this learning rate).
+QUEUE = [(c.arch, c.objective, c.seed, c) for c in matched_configs("default")]
 
 
 def main() -> None:
@@ -47,9 +45,8 @@ def main() -> None:
         queue = [r for r in QUEUE if (r[0], r[1], str(r[2])) in wanted]
         if len(queue) != len(wanted):
             ap.error(f"--only names runs of the queue as ARCH:OBJECTIVE:SEED, one of: "
-                     f"{', '.join(f'{a}:{o}:{s}' for a, o, s in QUEUE)}")
-    for arch, objective, seed in queue:
-        cfg = run_config("default", arch, objective, lr=LR, seed=seed, threads=1)
+                     f"{', '.join(f'{a}:{o}:{s}' for a, o, s, _ in QUEUE)}")
+    for _, _, seed, cfg in queue:
         rd = run_dir(cfg, args.checkpoint_dir)
         state = "finished" if (rd / "model.pt").exists() else ("started" if (rd / "ckpt.pt").exists() else "to do")
         if args.list:

@@ -69,6 +69,47 @@ def test_trained_runs_are_four_and_reloaded_from_checkpoints(runs):
 
 
 @pytest.mark.unit
+def test_the_comparison_runs_share_one_rate_three_seeds_and_moeuts_seed_0_is_the_chapters_run():
+    configs = tr.matched_configs("default")
+    assert {c.lr for c in configs} == {tr.MATCHED_LR}
+    assert sorted((c.arch, c.objective, c.seed) for c in configs) == sorted(
+        (a, o, s) for a in tr.ARCHS for o in tr.OBJECTIVES for s in tr.MATCHED_SEEDS)
+    for objective in tr.OBJECTIVES:  # the chapter's text: "MoEUT's seed-0 runs are the runs above"
+        own = tr.run_dir(tr.run_config("default", "moeut", objective), "x").name
+        assert own in {tr.run_dir(c, "x").name for c in configs}
+        assert tr.run_dir(tr.run_config("default", "transformer", objective), "x").name not in {
+            tr.run_dir(c, "x").name for c in configs}  # the Transformer's own runs train at another rate
+
+
+@pytest.mark.integration
+def test_matched_runs_read_finished_comparison_runs_and_report_the_rest(tmp_path, monkeypatch):
+    from lmdepth.claims.scratch_claims import RUNS, SUBJECT, comparable, units_of
+
+    configs = [tr.run_config("smoke", "transformer", "answer_only", lr=tr.MATCHED_LR, seed=s, **SMALL)
+               for s in (0, 1, 2)]
+    monkeypatch.setattr(sa, "matched_configs", lambda profile: configs)
+    ck, data_dir = tmp_path / "ck", tmp_path / "data"
+    tr.train_run(configs[0], ck, data_dir=data_dir, progress=False)
+    assert tr.train_run(configs[1], ck, data_dir=data_dir, stop_after=2, progress=False) is None  # interrupted
+    runs, states = sa.matched_runs("smoke", ck)
+    assert list(runs) == ["transformer-answer_only seed 0"] and runs["transformer-answer_only seed 0"].name == RUNS[3]
+    assert states.state.tolist() == ["finished", "training", "not trained"]
+    assert states.steps.tolist() == ["4 of 4", "2 of 4", "0 of 4"]
+    splits = sa.evaluation_splits(tr.load_data(configs[0], data_dir))
+    per_example = sa.evaluate_runs(runs, splits)
+    assert set(per_example.run) == {RUNS[3]} and set(per_example.train_seed) == {0}
+    table = scratch_page.matched_table(states, per_example)
+    interpolate = per_example[per_example.split == "interpolate"].correct.mean()
+    assert table["exact match interpolate"].tolist() == [f"{interpolate:.1%}", "—", "—"]
+    assert table.state.tolist() == states.state.tolist()
+    ok, why = comparable(RUNS[3:])(units_of(per_example), SUBJECT)
+    assert not ok and "1 training seed, at least 3 needed" in why
+    empty = sa.evaluate_runs({}, splits)  # nothing finished: an empty table of the same columns
+    assert empty.empty and list(empty.columns) == list(sa.EVALUATION_COLUMNS)
+    assert scratch_page.matched_table(states.iloc[1:], empty)["exact match extrapolate"].tolist() == ["—", "—"]
+
+
+@pytest.mark.unit
 def test_wilson_interval_known_values():
     lo, hi = wilson_interval(0, 10)
     assert lo == 0 and hi == pytest.approx(0.2775, abs=1e-4)

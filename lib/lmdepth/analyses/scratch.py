@@ -46,8 +46,10 @@ from lmdepth.scratch.training import (
     OBJECTIVES,
     PRESETS,
     load_trained,
+    matched_configs,
     run_config,
     run_dir,
+    safe_load,
     train_run,
 )
 
@@ -155,7 +157,35 @@ def trained_runs(profile: str, checkpoint_dir: str | Path, data_dir: str | Path,
     return runs
 
 
+def matched_runs(profile: str, checkpoint_dir: str | Path, device: str = "cpu"
+                 ) -> tuple[dict[str, TrainedRun], pd.DataFrame]:
+    """Chapter 07's comparison runs (:func:`~lmdepth.scratch.training.matched_configs`) that are finished, keyed
+    ``"<run> seed <s>"`` (each run's ``name`` stays ``<arch>-<objective>``), and the state of every planned run:
+    ``run, seed, lr, state, steps`` (state ``finished``, ``training`` with the step of its last checkpoint, or ``not
+    trained``). Looked up like :func:`trained_runs`, but never trained here: the twelve runs take ~20 CPU-hours
+    (``scripts/train_matched_runs.py``)."""
+    runs, rows = {}, []
+    for cfg in matched_configs(profile):
+        folder = run_dir(cfg, checkpoint_dir)
+        path = finished_model(folder.name, checkpoint_dir)
+        if path is not None:
+            model, tok, meta = load_trained(path, device=device)
+            runs[f"{cfg.name} seed {cfg.seed}"] = TrainedRun(cfg.name, cfg.arch, cfg.objective, model, tok, meta, path)
+            state, step = "finished", cfg.steps
+        elif (folder / "ckpt.pt").is_file():
+            state, step = "training", int(safe_load(folder / "ckpt.pt")["step"])
+        else:
+            state, step = "not trained", 0
+        rows.append(dict(run=cfg.name, seed=cfg.seed, lr=cfg.lr, state=state, steps=f"{step:,} of {cfg.steps:,}"))
+    return runs, pd.DataFrame(rows)
+
+
 # ---- accuracy -------------------------------------------------------------------------------------------------
+
+
+#: The columns of :func:`evaluate_runs` (also of its empty table, when no run is given).
+EVALUATION_COLUMNS = ("split", "module", "n_operations", "question", "answer", "correct", "answer_nll", "run", "arch",
+                      "objective", "lr", "train_seed")
 
 
 def evaluate_runs(runs: dict[str, TrainedRun], splits: dict[str, list[MathExample]], device: str = "cpu",
@@ -164,13 +194,13 @@ def evaluate_runs(runs: dict[str, TrainedRun], splits: dict[str, list[MathExampl
     answer_nll``, and the run's training ``lr`` and ``train_seed`` (a fair comparison needs one learning rate and
     several seeds: :mod:`lmdepth.claims.scratch_claims`)."""
     frames = []
-    for name, r in runs.items():
+    for r in runs.values():
         cfg = r.meta.get("train_config", {})
         for split, examples in splits.items():
             df = evaluate(r.model, r.tok, examples, device=device)
-            frames.append(df.assign(run=name, arch=r.arch, objective=r.objective, split=split,
+            frames.append(df.assign(run=r.name, arch=r.arch, objective=r.objective, split=split,
                                     lr=cfg.get("lr", float("nan")), train_seed=cfg.get("seed", -1)))
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=EVALUATION_COLUMNS)
 
 
 def accuracy_summary(per_example: pd.DataFrame) -> pd.DataFrame:

@@ -1,5 +1,6 @@
 """Claims of paper Fig. 9 (chapter 07): not modelling the question helps MoEUT extrapolate, more than it helps a
-Transformer. Checked on the per-problem evaluation of the four runs (:func:`lmdepth.analyses.scratch.evaluate_runs`).
+Transformer. Checked on the per-problem evaluation (:func:`lmdepth.analyses.scratch.evaluate_runs`) of the
+comparison runs (:func:`lmdepth.scratch.training.matched_configs`: one learning rate, three training seeds per run).
 
 Unit: the problem of the extrapolation split; all runs answer the same problems, so the runs are paired within a
 problem and problems are resampled jointly (a run trained with several seeds enters as its per-problem mean over
@@ -61,7 +62,8 @@ def paired(column: str) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
         u = units[(units.model == model) & (units.split == "extrapolate")]
         if u.empty:
-            raise DataError(f"No extrapolation results for {model!r}: evaluate the four runs first.")
+            raise DataError(f"No extrapolation results for {model!r}: none of the compared runs is finished "
+                            "(scripts/train_matched_runs.py trains them).")
         return u.pivot_table(index="unit", columns="run", values=column, aggfunc="mean").reindex(columns=list(RUNS))
 
     return values

@@ -210,6 +210,23 @@ def run_config(profile: str, arch: str, objective: str, **overrides: Any) -> Tra
                        **{**p["train"], **p.get(f"train_{arch}", {}), **overrides})
 
 
+#: Chapter 07's comparison runs (:func:`matched_configs`): one learning rate for both architectures (1e-3, the
+#: largest at which MoEUT trains without overflowing; the ``default`` preset trains the Transformer at 2e-3) and three
+#: training seeds per (architecture, objective), so that the claims compare architectures, not learning rates or
+#: one lucky seed.
+MATCHED_LR = 1e-3
+MATCHED_SEEDS = (0, 1, 2)
+
+
+def matched_configs(profile: str = "default") -> list[TrainConfig]:
+    """Chapter 07's comparison runs of ``profile``, in training order: answer-only first (the objective of the
+    chapter's headline rows), then seed by seed, the Transformer before MoEUT. In the ``default`` profile MoEUT's
+    seed-0 runs are the chapter's own runs. Trained by ``scripts/train_matched_runs.py`` (hours on a CPU), never by
+    the book."""
+    return [run_config(profile, arch, objective, lr=MATCHED_LR, seed=seed, threads=1)
+            for objective in ("answer_only", "lm") for seed in MATCHED_SEEDS for arch in ("transformer", "moeut")]
+
+
 # ---- data ------------------------------------------------------------------------------------------------------
 
 def load_data(cfg: TrainConfig, cache_dir: str | Path) -> MathData:
