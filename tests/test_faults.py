@@ -368,6 +368,23 @@ def test_a_same_size_edit_with_the_mtime_restored_is_seen(tmp_path, monkeypatch)
     assert dir_fingerprint(d) != before
 
 
+def test_a_training_run_that_finishes_outside_the_book_re_executes_chapter_07_only(tmp_path, monkeypatch):
+    """Chapter 07's comparison runs are trained by a script, not the book: a finished one must make the stored page
+    stale (else the book keeps serving verdicts without it); a checkpoint of an unfinished one must not."""
+    from lmdepth.book import build
+
+    monkeypatch.setattr(build, "REPO_ROOT", tmp_path)
+    before = {c: build.build_hash(c, "default") for c in ("moeut", "norms")}
+    run = tmp_path / "checkpoints" / "dm_math" / "moeut-lm-0123456789ab"
+    run.mkdir(parents=True)
+    (run / "ckpt.pt").write_bytes(b"step 500")
+    assert build.build_hash("moeut", "default") == before["moeut"]
+    (run / "model.pt").write_bytes(b"weights")
+    (run / "meta.json").write_text('{"steps": 16000}')
+    assert build.build_hash("moeut", "default") != before["moeut"]
+    assert build.build_hash("norms", "default") == before["norms"]
+
+
 # ---- the count on the Reproducibility page ------------------------------------------------------------------------
 
 def test_the_page_counts_the_cases_pytest_collects():

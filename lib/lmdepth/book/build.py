@@ -45,11 +45,17 @@ def book_record_root(results_dir: str | Path, profile: str) -> Path:
     return Path(results_dir) / "book" / Path(profile).stem
 
 
+#: Inputs of a chapter beyond the library and its profile, as globs under the repository: chapter 07 reads every
+#: finished training run (its comparison runs are trained outside the book, so a run that finishes must re-execute it).
+CHAPTER_INPUTS = {"moeut": ("checkpoints/dm_math/*/meta.json",)}
+
+
 def build_hash(chapter: str, profile: str) -> str:
     """Hash of everything that can change a chapter's executed output."""
     h = hashlib.sha256()
     files = [chapter_source(chapter), profiles_dir() / f"{profile}.yaml", REPO_ROOT / "requirements.txt"]
     files += sorted((REPO_ROOT / "lib" / "lmdepth").rglob("*.py"))
+    files += sorted(f for pattern in CHAPTER_INPUTS.get(chapter, ()) for f in REPO_ROOT.glob(pattern))
     for f in files:
         if f.exists():
             h.update(str(f.relative_to(REPO_ROOT) if f.is_relative_to(REPO_ROOT) else f.name).encode())
