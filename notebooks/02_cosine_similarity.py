@@ -128,7 +128,8 @@ across_models(all_tables, "cosine", "Mean cosine similarity", ["attention", "mlp
 #
 # From the claims registry (`lmdepth.claims`), each model beside a random-init model of its own architecture on the
 # same problems; a check counts only when the paired interval of (model − twin) excludes 0. For the transition's
-# depth, a twin without a sustained sign change lacks the pattern altogether, which tells the model from it.
+# depth, a twin without a sustained sign change has no transition to compare with, so that row has no valid control
+# (whether the model's sign change beats the twin's is the sign-change row's question, counted there once).
 
 # %% tags=["hide-input"]
 md(report.describe("cosine"))

@@ -283,7 +283,8 @@ if benchmark and remote is False:  # a timing of this machine; CPU time is the f
 # - **The cutoff.** The figures' cutoff (max over problems, the chapter's `threshold`) cannot exceed L − 1, since
 #   the last layer has no later layer; the registry's cutoff leaves that layer out and is L ("none") when layer
 #   L − 2 still feeds forward. It moves with the threshold, so it is reported here and not counted on the findings
-#   page.
+#   page; where half or more of a model's (or its control's) problems have no cutoff of their own, the cutoff of
+#   their mean is pinned at "none" and the row is not testable (saturated), or has no valid control.
 # - **Controls** are not in the paper. The later-effect checks are paired with a random-init twin; the output
 #   change with a random nudge of the skip's size on the same model (the twin's output change is too small in both
 #   halves to make a ratio, and is shown as a reference only). The nudge's directions are standard normal draws of

@@ -299,9 +299,11 @@ md(page.averaging_md(all_tables, models, tuned=tuned_lens))
 #   still improving, the tuned lens' settling depths are upper bounds.
 # - **Scalar summaries (beyond the paper)** from arXiv 2512.14064, and bootstrap intervals over problems.
 # - **Verdicts (beyond the paper).** Settling depths are searched from layer 2 (the book's convention on layers
-#   0–1), a lens that never settles before the output counts against the claim (it says nothing about *late*
-#   settling), and the tuned lens must beat the count-bigram baseline by 0.2 in top-5 overlap: with the plain 0.2
-#   level the tuned-lens check could not pass, because a bigram table alone exceeds it.
+#   0–1); a lens that never settles before the output says nothing about *late* settling, and where half or more
+#   of the problems' own curves never settle, the settling depth of their mean is pinned at 1.0 and cannot move:
+#   the row is not testable (saturated), and a twin like that is no valid control. The tuned lens must beat the
+#   count-bigram baseline by 0.2 in top-5 overlap: with the plain 0.2 level the tuned-lens check could not pass,
+#   because a bigram table alone exceeds it.
 #
 # ## Summary and environment
 

@@ -145,7 +145,7 @@ for cid, (analysis, metric, side) in SKIP.items():
     }
 SCENARIOS["skipping.future_cutoff"] = {
     "agrees": ("skip", {("future", "later_effect"): feeds_until(4)}),
-    "disagrees": ("skip", {("future", "later_effect"): feeds_until(10)}),
+    "disagrees": ("skip", {("future", "later_effect"): feeds_until(9)}),  # 10: L−2 feeds, no cutoff (saturated)
     "inconclusive": ("skip", {("future", "later_effect"): mixed_feeding}),
 }
 
@@ -362,30 +362,18 @@ def test_a_transition_depth_needs_a_sign_change():
     assert row.state == "not testable" and "sustained sign change" not in row.reason and "cosine.sign_change" in row.reason
 
 
-def test_a_control_without_the_required_pattern_is_told_apart_by_the_required_claims_paired_interval():
-    """A twin with no sign change has no depth of it: the transition-depth row takes the paired interval of the sign
-    change itself (which must exclude 0), so every counted row shows a paired interval."""
+def test_a_control_without_the_required_pattern_is_no_valid_control_and_nothing_is_counted_twice():
+    """A twin with no sign change has no depth of it: the transition-depth row has nothing to compare the model's
+    depth with, so it is shown and not counted (the sign change itself counts once, on its own row)."""
     metric, curves = SCENARIOS["cosine.mid_depth"]["agrees"]
     _, flat = SCENARIOS["cosine.sign_change"]["disagrees"]  # cosines rise but never change sign
     rows = report.check("cosine", units("m", metric, curves), ["m"],
                         units(control_name("m"), metric, flat, seed=1)).set_index("claim_id")
     sign, depth = rows.loc["cosine.sign_change"], rows.loc["cosine.mid_depth"]
-    assert (depth.state, depth.control_state, depth.counted_as) == ("agrees", "not testable", "agrees")
-    assert (depth.paired_diff, depth.paired_low, depth.paired_high) == (sign.paired_diff, sign.paired_low,
-                                                                        sign.paired_high)
-    assert sign.paired_low > 0 and "lacks the pattern" in depth.side and depth.paired_of == "cosine.sign_change"
-    # the pattern's interval must lie on the paper's side: a control beyond the model on the sign change itself (e.g.
-    # a noisy twin, inconclusive on it, with the larger margin) tells nothing about the model's transition
-    from lmdepth.claims.spec import Decided, evaluate
-    from lmdepth.metrics.verdicts import Paired
-
-    real, ctrl = units("m", metric, curves), units(control_name("m"), metric, flat, seed=1)
-    decided = Decided()
-    evaluate(REGISTRY["cosine.sign_change"], real, "m", ctrl, control_name("m"), decided)
-    assert decided.paired[("cosine.sign_change", "m")][1]  # this model is beyond its twin, on the paper's side
-    decided.paired[("cosine.sign_change", "m")] = (Paired(-0.1, -0.15, -0.05, 20), False)  # ... and if it were not
-    row = evaluate(REGISTRY["cosine.mid_depth"], real, "m", ctrl, control_name("m"), decided)
-    assert row["control_valid"] and not row["discriminates"] and "beyond the model" in row["side"]
+    assert sign.paired_low > 0 and sign.counted_as == "agrees"  # the pattern beats its control, counted once
+    assert (depth.state, depth.control_state) == ("agrees", "not testable")
+    assert not depth.control_valid and depth.counted_as == "no valid control"
+    assert "lacks the pattern" in depth.control_note and not np.isfinite(depth.paired_low)
 
 
 def test_a_comparison_built_into_the_statistic_shows_its_interval_as_the_paired_one():
@@ -454,7 +442,9 @@ def test_a_flat_control_can_never_produce_a_verdict(claim_id, state):
                        _flat_control(claim_id)).set_index("claim_id").loc[claim_id]
     if row.state == "not testable":  # e.g. a transition depth without a sign change
         return
-    assert row.counted_as == "no valid control" and "flat across layers" in row.control_note, row.control_note
+    # a flat curve is caught as flat, or — for a settling depth, which it pins at "never" — as saturated
+    assert row.counted_as == "no valid control" and ("flat across layers" in row.control_note
+                                                     or "saturated" in row.control_note), row.control_note
 
 
 def test_the_statistic_on_all_problems_is_the_published_token_weighted_mean():
@@ -596,22 +586,33 @@ def test_the_output_change_is_paired_with_the_nudge_of_the_same_model():
     assert output_change_table(verdicts, real, None, ["m"]).iloc[0]["nudge of the same size (control)"] == "—"
 
 
-def test_a_lens_that_never_settles_is_not_a_late_settler():
+def test_a_lens_that_never_settles_is_not_a_late_settler_but_saturated():
+    """A depth pinned at 1.0 because the problems' own curves never settle cannot move: not testable, whatever
+    the rule; with fewer than half of them never settling the depth of the mean decides."""
     row = verdict_of("lens.logit_overlap_mid", lens_units("m", {("logit_lens", "top5_overlap"): rises_at(12)}))
-    assert row.state == "disagrees" and row.estimate == 1.0
+    assert row.state == "not testable" and "saturated: 100%" in row.reason
+    assert "saturated: 50%" in verdict_of("lens.logit_kl_mid", lens_units("m", {("logit_lens", "kl"): alternating(
+        lambda r: np.full(L, 5.0), rises_at(7, 5.0, 0.1))})).reason
+    few = lens_units("m", {("logit_lens", "top5_overlap"): lambda r: (rises_at(12) if r.random() < 0.2 else
+                                                                      rises_at(7))(r)})
+    decided = verdict_of("lens.logit_overlap_mid", few)
+    assert decided.state == "agrees" and 0 < decided.at_bound < 0.5
 
 
 def test_the_lens_control_is_the_twin_read_by_the_same_lens():
-    """A trained model that settles at mid-depth against a twin whose lens never settles: paired over problems,
-    the model settles earlier than its control; a twin that settles like the model does not discriminate."""
+    """A trained model that settles at mid-depth against a twin whose lens settles later: paired over problems,
+    the model settles earlier than its control; a twin that settles like the model does not discriminate, and a twin
+    whose lens never settles (its depth pinned at 1.0) is no valid control."""
     real = lens_units("m", {("logit_lens", "top5_overlap"): rises_at(7)})
+    late = lens_units(control_name("m"), {("logit_lens", "top5_overlap"): rises_at(10, sd=0.02)}, seed=1)
+    like = lens_units(control_name("m"), {("logit_lens", "top5_overlap"): rises_at(7, sd=0.02)}, seed=1)
     never = lens_units(control_name("m"), {("logit_lens", "top5_overlap"):
                                            lambda r: np.linspace(0, 0.15, L) + r.normal(0, 0.01, L)})
-    like = lens_units(control_name("m"), {("logit_lens", "top5_overlap"): rises_at(7, sd=0.02)}, seed=1)
-    a = report.check("lens", real, ["m"], never).set_index("claim_id").loc["lens.logit_overlap_mid"]
-    b = report.check("lens", real, ["m"], like).set_index("claim_id").loc["lens.logit_overlap_mid"]
-    assert (a.state, a.control_state, a.counted_as) == ("agrees", "disagrees", "agrees") and a.paired_diff < 0
+    a, b, c = (report.check("lens", real, ["m"], ctrl).set_index("claim_id").loc["lens.logit_overlap_mid"]
+               for ctrl in (late, like, never))
+    assert (a.state, a.control_state, a.counted_as) == ("agrees", "agrees", "agrees") and a.paired_diff < 0
     assert (b.state, b.counted_as) == ("agrees", "not discriminating")
+    assert c.counted_as == "no valid control" and "saturated" in c.control_note
 
 
 def test_the_kl_level_ignores_the_layers_the_search_skips():

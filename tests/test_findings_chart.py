@@ -138,9 +138,10 @@ def test_an_old_verdict_record_is_drawn_without_its_missing_columns(verdicts, tm
     assert not np.isnan(rows.n).any()
 
 
-def test_a_borrowed_interval_is_named_not_placed_on_another_claims_scale():
-    """A twin without a sign change has no transition depth: the depth row carries the sign change's paired interval
-    (cosine units), which the forest plot names in a note instead of placing it on the depth's scale."""
+def test_a_control_without_the_required_pattern_places_no_interval():
+    """A twin without a sign change has no transition depth: the depth row has no valid control, so the forest plot
+    places no difference for it (and never another claim's interval, on another scale), while the sign change's
+    own row keeps its paired interval."""
     from test_claims import SCENARIOS
 
     metric, curves = SCENARIOS["cosine.mid_depth"]["agrees"]
@@ -148,6 +149,6 @@ def test_a_borrowed_interval_is_named_not_placed_on_another_claims_scale():
     v = report.check("cosine", units("m", metric, curves), ["m"], units(control_name("m"), metric, flat, seed=1))
     t = forest_table(v)
     row = t[(t.kind == "row") & (t.claim_id == "cosine.mid_depth") & (t.panel == "control")].iloc[0]
-    assert row.note == "control lacks the pattern: see cosine.sign_change"
+    assert row.note == "no valid control" and not (np.isfinite(row.lo) or np.isfinite(row.hi))  # x: the note's place
     sign = t[(t.kind == "row") & (t.claim_id == "cosine.sign_change") & (t.panel == "control")].iloc[0]
     assert sign.note == "" and np.isfinite(sign.x)

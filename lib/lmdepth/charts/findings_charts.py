@@ -46,8 +46,7 @@ CHAPTER_TITLES = {key: nb.replace("_", " ") for nb, key in CHAPTER_KEYS.items()}
 def _test(r) -> str:
     """The discrimination test in one line, for the tooltip."""
     if r.control_kind == PAIRED:
-        of = f" on '{r.paired_of}' (the control lacks its pattern)" if r.paired_of else ""
-        return f"model − control{of} {interval(r.paired_diff, r.paired_low, r.paired_high)}"
+        return f"model − control {interval(r.paired_diff, r.paired_low, r.paired_high)}"
     if r.control_kind == PERMUTATION:
         return (f"real − null median {interval(r.paired_diff, np.nan, np.nan)}; null 95 % "
                 f"[{r.control_ci_low:.3g}, {r.control_ci_high:.3g}], p = {r.p_value:.3g}")
@@ -63,8 +62,6 @@ def _right_note(r) -> str:
     """What the control panel says where it has no difference to place."""
     if r.state == "not testable":
         return "not testable"
-    if r.paired_of:  # another claim's interval, on another scale: named, not placed
-        return f"control lacks the pattern: see {r.paired_of}"
     if r.control_kind == BUILT_IN and r.control_valid:
         return "control built into the statistic"
     if r.control_kind == "":
@@ -111,8 +108,7 @@ def forest_table(verdicts: pd.DataFrame) -> pd.DataFrame:
                          "note": ["" if np.isfinite(e) else "not testable" for e in v["estimate"]]})
     # a comparison built into the statistic is itself a paired difference (or, with a positive control, real −
     # alternative on the same units): drawn like a twin's
-    # (a row carrying another claim's interval, ``paired_of``, is on that claim's scale: a note names it instead)
-    paired = v["control_kind"].isin([PAIRED, BUILT_IN]) & tested & (v["paired_of"] == "")
+    paired = v["control_kind"].isin([PAIRED, BUILT_IN]) & tested
     # a permutation row: the real statistic minus the null's median, and the null's central 95 % shifted likewise
     ctrl = pd.DataFrame({"x": v["paired_diff"].where((paired | perm) & tested),
                          "lo": v["paired_low"].where(paired), "hi": v["paired_high"].where(paired),

@@ -24,12 +24,12 @@ _DEFAULTS: dict[str, object] = {
     "control": "", "control_model": "", "headline": True, "counted_as": "", "control_kind": "", "control_note": "",
     "control_state": "", "control_valid": False, "control_estimate": np.nan, "control_ci_low": np.nan,
     "control_ci_high": np.nan, "paired_diff": np.nan, "paired_low": np.nan, "paired_high": np.nan, "p_value": np.nan,
-    "side": "", "paired_of": "",
+    "side": "",
 }
 _NUMERIC = ("n", "estimate", "ci_low", "ci_high", "control_estimate", "control_ci_low", "control_ci_high",
             "paired_diff", "paired_low", "paired_high", "p_value")
 _TEXT = ("figure", "rule", "reason", "control", "control_model", "counted_as", "control_kind", "control_note",
-         "control_state", "side", "paired_of")
+         "control_state", "side")
 
 
 def _text(v: object) -> str:
@@ -277,15 +277,12 @@ def _beyond(verdicts: pd.DataFrame) -> str:
         return ""
     side = agree["side"].fillna("").astype(str)
     alternative = side.str.contains("the alternative")
-    lacks = side.str.startswith("the control lacks")
     groups = [((side.str.startswith("beyond") & ~alternative).sum(), "lie beyond their control on the paper's side"),
               (side.str.startswith("short").sum(), "short of it (the control, e.g. an untrained twin or a "
                                                      "random nudge, shows the pattern more strongly)"),
               (side.str.match(r"(earlier|later) than").sum(), "settle earlier or later than their control "
                                                                 "(a window rule)"),
-              (alternative.sum(), "beat the alternative the statistic itself compares with"),
-              (lacks.sum(), "rest on a control that lacks the pattern the claim needs (the paired interval of that "
-                            "pattern tells them apart)")]
+              (alternative.sum(), "beat the alternative the statistic itself compares with")]
     rest = len(agree) - sum(int(n) for n, _ in groups)
     parts = [f"{int(n)} {what}" for n, what in groups if n] + ([f"{rest} other"] if rest else [])
     return f" Of the {len(agree)} agreements, " + ", ".join(parts) + "."

@@ -3,7 +3,9 @@
 Unit: the problem (its mean over the evaluated positions). A *settling depth* is l / L of the first layer l ≥ 2
 (layers 0–1 left out, the book's convention) at which the mean-over-problems curve meets the criterion; 1.0 when
 no layer before the output does. The paper's side is "at or after mid-depth, and before the output": a lens
-that never settles is not evidence that the prediction settles late.
+that never settles is not evidence that the prediction settles late. Where most problems' own curves never settle
+(:data:`NEVER`), the depth of their mean is pinned at 1.0 and cannot move: the row is not testable (saturated), and
+a control like that is no valid control.
 
 Control: the random-init twin (:func:`lmdepth.model.random_init.control_name`) read by the same lens on the same
 problems — a model run whose curves can vary. Discrimination is the paired interval of (trained − twin) settling
@@ -18,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
+from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec, units_at_ceiling
 from lmdepth.errors import DataError
 from lmdepth.metrics.verdicts import Rule, ratio_of_means
 
@@ -26,6 +28,7 @@ OVERLAP = 0.2  # top-5 overlap level (arXiv 2512.14064)
 KL_FRACTION = 0.1  # KL below this fraction of its largest value (arXiv 2512.14064)
 MARGIN = 0.2  # tuned lens: top-5 overlap above the bigram baseline's by this much
 SETTLES = Rule(0.5, "between", 0.99)  # at or after mid-depth, before the output
+NEVER = "at 1.0 (their own curve settles at no layer before the output)"
 TWIN = ("the random-init twin (same architecture, weights never trained) read by the same lens on the same problems: "
         "how early an untrained stack's lens 'agrees' with its own output")
 TWIN_TUNED = (TWIN + "; for the tuned lens, one trained on the twin the same way, on the same tokens, and its own "
@@ -95,6 +98,10 @@ _HISTORY = ("2026-11-23: decided from the interval of a settling depth over prob
             "'disagreed'); the bigram stays as a reference line.")
 _TUNED_HISTORY = ("2026-11-26: the tuned-lens rows' control is a tuned lens trained on the random-init twin (was: "
                   "none in the default build, so these rows had no valid control).",)
+_SATURATION_HISTORY = ("2026-11-27: a settling depth is not testable (saturated) when ≥ 50 % of the problems' own curves "
+                       "never settle before the output (was: the depth of the mean curve decided even when it was "
+                       "pinned at 1.0; SmolLM2's KL row was 'disagrees' at 1.0 [1.0, 1.0] with 100 % of its problems "
+                       "never settling).",)
 _KL_HISTORY = ("2026-11-26: the KL level is a fraction of the largest KL over the layers searched (from layer 2; "
                "was: over all layers, so a huge layer-0 KL set the bar).",)
 
@@ -104,14 +111,17 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         statement="The logit lens' prediction agrees with the output only from mid-depth on.",
         statistic=f"depth: l / L of the first layer where the mean top-5 overlap with the output exceeds {OVERLAP:g}",
         unit="problem", rule=SETTLES, values=curve("logit_lens", "top5_overlap"),
-        reduce=_overlap_depth(EARLY_LAYERS), with_early=_overlap_depth(0), control=TWIN, history=_HISTORY),
+        reduce=_overlap_depth(EARLY_LAYERS), with_early=_overlap_depth(0), control=TWIN,
+        saturation=units_at_ceiling(_overlap_depth(EARLY_LAYERS), 1.0, NEVER), history=_HISTORY + _SATURATION_HISTORY),
     ClaimSpec(
         id="lens.logit_kl_mid", chapter="lens", figure="Fig. 4", claim="logit lens: KL first falls below 10 % of its maximum at or after mid-depth",
         statement="The logit lens' KL to the output falls only from mid-depth on.",
         statistic=f"depth: l / L of the first layer (≥ 2) where the mean KL(P_lens ‖ P_final) is below "
                   f"{KL_FRACTION:g} × its largest value over layers 2…L−1",
         unit="problem", rule=SETTLES, values=curve("logit_lens", "kl"),
-        reduce=_kl_depth(EARLY_LAYERS), with_early=_kl_depth(0), control=TWIN, history=_HISTORY + _KL_HISTORY),
+        reduce=_kl_depth(EARLY_LAYERS), with_early=_kl_depth(0), control=TWIN,
+        saturation=units_at_ceiling(_kl_depth(EARLY_LAYERS), 1.0, NEVER),
+        history=_HISTORY + _KL_HISTORY + _SATURATION_HISTORY),
     ClaimSpec(
         id="lens.tuned_over_bigram_mid", chapter="lens", figure="Fig. 4 (tuned lens)",
         claim="tuned lens: first beats the bigram baseline by 0.2 at or after mid-depth",
@@ -120,9 +130,10 @@ CLAIMS: tuple[ClaimSpec, ...] = (
                   f"{MARGIN:g}",
         unit="problem", rule=SETTLES, values=curve("tuned_lens", "top5_overlap", with_bigram=True),
         reduce=_tuned_over_bigram(EARLY_LAYERS), with_early=_tuned_over_bigram(0), control=TWIN_TUNED,
+        saturation=units_at_ceiling(_tuned_over_bigram(EARLY_LAYERS), 1.0, NEVER),
         history=_HISTORY[1:] + ("2026-11-23: replaces 'the tuned lens' top-5 overlap first exceeds 0.2 at l/L ≥ 0.5', which could "
                  "not pass: at layer 0 the tuned lens is a bigram model, and a count-bigram table already exceeds "
-                 "0.2.",) + _TUNED_HISTORY),
+                 "0.2.",) + _TUNED_HISTORY + _SATURATION_HISTORY),
     ClaimSpec(
         id="lens.tuned_first_half_little", chapter="lens", figure="Fig. 4 (tuned lens)",
         claim="tuned lens: the first half does little",

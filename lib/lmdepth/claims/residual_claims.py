@@ -107,7 +107,10 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         unit="problem", rule=Rule(0.25, "between", 0.75), values=token_weighted("cosine", ("attention", "mlp", "layer")),
         reduce=_transition_depth, requires="cosine.sign_change", control=RANDOM_INIT,
         history=("2026-11-23: the transition is the change point of the sustained sign change, decided from its "
-                 "interval (was: the last crossing of zero of the mean cosine, a point estimate).",)),
+                 "interval (was: the last crossing of zero of the mean cosine, a point estimate).",
+                 "2026-11-27: a twin without a sustained sign change has no transition depth to compare with, so the "
+                 "row has no valid control (was: it borrowed the paired interval of 'cosine.sign_change', which "
+                 "counted that one comparison twice; Qwen's row was counted 'agrees' that way).")),
     ClaimSpec(
         id="cosine.second_half_reinforces", chapter="cosine", figure="Fig. 2b", claim="second half reinforces more",
         statement="Second-half layers align their writes with the residual more than first-half layers do.",

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
+from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec, units_at_ceiling
 from lmdepth.errors import DataError
 from lmdepth.hooks.skip_hooks import NUDGE
 from lmdepth.metrics.effects import sustained_cutoff
@@ -189,7 +189,12 @@ CLAIMS: tuple[ClaimSpec, ...] = (
                      f"{_ROBUST_LATER.removeprefix('the ')} stays below {CUTOFF_LEVEL:g} up to layer L−2 (c = L when "
                      f"layer L−2 still feeds forward; the last layer has no later layer and is not counted)",
            rule=Rule(0.6, "below"), control=CONTROL, headline=False,
+           saturation=units_at_ceiling(_cutoff_depth(EARLY_LAYERS), 1.0,
+                                       "at 1.0 (no cutoff: their own layer L−2 still feeds forward)"),
            history=("2026-11-23: replaces the cutoff of the max over problems (which could not go past L − 1, so "
                     "'≈ 0.96 of depth' meant 'no cutoff'); threshold-dependent, so not counted on the findings "
-                    "page.", _HISTORY_26[1])),
+                    "page.", _HISTORY_26[1],
+                    "2026-11-27: not testable (saturated) when ≥ 50 % of the problems' own cutoffs are 'no cutoff' "
+                    "(1.0), and such a control is no valid control (was: the cutoff of the mean decided; every twin "
+                    "sat at 1.0 [1.0, 1.0], 70–90 % of its problems without a cutoff).")),
 )

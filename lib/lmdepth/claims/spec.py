@@ -24,6 +24,7 @@ from lmdepth.metrics.verdicts import (
     Paired,
     Rule,
     Verdict,
+    at_bound,
     decide,
     paired_interval,
     permutation_null,
@@ -141,6 +142,17 @@ def degenerate(values: pd.DataFrame) -> str:
     return ""
 
 
+def units_at_ceiling(reduce: Reduce, ceiling: float, what: str) -> Callable[[np.ndarray], tuple[float, str]]:
+    """A ``saturation`` for a statistic with a censoring value (a settling depth that is 1.0 when no layer before
+    the output settles): the share of units whose own statistic — ``reduce`` of their row alone — is at
+    ``ceiling``. When most units never settle, the statistic of their mean is pinned there too and cannot move."""
+
+    def saturation(values: np.ndarray) -> tuple[float, str]:
+        return at_bound(np.array([reduce(values[i:i + 1]) for i in range(len(values))]), ceiling), what
+
+    return saturation
+
+
 def _saturated(spec: ClaimSpec, values: np.ndarray) -> tuple[float, str]:
     if spec.saturation is None or not len(values):
         return NAN, ""
@@ -208,11 +220,9 @@ def _side(spec: ClaimSpec, diff: float) -> str:
 @dataclass
 class Decided:
     """What a chapter's earlier rows found, by (claim id, model), for the claims that ``require`` them: each model's
-    (and control's) verdict, and each model's paired interval against its control with whether it lies on the
-    paper's side of 0."""
+    (and control's) verdict."""
 
     verdicts: dict[tuple[str, str], Verdict] = field(default_factory=dict)
-    paired: dict[tuple[str, str], tuple[Paired, bool]] = field(default_factory=dict)
 
 
 def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd.DataFrame | None,
@@ -224,7 +234,7 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
     * ``paired`` — real − control on the shared units, resampled jointly: ``paired_diff`` [``paired_low``,
       ``paired_high``]; discriminates when the interval excludes 0; ``side`` says where the model lies relative to
       its control; where the control lacks the pattern a ``requires`` claim needs (a twin with no sign change has no
-      depth of it), the paired interval is the required claim's, and must exclude 0 on the paper's side;
+      depth of it), there is no valid control (the pattern is judged by the required claim, with its own);
     * ``permutation`` — the statistic over ``n_null`` permuted copies: ``control_estimate`` is the null's median,
       [``control_ci_low``, ``control_ci_high``] its central 95 %, ``p_value`` two-sided;
     * ``built into the statistic`` — the statistic is the comparison with the alternative on the same units (a
@@ -259,7 +269,7 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
            "control": spec.control, "control_model": control_model, "headline": spec.headline and sized,
            "control_state": "", "control_reason": "", "control_estimate": NAN, "control_ci_low": NAN,
            "control_ci_high": NAN, "paired_diff": NAN, "paired_low": NAN, "paired_high": NAN, "p_value": NAN,
-           "side": "", "control_valid": False, "control_note": "", "discriminates": False, "paired_of": ""}
+           "side": "", "control_valid": False, "control_note": "", "discriminates": False}
     if real.state == "not testable":  # nothing to discriminate; the control is still shown where it ran
         row["control_note"] = "the check itself is not testable"
     if spec.null is not None:
@@ -283,23 +293,17 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
     flat = degenerate(cvalues)
     if flat:
         return {**out, "control_note": flat}
-    if spec.requires and ctrl.state == "not testable" and not ctrl.reason.startswith(_NEEDS.split("{")[0]):
-        return {**out, "control_note": f"the control could not be decided: {ctrl.reason}"}
-    if spec.requires and ctrl.state == "not testable":  # the control lacks the pattern the claim needs
-        found = decided.paired.get((spec.requires, model))
-        if found is None:
-            return {**out, "control_note": f"the control lacks the pattern this claim needs, and '{spec.requires}' "
-                                           "has no paired interval to show that the model differs from it"}
-        q, paper = found  # the model must lie beyond its control on the pattern itself, on the paper's side
-        out.update(paired_diff=q.estimate, paired_low=q.ci_low, paired_high=q.ci_high, control_valid=True,
-                   discriminates=q.excludes_zero and paper, paired_of=spec.requires)
-        side = (f"the control lacks the pattern this claim needs (paired interval of '{spec.requires}')" if paper else
-                f"the control lacks the pattern this claim needs, yet lies beyond the model on '{spec.requires}'")
-        return {**out, "side": side if q.excludes_zero else "not distinguishable from its control"}
+    if spec.requires and ctrl.state == "not testable":
+        # a twin without the pattern (no sign change) has no location of it: nothing to compare the model's with.
+        # The pattern itself is judged, with its own control, by the required claim; counting its interval here
+        # again would count one comparison twice.
+        return {**out, "control_note": (f"the control could not be decided: {ctrl.reason}"
+                                        if not ctrl.reason.startswith(_NEEDS.split("{")[0]) else
+                                        f"the control lacks the pattern this claim needs ('{spec.requires}'), so it "
+                                        "has no value to compare with")}
     p, why = _paired(spec, values, cvalues, n_boot, seed)
     if p is None:
         return {**out, "control_note": why}
-    decided.paired[(spec.id, model)] = (p, _paper_side(spec, p.estimate))
     return {**out, "paired_diff": p.estimate, "paired_low": p.ci_low, "paired_high": p.ci_high, "control_valid": True,
             "discriminates": p.excludes_zero,
             "side": _side(spec, p.estimate) if p.excludes_zero else "not distinguishable from its control"}
