@@ -294,6 +294,10 @@ def _claims_by_state(verdicts: pd.DataFrame, state: str) -> str:
     return "; ".join(f"*{c}* ({m})" for c, m in by_claim.items()) or "none"
 
 
+def _are(n: int) -> str:
+    return "is" if n == 1 else "are"
+
+
 def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
     """Markdown for the book's introduction: what this build found, with the counts per state (computed by the
     build from the verdicts the chapters saved; nothing here is written by hand)."""
@@ -304,12 +308,17 @@ def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
     c = v["counted_as"].value_counts().reindex(list(HEADLINE_STATES), fill_value=0)
     return (f"**What this build found** (`{profile}` profile, recomputed whenever the book is built). Of the "
             f"{len(v)} (claim × model) checks of the claims registry, **{c['agrees']} agree** with the paper, "
-            f"**{c['disagrees']} disagree**, {c['inconclusive']} are inconclusive, {c['not testable']} are not "
-            f"testable here (a model that does not do the task, a saturated statistic or a prerequisite that could "
-            f"not be decided; checks on fewer than 10 units are shown in their chapters but not counted), "
-            f"{c['no valid control']} have no valid control (not run, or one that cannot vary), and "
-            f"{c['not discriminating']} do not discriminate (the paired interval of the trained model minus its "
-            f"control contains 0, so they measure the architecture or the data rather than training)."
+            f"**{c['disagrees']} disagree**, {c['inconclusive']} {_are(c['inconclusive'])} inconclusive, "
+            f"{c['not testable']} {_are(c['not testable'])} not testable here (a model that does not do the task, a "
+            f"saturated statistic or a prerequisite that could not be decided; checks on fewer than 10 units are "
+            f"shown in their chapters but not counted), {c['no valid control']} "
+            f"{'has' if c['no valid control'] == 1 else 'have'} no valid control (not run, one that cannot vary, or "
+            f"one without the pattern the claim locates), and {c['not discriminating']} "
+            f"{'does' if c['not discriminating'] == 1 else 'do'} not discriminate (the paired interval of the "
+            f"trained model minus its control contains 0, so they measure the architecture or the data rather than "
+            f"training)."
             f"{_beyond(verdicts)} Agree: {_claims_by_state(v, 'agrees')}. Disagree: "
-            f"{_claims_by_state(v, 'disagrees')}. The [findings page](90_across_models.ipynb) shows every verdict "
+            f"{_claims_by_state(v, 'disagrees')}."
+            + (f" No valid control: {_claims_by_state(v, 'no valid control')}." if c["no valid control"] else "")
+            + " The [findings page](90_across_models.ipynb) shows every verdict "
             "with its interval, sample size and control.")
