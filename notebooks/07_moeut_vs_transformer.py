@@ -251,13 +251,13 @@ show_table(page.solved_table(depth.solved_groups))
 # trains at 2e-3, MoEUT at 1e-3, one seed each), so the checks read their own **comparison runs**: both
 # architectures at 1e-3, seeds 0–2 of each objective, otherwise the default recipe (MoEUT's seed-0 runs are the
 # runs above). They take ~20 CPU-hours, so the book never trains them: `scripts/train_matched_runs.py` does
-# (resumable). The table shows where they stood when this page was executed; a run that finishes makes `lmdepth
-# book` execute the page again. A run enters the checks once it is finished; a problem's value is its mean over the
-# finished seeds.
+# (resumable). The table shows where they stood when this page was executed; a run that finishes in
+# `checkpoints/dm_math` (where the script writes them) makes `lmdepth book` execute the page again. A run enters the
+# checks once it is finished; a problem's value is its mean over the finished seeds.
 
 # %% tags=["hide-input"]
-matched, matched_states = sa.matched_runs(profile, params.runs_dir, device=params.device)
-matched_per_example = sa.evaluate_runs(matched, splits, device=params.device)
+matched, matched_states = sa.matched_runs(profile, params.runs_dir, device=params.device, loaded=runs)
+matched_per_example = sa.evaluate_runs(matched, splits, device=params.device, known=per_example)
 show_table(page.matched_table(matched_states, matched_per_example))
 
 # %% [markdown]

@@ -24,6 +24,7 @@ import fcntl
 import time
 from pathlib import Path
 
+from lmdepth.analyses.scratch import run_state
 from lmdepth.scratch.training import matched_configs, run_dir, train_run
 
 #: (arch, objective, seed, config) in training order: answer-only first (the objective of the chapter's headline
@@ -48,9 +49,9 @@ def main() -> None:
                      f"{', '.join(f'{a}:{o}:{s}' for a, o, s, _ in QUEUE)}")
     for _, _, seed, cfg in queue:
         rd = run_dir(cfg, args.checkpoint_dir)
-        state = "finished" if (rd / "model.pt").exists() else ("started" if (rd / "ckpt.pt").exists() else "to do")
-        if args.list:
-            print(f"{cfg.name} seed {seed}: {rd.name} {state}")
+        if args.list:  # the states chapter 07 shows
+            state, step, _ = run_state(cfg, args.checkpoint_dir)
+            print(f"{cfg.name} seed {seed}: {rd.name} {state} (step {step:,} of {cfg.steps:,})")
             continue
         Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         with open(Path(args.checkpoint_dir) / f".{rd.name}.lock", "w") as lock:

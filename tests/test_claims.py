@@ -442,9 +442,10 @@ def test_a_flat_control_can_never_produce_a_verdict(claim_id, state):
                        _flat_control(claim_id)).set_index("claim_id").loc[claim_id]
     if row.state == "not testable":  # e.g. a transition depth without a sign change
         return
-    # a flat curve is caught as flat, or — for a settling depth, which it pins at "never" — as saturated
+    # a flat curve is caught as flat, or — by a claim with a censoring value, which it pins at "never" — as saturated
+    saturated = REGISTRY[claim_id].saturation is not None and "saturated" in row.control_note
     assert row.counted_as == "no valid control" and ("flat across layers" in row.control_note
-                                                     or "saturated" in row.control_note), row.control_note
+                                                     or saturated), row.control_note
 
 
 def test_the_statistic_on_all_problems_is_the_published_token_weighted_mean():
@@ -599,6 +600,25 @@ def test_a_lens_that_never_settles_is_not_a_late_settler_but_saturated():
     assert decided.state == "agrees" and 0 < decided.at_bound < 0.5
 
 
+@pytest.mark.parametrize("claim_id, metric, never", [
+    ("lens.logit_overlap_mid", "lens", {("logit_lens", "top5_overlap"): rises_at(12)}),
+    ("lens.logit_kl_mid", "lens", {("logit_lens", "kl"): lambda r: np.full(L, 5.0) + r.normal(0, 0.01, L)}),
+    ("lens.tuned_over_bigram_mid", "lens", {("tuned_lens", "top5_overlap"): rises_at(12, 0.35, 0.9)}),
+    ("skipping.future_cutoff", "skip", {("future", "later_effect"): feeds_until(10)}),
+])
+def test_a_depth_pinned_at_never_decides_nothing_as_model_or_as_control(claim_id, metric, never):
+    """Every claim with a censoring value: a model whose units never settle (no cutoff) is not testable
+    (saturated), and a control like that is no valid control for a model that does settle."""
+    tab = lens_units if metric == "lens" else skip_units
+    chapter = REGISTRY[claim_id].chapter
+    row = report.check(chapter, tab("m", never), ["m"], None).set_index("claim_id").loc[claim_id]
+    assert row.state == "not testable" and "saturated: 100%" in row.reason, row.reason
+    agrees = SCENARIOS[claim_id]["agrees"][1]
+    row = report.check(chapter, tab("m", agrees), ["m"], tab(control_name("m"), never, seed=1)
+                       ).set_index("claim_id").loc[claim_id]
+    assert (row.state, row.counted_as) == ("agrees", "no valid control") and "saturated" in row.control_note
+
+
 def test_the_lens_control_is_the_twin_read_by_the_same_lens():
     """A trained model that settles at mid-depth against a twin whose lens settles later: paired over problems,
     the model settles earlier than its control; a twin that settles like the model does not discriminate, and a twin
@@ -747,6 +767,13 @@ def test_runs_that_are_not_comparable_are_not_testable():
     other_lr = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100, lr={TA: 2e-3})
     assert "learning rates differ" in verdict_of("moeut.exact_match_gain_vs_transformer", other_lr).reason
     assert verdict_of("moeut.exact_match_gain", other_lr).state == "agrees"  # MoEUT's two runs share one rate
+    # MoEUT's comparison runs all finished, no Transformer run yet: the MoEUT-only rows are decided, the others not
+    moeut_only = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100)
+    moeut_only = moeut_only[moeut_only.run.isin([MO, MA])]
+    assert verdict_of("moeut.exact_match_gain", moeut_only).state == "agrees"
+    assert verdict_of("moeut.answer_loss_gain", moeut_only).state in ("inconclusive", "agrees", "disagrees")
+    row = verdict_of("moeut.exact_match_gain_vs_transformer", moeut_only)
+    assert row.state == "not testable" and "transformer-lm: 0 training seeds" in row.reason
 
 
 def test_the_shuffled_objective_control_is_a_permutation_null():
@@ -761,6 +788,8 @@ def test_the_shuffled_objective_control_is_a_permutation_null():
     draw = swap_objectives(v, np.random.default_rng(0))
     assert not np.array_equal(draw, v) and np.array_equal(np.sort(draw, 1), v)  # a swap within each architecture
     assert np.array_equal(np.sort(draw[:, :2], 1), v[:, :2]) and np.array_equal(np.sort(draw[:, 2:], 1), v[:, 2:])
+    two = swap_objectives(v[:, :2], np.random.default_rng(0))  # MoEUT's pair alone (the MoEUT-only claims)
+    assert two.shape == (10, 2) and np.array_equal(np.sort(two, 1), v[:, :2]) and not np.array_equal(two, v[:, :2])
 
 
 def test_maps_of_models_with_similar_depth_are_told_apart_by_the_paired_offsets():

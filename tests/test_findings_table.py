@@ -170,6 +170,26 @@ def test_the_headline_says_where_each_agreement_lies_relative_to_its_control():
     rows = pd.DataFrame({"claim": [f"c{i}" for i in range(6)], "model": "m", "state": "agrees",
                          "counted_as": "agrees", "headline": True, "side": sides})
     text = headline(rows)
-    assert ("Of the 6 agreements, 2 lie beyond their control on the paper's side, 1 short of it" in text
-            and "1 settle earlier or later" in text and "1 beat the alternative the statistic itself compares with"
+    assert ("Of the 6 agreements, 2 lie beyond their control on the paper's side, 1 falls short of its control" in text
+            and "1 settles earlier or later" in text and "1 beats the alternative the statistic itself compares with"
             in text and "1 other" in text), text
+
+
+def test_the_introductions_paragraph_counts_each_state_and_names_the_rows_without_a_valid_control():
+    """The counts come from the headline rows only, each with words that agree with it (1 agrees, 2 disagree), and
+    a row without a valid control is named, so a reader can find it."""
+    from lmdepth.claims.findings_claims import intro_summary
+
+    states = ["agrees", "disagrees", "disagrees", "inconclusive", "not testable", "no valid control",
+              "not discriminating", "agrees"]
+    rows = pd.DataFrame({"claim": [f"claim {i}" for i in range(8)], "model": "m", "state": states,
+                         "counted_as": states, "headline": [True] * 7 + [False],
+                         "side": ["beyond its control (the paper's side)"] + [""] * 7})
+    text = intro_summary(rows, "default")
+    assert "Of the 7 (claim × model) checks" in text  # the eighth is not a headline row
+    assert ("**1 agrees** with the paper, **2 disagree**, 1 is inconclusive, 1 is not testable" in text
+            and "1 has no valid control" in text and "1 does not discriminate" in text), text
+    assert "Of the 1 agreement, 1 lies beyond its control on the paper's side." in text
+    assert "No valid control: *claim 5* (m)." in text and "claim 7" not in text
+    rows["counted_as"] = rows["state"] = ["agrees"] * 8
+    assert "No valid control" not in intro_summary(rows, "default")

@@ -104,6 +104,12 @@ def test_matched_runs_read_finished_comparison_runs_and_report_the_rest(tmp_path
     assert table.state.tolist() == states.state.tolist()
     ok, why = comparable(RUNS[3:])(units_of(per_example), SUBJECT)
     assert not ok and "1 training seed, at least 3 needed" in why
+    seen = sa.evaluate_runs(runs, splits, known=per_example.assign(correct=-1))  # taken from `known` by path …
+    assert (seen.correct == -1).all() and len(seen) == len(per_example)
+    other = sa.evaluate_runs(runs, splits, known=per_example.assign(path="elsewhere"))  # … and only by path
+    pd.testing.assert_frame_equal(other, per_example)
+    again, _ = sa.matched_runs("smoke", ck, loaded={"mine": runs["transformer-answer_only seed 0"]})
+    assert again["transformer-answer_only seed 0"] is runs["transformer-answer_only seed 0"]  # not loaded twice
     empty = sa.evaluate_runs({}, splits)  # nothing finished: an empty table of the same columns
     assert empty.empty and list(empty.columns) == list(sa.EVALUATION_COLUMNS)
     assert scratch_page.matched_table(states.iloc[1:], empty)["exact match extrapolate"].tolist() == ["—", "—"]

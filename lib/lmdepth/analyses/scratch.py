@@ -45,6 +45,7 @@ from lmdepth.scratch.training import (
     OBJECTIVE_LABELS,
     OBJECTIVES,
     PRESETS,
+    TrainConfig,
     load_trained,
     matched_configs,
     run_config,
@@ -157,27 +158,38 @@ def trained_runs(profile: str, checkpoint_dir: str | Path, data_dir: str | Path,
     return runs
 
 
-def matched_runs(profile: str, checkpoint_dir: str | Path, device: str = "cpu"
-                 ) -> tuple[dict[str, TrainedRun], pd.DataFrame]:
+def matched_runs(profile: str, checkpoint_dir: str | Path, device: str = "cpu",
+                 loaded: dict[str, TrainedRun] | None = None) -> tuple[dict[str, TrainedRun], pd.DataFrame]:
     """Chapter 07's comparison runs (:func:`~lmdepth.scratch.training.matched_configs`) that are finished, keyed
     ``"<run> seed <s>"`` (each run's ``name`` stays ``<arch>-<objective>``), and the state of every planned run:
     ``run, seed, lr, state, steps`` (state ``finished``, ``training`` with the step of its last checkpoint, or ``not
     trained``). Looked up like :func:`trained_runs`, but never trained here: the twelve runs take ~20 CPU-hours
-    (``scripts/train_matched_runs.py``)."""
+    (``scripts/train_matched_runs.py``). A run already in ``loaded`` (the chapter's own runs) is not loaded again."""
+    reuse = {r.path: r for r in (loaded or {}).values()}
     runs, rows = {}, []
     for cfg in matched_configs(profile):
-        folder = run_dir(cfg, checkpoint_dir)
-        path = finished_model(folder.name, checkpoint_dir)
+        state, step, path = run_state(cfg, checkpoint_dir)
         if path is not None:
-            model, tok, meta = load_trained(path, device=device)
-            runs[f"{cfg.name} seed {cfg.seed}"] = TrainedRun(cfg.name, cfg.arch, cfg.objective, model, tok, meta, path)
-            state, step = "finished", cfg.steps
-        elif (folder / "ckpt.pt").is_file():
-            state, step = "training", int(safe_load(folder / "ckpt.pt")["step"])
-        else:
-            state, step = "not trained", 0
+            if path not in reuse:
+                model, tok, meta = load_trained(path, device=device)
+                reuse[path] = TrainedRun(cfg.name, cfg.arch, cfg.objective, model, tok, meta, path)
+            runs[f"{cfg.name} seed {cfg.seed}"] = reuse[path]
         rows.append(dict(run=cfg.name, seed=cfg.seed, lr=cfg.lr, state=state, steps=f"{step:,} of {cfg.steps:,}"))
     return runs, pd.DataFrame(rows)
+
+
+def run_state(cfg: TrainConfig, checkpoint_dir: str | Path) -> tuple[str, int, Path | None]:
+    """Where one run stands: ``("finished", steps, model.pt)`` when a finished run is found (in ``checkpoint_dir``,
+    then among the shipped runs: :func:`~lmdepth.scratch.shipped.finished_model`), ``("training", step of its last
+    checkpoint, None)`` while a checkpoint in ``checkpoint_dir`` waits to be resumed, else ``("not trained", 0,
+    None)``."""
+    folder = run_dir(cfg, checkpoint_dir)
+    path = finished_model(folder.name, checkpoint_dir)
+    if path is not None:
+        return "finished", cfg.steps, path
+    if (folder / "ckpt.pt").is_file():
+        return "training", int(safe_load(folder / "ckpt.pt")["step"]), None
+    return "not trained", 0, None
 
 
 # ---- accuracy -------------------------------------------------------------------------------------------------
@@ -185,21 +197,30 @@ def matched_runs(profile: str, checkpoint_dir: str | Path, device: str = "cpu"
 
 #: The columns of :func:`evaluate_runs` (also of its empty table, when no run is given).
 EVALUATION_COLUMNS = ("split", "module", "n_operations", "question", "answer", "correct", "answer_nll", "run", "arch",
-                      "objective", "lr", "train_seed")
+                      "objective", "lr", "train_seed", "path")
 
 
 def evaluate_runs(runs: dict[str, TrainedRun], splits: dict[str, list[MathExample]], device: str = "cpu",
-                  ) -> pd.DataFrame:
+                  known: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (run, example): ``run, arch, objective, split, module, n_operations, question, answer, correct,
-    answer_nll``, and the run's training ``lr`` and ``train_seed`` (a fair comparison needs one learning rate and
-    several seeds: :mod:`lmdepth.claims.scratch_claims`)."""
+    answer_nll``, the run's training ``lr`` and ``train_seed`` (a fair comparison needs one learning rate and
+    several seeds: :mod:`lmdepth.claims.scratch_claims`) and its checkpoint ``path``.
+
+    Args:
+        known: an earlier table of this function on the same ``splits``: a run whose checkpoint ``path`` it holds
+            is taken from it instead of evaluated again (chapter 07's comparison runs include its own MoEUT runs).
+    """
     frames = []
     for r in runs.values():
+        if known is not None and (done := known[known.path == str(r.path)]).shape[0]:
+            frames.append(done)
+            continue
         cfg = r.meta.get("train_config", {})
         for split, examples in splits.items():
             df = evaluate(r.model, r.tok, examples, device=device)
             frames.append(df.assign(run=r.name, arch=r.arch, objective=r.objective, split=split,
-                                    lr=cfg.get("lr", float("nan")), train_seed=cfg.get("seed", -1)))
+                                    lr=cfg.get("lr", float("nan")), train_seed=cfg.get("seed", -1),
+                                    path=str(r.path)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=EVALUATION_COLUMNS)
 
 

@@ -271,21 +271,24 @@ def headline(verdicts: pd.DataFrame) -> str:
 def _beyond(verdicts: pd.DataFrame) -> str:
     """Where the counted agreements lie relative to their controls: beyond them on the paper's side, short of them
     (the control — an untrained twin, a random nudge — shows the pattern more strongly), earlier or
-    later (a window rule), beyond an alternative inside the statistic, or beside a control lacking the pattern."""
+    later (a window rule), or beyond an alternative inside the statistic."""
     agree = verdicts[verdicts["headline"].astype(bool) & (verdicts["counted_as"] == "agrees")]
     if agree.empty:
         return ""
     side = agree["side"].fillna("").astype(str)
     alternative = side.str.contains("the alternative")
-    groups = [((side.str.startswith("beyond") & ~alternative).sum(), "lie beyond their control on the paper's side"),
-              (side.str.startswith("short").sum(), "short of it (the control, e.g. an untrained twin or a "
-                                                     "random nudge, shows the pattern more strongly)"),
-              (side.str.match(r"(earlier|later) than").sum(), "settle earlier or later than their control "
-                                                                "(a window rule)"),
-              (alternative.sum(), "beat the alternative the statistic itself compares with")]
-    rest = len(agree) - sum(int(n) for n, _ in groups)
-    parts = [f"{int(n)} {what}" for n, what in groups if n] + ([f"{rest} other"] if rest else [])
-    return f" Of the {len(agree)} agreements, " + ", ".join(parts) + "."
+    shorter = " (the control, e.g. an untrained twin or a random nudge, shows the pattern more strongly)"
+    groups = [((side.str.startswith("beyond") & ~alternative).sum(), "lies beyond its control on the paper's side",
+               "lie beyond their control on the paper's side"),
+              (side.str.startswith("short").sum(), "falls short of its control" + shorter,
+               "fall short of their control" + shorter),
+              (side.str.match(r"(earlier|later) than").sum(), "settles earlier or later than its control (a window "
+               "rule)", "settle earlier or later than their control (a window rule)"),
+              (alternative.sum(), "beats the alternative the statistic itself compares with",
+               "beat the alternative the statistic itself compares with")]
+    rest = len(agree) - sum(int(n) for n, _, _ in groups)
+    parts = [_count(int(n), one, many) for n, one, many in groups if n] + ([f"{rest} other"] if rest else [])
+    return f" Of the {_count(len(agree), 'agreement', 'agreements')}, " + ", ".join(parts) + "."
 
 
 def _claims_by_state(verdicts: pd.DataFrame, state: str) -> str:
@@ -294,8 +297,9 @@ def _claims_by_state(verdicts: pd.DataFrame, state: str) -> str:
     return "; ".join(f"*{c}* ({m})" for c, m in by_claim.items()) or "none"
 
 
-def _are(n: int) -> str:
-    return "is" if n == 1 else "are"
+def _count(n: int, one: str, many: str) -> str:
+    """``n`` and the words that agree with it: ``one`` for 1, else ``many`` ("1 is", "3 are")."""
+    return f"{n} {one if n == 1 else many}"
 
 
 def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
@@ -307,16 +311,15 @@ def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
     v = verdicts[verdicts["headline"].astype(bool)]
     c = v["counted_as"].value_counts().reindex(list(HEADLINE_STATES), fill_value=0)
     return (f"**What this build found** (`{profile}` profile, recomputed whenever the book is built). Of the "
-            f"{len(v)} (claim × model) checks of the claims registry, **{c['agrees']} agree** with the paper, "
-            f"**{c['disagrees']} disagree**, {c['inconclusive']} {_are(c['inconclusive'])} inconclusive, "
-            f"{c['not testable']} {_are(c['not testable'])} not testable here (a model that does not do the task, a "
-            f"saturated statistic or a prerequisite that could not be decided; checks on fewer than 10 units are "
-            f"shown in their chapters but not counted), {c['no valid control']} "
-            f"{'has' if c['no valid control'] == 1 else 'have'} no valid control (not run, one that cannot vary, or "
-            f"one without the pattern the claim locates), and {c['not discriminating']} "
-            f"{'does' if c['not discriminating'] == 1 else 'do'} not discriminate (the paired interval of the "
-            f"trained model minus its control contains 0, so they measure the architecture or the data rather than "
-            f"training)."
+            f"{len(v)} (claim × model) checks of the claims registry, **{_count(c['agrees'], 'agrees', 'agree')}** "
+            f"with the paper, **{_count(c['disagrees'], 'disagrees', 'disagree')}**, "
+            f"{_count(c['inconclusive'], 'is', 'are')} inconclusive, {_count(c['not testable'], 'is', 'are')} not "
+            f"testable here (a model that does not do the task, a saturated statistic or a prerequisite that could "
+            f"not be decided; checks on fewer than 10 units are shown in their chapters but not counted), "
+            f"{_count(c['no valid control'], 'has', 'have')} no valid control (not run, one that cannot vary, or one "
+            f"without the pattern the claim locates), and {_count(c['not discriminating'], 'does', 'do')} not "
+            f"discriminate (the paired interval of the trained model minus its control contains 0, so they measure "
+            f"the architecture or the data rather than training)."
             f"{_beyond(verdicts)} Agree: {_claims_by_state(v, 'agrees')}. Disagree: "
             f"{_claims_by_state(v, 'disagrees')}."
             + (f" No valid control: {_claims_by_state(v, 'no valid control')}." if c["no valid control"] else "")

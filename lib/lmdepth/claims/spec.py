@@ -144,11 +144,15 @@ def degenerate(values: pd.DataFrame) -> str:
 
 def units_at_ceiling(reduce: Reduce, ceiling: float, what: str) -> Callable[[np.ndarray], tuple[float, str]]:
     """A ``saturation`` for a statistic with a censoring value (a settling depth that is 1.0 when no layer before
-    the output settles): the share of units whose own statistic — ``reduce`` of their row alone — is at
-    ``ceiling``. When most units never settle, the statistic of their mean is pinned there too and cannot move."""
+    the output settles): the share of units whose own statistic — ``reduce`` of their row alone, so ``reduce``
+    must accept a single row — is at ``ceiling``; a row with a missing value is left out (a missing value is not a
+    censored one). It is the rule for a clip applied to a censored value: with half or more of the units at
+    "never", a depth of their mean says more about which units happen to settle than about where they do."""
 
     def saturation(values: np.ndarray) -> tuple[float, str]:
-        return at_bound(np.array([reduce(values[i:i + 1]) for i in range(len(values))]), ceiling), what
+        v = np.asarray(values, dtype=float)
+        own = [reduce(v[i:i + 1]) if np.isfinite(v[i]).all() else np.nan for i in range(len(v))]
+        return at_bound(np.array(own, dtype=float), ceiling), what
 
     return saturation
 
