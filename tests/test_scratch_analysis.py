@@ -100,8 +100,8 @@ def test_matched_runs_read_finished_comparison_runs_and_report_the_rest(tmp_path
     assert set(per_example.run) == {RUNS[3]} and set(per_example.train_seed) == {0}
     table = scratch_page.matched_table(states, per_example)
     interpolate = per_example[per_example.split == "interpolate"].correct.mean()
-    assert table["exact match interpolate"].tolist() == [f"{interpolate:.1%}", "—", "—"]
-    assert table.state.tolist() == states.state.tolist()
+    assert table["exact match, interpolate"].tolist() == [f"{interpolate:.1%}", "—", "—"]
+    assert table.state.tolist() == ["finished", "training: step 2 of 4", "not trained"]
     ok, why = comparable(RUNS[3:])(units_of(per_example), SUBJECT)
     assert not ok and "1 training seed, at least 3 needed" in why
     seen = sa.evaluate_runs(runs, splits, known=per_example.assign(correct=-1))  # taken from `known` by path …
@@ -112,7 +112,7 @@ def test_matched_runs_read_finished_comparison_runs_and_report_the_rest(tmp_path
     assert again["transformer-answer_only seed 0"] is runs["transformer-answer_only seed 0"]  # not loaded twice
     empty = sa.evaluate_runs({}, splits)  # nothing finished: an empty table of the same columns
     assert empty.empty and list(empty.columns) == list(sa.EVALUATION_COLUMNS)
-    assert scratch_page.matched_table(states.iloc[1:], empty)["exact match extrapolate"].tolist() == ["—", "—"]
+    assert scratch_page.matched_table(states.iloc[1:], empty)["exact match, extrapolate"].tolist() == ["—", "—"]
 
 
 @pytest.mark.unit

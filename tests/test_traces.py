@@ -891,7 +891,9 @@ def test_every_trace_on_the_packaged_smollm2_under_the_strict_server_equals_its_
     for k in ref:
         assert len(got[k]) == 4, k
         for g, r in zip(got[k], ref[k]):  # E [L, L], O [L], M [L, L], Q [L]
-            assert (g[chosen] - r[chosen]).abs().max() <= 1e-5, k
+            # relative changes divide by a layer's contribution, which can be tiny (values up to ~270 here), so the
+            # two code paths' float32 rounding differs by up to 4.7e-5 of the value on some CPUs (≤ 1e-5 in all on others)
+            torch.testing.assert_close(g[chosen], r[chosen], rtol=2e-4, atol=1e-5, msg=str(k))
             assert g[[s for s in range(L) if s not in chosen]].isnan().all(), k
         assert ref[k][0][chosen].max() > 0.01 and ref[k][1][chosen].max() > 1e-3, k  # not zero: can fail
 

@@ -123,18 +123,19 @@ def accuracy_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 def matched_table(states: pd.DataFrame, per_example: pd.DataFrame) -> pd.DataFrame:
     """The comparison runs (:func:`~lmdepth.analyses.scratch.matched_runs`' states) with each finished run's exact
-    match per split: model, objective, seed, lr, state, steps, exact match on interpolate and extrapolate ("—" for a
-    run not finished)."""
+    match per split, six columns (so it fits the text column; the learning rate is the same for all and said in the
+    text): model, objective, seed, state (with the step of a run still training), exact match on interpolate and
+    extrapolate ("—" for a run not finished)."""
     acc = (per_example.groupby(["run", "train_seed", "split"])["correct"].mean().unstack("split")
            .rename_axis(columns=None).reset_index().rename(columns={"train_seed": "seed"}))
     table = states.merge(acc, on=["run", "seed"], how="left") if len(acc) else states.copy()
     arch_objective = table.run.str.split("-", n=1)
     out = pd.DataFrame({"model": [ARCH_LABELS[a] for a, _ in arch_objective],
-                        "objective": [OBJECTIVE_LABELS[o] for _, o in arch_objective],
-                        "seed": table.seed, "lr": [f"{x:g}" for x in table.lr], "state": table.state,
-                        "steps": table.steps})
+                        "objective": [OBJECTIVE_LABELS[o] for _, o in arch_objective], "seed": table.seed,
+                        "state": [f"training: step {s}" if st == "training" else st
+                                  for st, s in zip(table.state, table.steps)]})
     for split in ("interpolate", "extrapolate"):
-        out[f"exact match {split}"] = [f"{x:.1%}" if pd.notna(x) else "—" for x in table.get(split, [None] * len(table))]
+        out[f"exact match, {split}"] = [f"{x:.1%}" if pd.notna(x) else "—" for x in table.get(split, [None] * len(table))]
     return out
 
 
