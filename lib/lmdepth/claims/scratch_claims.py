@@ -63,8 +63,7 @@ def paired(column: str, runs: tuple[str, ...] = RUNS) -> Callable[[pd.DataFrame,
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
         u = units[(units.model == model) & (units.split == "extrapolate")]
         if u.empty:
-            raise DataError(f"No extrapolation results for {model!r}: none of the compared runs is finished "
-                            "(scripts/train_matched_runs.py trains them).")
+            raise DataError(f"No extrapolation results for {model!r}: none of the compared runs is finished.")
         return u.pivot_table(index="unit", columns="run", values=column, aggfunc="mean").reindex(columns=list(runs))
 
     return values
