@@ -151,6 +151,7 @@ md(", ".join(f"**{m}**: {all_runs[m].n_layers} layers, {all_runs[m].n_tokens:,} 
 across_models(all_tables, "relative_contribution", "Mean relative contribution", ["attention", "mlp", "layer"], y_max=1.5)
 
 # %% [markdown]
+# (claims-norms)=
 # ## Does the claim hold here?
 #
 # The claim checks come from the book's claims registry (`lmdepth.claims`); nothing in this page sets a threshold.

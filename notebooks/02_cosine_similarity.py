@@ -124,6 +124,7 @@ md(", ".join(f"**{m}**: {all_runs[m].n_layers} layers" for m in models))
 across_models(all_tables, "cosine", "Mean cosine similarity", ["attention", "mlp", "layer"], zero_line=True)
 
 # %% [markdown]
+# (claims-cosine)=
 # ## Does the claim hold here?
 #
 # From the claims registry (`lmdepth.claims`), each model beside a random-init model of its own architecture on the

@@ -180,6 +180,7 @@ for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.fu
     display(heatmaps, bars)
 
 # %% [markdown]
+# (claims-skipping)=
 # ## Does the claim hold here?
 #
 # From the claims registry (`lmdepth.claims`), on the robust per-problem statistic ($M$ and $Q$ above). The claims

@@ -236,6 +236,7 @@ if tuned_lens:
 # make this call per model.
 
 # %% [markdown]
+# (claims-lens)=
 # ## Does the claim hold here?
 #
 # From the claims registry (`lmdepth.claims`), on per-problem means over the evaluated positions. The control is

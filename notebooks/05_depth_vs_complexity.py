@@ -231,6 +231,7 @@ show_table(page.solved_counts(items))
 solved_chart(solved)
 
 # %% [markdown]
+# (claims-complexity)=
 # ## Does the claim hold here?
 #
 # From the claims registry (`lmdepth.claims`), per model and source, with the unit the items were drawn as. A

@@ -194,6 +194,7 @@ floor_lines(table, main_labels[0])
 show_table(page.controls_table(table, run))
 
 # %% [markdown]
+# (claims-maps)=
 # ## Does the claim hold here?
 #
 # From the claims registry (`lmdepth.claims`), for each direction of each pair, over the target boundaries. The

@@ -240,6 +240,7 @@ show_table(page.solved_table(depth.solved_groups))
 # The same depth score for the sampled problems each run solves and fails (layer effect, all operation counts
 # pooled). Groups with no problem are marked "–"; with fewer than 3 problems no interval is given.
 #
+# (claims-moeut)=
 # ## Does the paper's picture hold here?
 #
 # From the claims registry (`lmdepth.claims`): not modelling the question should improve MoEUT's extrapolation —

@@ -45,6 +45,7 @@ import pandas as pd
 
 from lmdepth.analyses import atlas
 from lmdepth.charts.atlas_charts import atlas_chart
+from lmdepth.book.chapters import CHAPTERS
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.claims import findings_claims as findings, report
 
@@ -101,8 +102,11 @@ if len(verdicts):
     md(f"**Every verdict row**, one per (claim × model). The registry's criteria were last changed in commit "
        f"{report.registry_commit()}; every verdict here was "
        + ("executed by this build." if source.profile else "saved by the chapters' runs under this results directory.")
-       + " Criteria changed after their numbers were seen carry a dated note in their chapter.")
-    show_table(findings.row_table(verdicts, shown), sortable=True)  # click a header to sort by it
+       + " Criteria changed after their numbers were seen carry a dated note in their chapter. A claim links to "
+       "its chapter's check, where its interval and its control are drawn.")
+    # click a header to sort by it; a row's claim links to its chapter's claim check (its interval and control)
+    show_table(findings.row_table(verdicts, shown), sortable=True,
+               links=[f"{CHAPTERS[c]}.html#claims-{c}" for c in findings.row_chapters(verdicts, shown)])
 
 # %% tags=["hide-input"]
 links = {f.chapter: f"[{f.chapter.split('_', 1)[1].replace('_', ' ')}]({f.chapter}.html)" for f in atlas.FINDINGS}

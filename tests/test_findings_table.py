@@ -135,7 +135,36 @@ def test_the_row_table_is_sortable_in_the_book_and_the_same_table_elsewhere(verd
     assert SORTABLE_CLASS not in plain
     assert sortable.replace(f' class="{SORTABLE_CLASS}"', "", 1) == plain  # same cells, order and ids: only the class
     # the findings page asks for it; the JS that reads the class ships with the book (no CDN, no dependency)
-    assert re.search(r"^\s*show_table\(findings\.row_table\(verdicts, shown\), sortable=True\)", PAGE.read_text(), re.M)
+    assert re.search(r"^\s*show_table\(findings\.row_table\(verdicts, shown\), sortable=True,", PAGE.read_text(), re.M)
+
+
+def test_each_row_links_to_its_chapters_claim_check(verdicts):  # noqa: F811
+    """A row's claim cell links to the chapter that checks it, at an anchor that chapter's source defines; the
+    link follows the row wherever the table order puts it."""
+    from lmdepth.book.chapters import CHAPTERS
+    from lmdepth.book.notebook import styled
+    from lmdepth.claims.findings_claims import row_chapters
+
+    models = ["s", "x", "m"]
+    t, chapters = row_table(verdicts, models), row_chapters(verdicts, models)
+    assert len(chapters) == len(t) and set(chapters) == set(verdicts["chapter"])
+    by_row = {(claim_of(c), m, s.split(" [")[0].split(",")[0]): ch
+              for c, m, s, ch in zip(t[CLAIM], t[MODEL], t[STATISTIC], chapters)}
+    truth = {(c, m, f"{e:.3g}" if e == e else "—"): ch for c, m, e, ch in
+             zip(verdicts["claim"], verdicts["model"], verdicts["estimate"], verdicts["chapter"])}
+    assert by_row == truth
+    links = [f"{CHAPTERS[c]}.html#claims-{c}" for c in chapters]
+    html = styled(t, sortable=True, links=links).to_html()
+    cells = re.findall(r'<td id="T_\w+_row(\d+)_col0"[^>]*><a href="([^"]+)">', html)
+    assert [(int(i), h) for i, h in cells] == list(enumerate(links))
+    assert "&lt;" not in links[0] and len(re.findall(r"<a href", html)) == len(t)  # one link per row, first cell only
+    with pytest.raises(ValueError, match="one per row"):
+        styled(t, links=links[1:])
+    # the anchor each link names exists in its chapter, right above the claim check's heading
+    for key in set(chapters) | {"norms", "cosine", "skipping", "lens", "complexity", "maps", "moeut"}:
+        source = (REPO / "notebooks" / f"{CHAPTERS[key]}.py").read_text()
+        assert re.search(rf"^# \(claims-{key}\)=\n# ## Does the", source, re.M), key
+    assert row_chapters(verdicts.iloc[:0]) == []
 
 
 def test_the_sort_script_ships_with_every_html_build(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import html
 import os
 import warnings
 
@@ -61,23 +62,36 @@ def md(text: str) -> None:
     display(Markdown(text))
 
 
-def styled(df: pd.DataFrame, sortable: bool = False):
+def styled(df: pd.DataFrame, sortable: bool = False, links: list[str] | None = None):
     """A table without its integer index; cell text is HTML-escaped (tokens such as ``<s>`` or ``<|endoftext|>``
     are shown, not read as markup); a missing value reads "—", never "nan" or "None". The HTML element ids come
     from the table's columns and shape (pandas draws them at random), so re-rendering gives the same HTML and a
     changed number changes only its own cell's line in a diff of the executed notebook.
 
     ``sortable``: the ``<table>`` gets the class :data:`lmdepth.book.table_sort.SORTABLE_CLASS`, so in the book a
-    click on a column header sorts the rows by it; elsewhere (Jupyter, Colab) it is the same table, unsorted."""
+    click on a column header sorts the rows by it; elsewhere (Jupyter, Colab) it is the same table, unsorted.
+
+    ``links``: one address per row (e.g. ``03_layer_skipping.html#claims-skipping``); the row's first cell becomes a
+    link to it, its text still escaped.
+
+    Raises:
+        ValueError: ``links`` does not have one address per row.
+    """
     digest = hashlib.sha1(repr((list(map(str, df.columns)), df.shape)).encode()).hexdigest()[:8]
     out = df.style.hide(axis="index").format(escape="html", na_rep="—").set_uuid(digest)
+    if links is not None:
+        if len(links) != len(df):
+            raise ValueError(f"links: {len(links)} addresses for a table of {len(df)} rows; give one per row")
+        for row, href in zip(df.index, links):  # the formatter receives the cell's text already escaped
+            out = out.format(lambda text, href=html.escape(href): f'<a href="{href}">{text}</a>', escape="html",
+                             na_rep="—", subset=pd.IndexSlice[[row], df.columns[:1]])
     return out.set_table_attributes(f'class="{SORTABLE_CLASS}"') if sortable else out
 
 
-def show_table(df: pd.DataFrame, sortable: bool = False) -> None:
+def show_table(df: pd.DataFrame, sortable: bool = False, links: list[str] | None = None) -> None:
     """Display :func:`styled` ``df`` now — wherever the call stands in its cell (a table returned by a cell's
     non-last line would otherwise never render); ``sortable``: its rows sort by a clicked column header in the book
-    (:mod:`lmdepth.book.table_sort`)."""
+    (:mod:`lmdepth.book.table_sort`); ``links``: one address per row, which its first cell links to."""
     from IPython.display import display
 
-    display(styled(df, sortable))
+    display(styled(df, sortable, links))

@@ -232,12 +232,7 @@ def row_table(verdicts: pd.DataFrame, models: list[str] | None = None) -> pd.Dat
     """
     if verdicts.empty:
         return pd.DataFrame(columns=list(ROW_COLUMNS))
-    v = normalized(verdicts)
-    subjects = list(dict.fromkeys(v["model"]))
-    order = [m for m in (models or []) if m in subjects] + [s for s in subjects if s not in (models or [])]
-    claims = list(dict.fromkeys(v["claim_id"]))
-    v = v.assign(_c=v["claim_id"].map(claims.index), _m=v["model"].map(order.index)).sort_values(
-        ["_c", "_m"], kind="stable", ignore_index=True)
+    v = _in_table_order(normalized(verdicts), models)
     rows = list(v.itertuples())
     return pd.DataFrame({
         ROW_COLUMNS[0]: [f"{r.claim} ({r.figure}; {r.rule})" if r.figure else f"{r.claim} ({r.rule})" for r in rows],
@@ -248,6 +243,21 @@ def row_table(verdicts: pd.DataFrame, models: list[str] | None = None) -> pd.Dat
         ROW_COLUMNS[4]: [_control_text(r) for r in rows],
         ROW_COLUMNS[5]: [_difference_text(r) for r in rows],
     })
+
+
+def row_chapters(verdicts: pd.DataFrame, models: list[str] | None = None) -> list[str]:
+    """The chapter (``verdicts.chapter``, e.g. "norms") of each row of :func:`row_table`, in its order: where the
+    row's chapter shows its claim check (the findings page links each row there)."""
+    return [] if verdicts.empty else list(_in_table_order(normalized(verdicts), models)["chapter"].astype(str))
+
+
+def _in_table_order(v: pd.DataFrame, models: list[str] | None) -> pd.DataFrame:
+    """``v`` grouped by claim in its own order, the rows of ``models`` first in that order, then any other subject."""
+    subjects = list(dict.fromkeys(v["model"]))
+    order = [m for m in (models or []) if m in subjects] + [s for s in subjects if s not in (models or [])]
+    claims = list(dict.fromkeys(v["claim_id"]))
+    return v.assign(_c=v["claim_id"].map(claims.index), _m=v["model"].map(order.index)).sort_values(
+        ["_c", "_m"], kind="stable", ignore_index=True)
 
 
 def state_counts(verdicts: pd.DataFrame) -> pd.DataFrame:
