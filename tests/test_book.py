@@ -275,16 +275,25 @@ def test_pages_load_without_console_errors_or_network(smoke_book, stem):
 
 @pytest.mark.slow
 def test_internal_links_resolve(smoke_book):
+    """Every link to a file of the book reaches it, and a link into another page of the book (``page.html#anchor``,
+    e.g. a findings row to its chapter's claim check) reaches an element with that id."""
     html_root = smoke_book / "_build" / "html"
-    broken = []
+    broken, ids = [], {}
     for page in _html_pages(smoke_book):
-        for target in re.findall(r'(?:href|src)="([^"#?]+)[^"]*"', page.read_text()):
+        for target, anchor in re.findall(r'(?:href|src)="([^"#?]+)[^"#]*(?:#([^"]*))?"', page.read_text()):
             if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("//"):
                 continue  # another site, mailto:, data: …
             path = (page.parent / target).resolve()
             if not path.exists():
                 broken.append(f"{page.relative_to(html_root)} → {target}")
+            elif anchor and path.suffix == ".html":
+                if path not in ids:
+                    ids[path] = set(re.findall(r'\bid="([^"]+)"', path.read_text()))
+                if anchor not in ids[path]:
+                    broken.append(f"{page.relative_to(html_root)} → {target}#{anchor}")
     assert broken == []
+    findings = (html_root / "book" / "90_across_models.html").read_text()
+    assert re.search(r'href="03_layer_skipping\.html#claims-skipping"', findings)  # the rows' links were checked
 
 
 @pytest.mark.slow

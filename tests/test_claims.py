@@ -374,6 +374,36 @@ def test_a_control_without_the_required_pattern_is_no_valid_control_and_nothing_
     assert (depth.state, depth.control_state) == ("agrees", "not testable")
     assert not depth.control_valid and depth.counted_as == "no valid control"
     assert "lacks the pattern" in depth.control_note and not np.isfinite(depth.paired_low)
+    # in the chapter's table the quoted claim id wraps (it set the column's least width past the text column),
+    # and reads the same once the zero-width spaces are dropped; the saved row keeps the plain id
+    cell = report.display(rows.reset_index()).set_index(rows.index).loc["cosine.mid_depth", "discrimination"]
+    assert "'cosine.\u200bsign_\u200bchange'" in cell and cell.replace("\u200b", "") == report.control_cell(depth)
+    assert max(map(len, cell.replace("\u200b", " ").split())) < len("('cosine.sign_change'),")
+    assert "\u200b" not in depth.control_note
+
+
+def test_the_registry_commit_is_the_last_change_of_criteria_not_of_their_presentation(tmp_path):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    claims = tmp_path / "lib" / "lmdepth" / "claims"
+    claims.mkdir(parents=True)
+    git("init", "-q")
+    (claims / "spec.py").write_text("THRESHOLD = 0.5\n")
+    git("add", "-A"); git("commit", "-qm", "criteria")
+    criteria = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+                              text=True).stdout.strip()
+    (claims / "findings_claims.py").write_text("LINKS = True\n")  # the findings page's tables: decides nothing
+    git("add", "-A"); git("commit", "-qm", "presentation")
+    assert report.registry_commit(tmp_path).startswith(criteria + " (")
+    (claims / "spec.py").write_text("THRESHOLD = 0.6\n")
+    assert report.registry_commit(tmp_path).endswith(", with uncommitted changes")
+    git("add", "-A"); git("commit", "-qm", "criteria again")
+    assert not report.registry_commit(tmp_path).startswith(criteria)
+    assert report.registry_commit(tmp_path / "lib") != "unknown (not a git checkout)"  # inside the checkout too
 
 
 def test_a_comparison_built_into_the_statistic_shows_its_interval_as_the_paired_one():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import warnings
 from pathlib import Path
@@ -98,6 +99,17 @@ def control_cell(r) -> str:
     return BUILT_IN
 
 
+#: A claim id quoted in a reason (``'cosine.sign_change'``) is one unbreakable word, and two of them set two of the
+#: nine columns' least widths, past the text column (lmdepth.book.defects); a zero-width space after each dot and
+#: underscore lets the table wrap it. Display only: the saved rows keep the plain id.
+_QUOTED_ID = re.compile(r"'([a-z0-9_]+(?:\.[a-z0-9_]+)+)'")
+
+
+def breakable(text: str) -> str:
+    """``text`` with every quoted claim id wrappable (a zero-width space after its dots and underscores)."""
+    return _QUOTED_ID.sub(lambda m: "'" + re.sub(r"([._])", "\\1\u200b", m[1]) + "'", text)
+
+
 def display(verdicts: pd.DataFrame) -> pd.DataFrame:
     """The compact table a chapter shows: claim, model, n, statistic with its 95 % interval, verdict, the share of
     values at a bound (for statistics with a clip; ≥ 50 % in a compared group: not testable), the control's own
@@ -107,11 +119,11 @@ def display(verdicts: pd.DataFrame) -> pd.DataFrame:
         "model": verdicts["model"],
         "statistic [95 % CI], n": [f"{_fmt(r.estimate, r.ci_low, r.ci_high)}, n = {r.n}" for r in verdicts.itertuples()],
         "with layers 0–1": [f"{v:.3g}" if np.isfinite(v) else "—" for v in verdicts["with_layers_0_1"]],
-        "verdict": [r.state + (f" ({r.reason})" if r.reason else "") for r in verdicts.itertuples()],
+        "verdict": [breakable(r.state + (f" ({r.reason})" if r.reason else "")) for r in verdicts.itertuples()],
         "at the bound": [f"{v:.0%}" if np.isfinite(v) else "—" for v in verdicts["at_bound"]],
         "control's statistic": [_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)
                                 if r.control_kind == PAIRED else "—" for r in verdicts.itertuples()],
-        "discrimination": [control_cell(r) for r in verdicts.itertuples()],
+        "discrimination": [breakable(control_cell(r)) for r in verdicts.itertuples()],
         "counted as": [r.counted_as if r.headline else "not counted" for r in verdicts.itertuples()],
     })
     return out
@@ -144,16 +156,22 @@ def save(verdicts: pd.DataFrame, chapter: str, results_dir: str | None = None) -
         atomic_write_text(target / f"{slug(model)}{run}.csv", rows.to_csv(index=False))
 
 
-def registry_commit() -> str:
-    """The last commit that changed the claims registry (``lib/lmdepth/claims``), as ``<hash> (<date>)``; the
-    findings page names it so a reader can check that the criteria predate the runs they judge."""
+#: What the registry's criteria live in: ``lib/lmdepth/claims`` except the findings page's presentation of the
+#: verdicts (tables, links, counts), which decides nothing; a change to it alone is not a change of criteria.
+REGISTRY_PATHS = ("lib/lmdepth/claims", ":(exclude)lib/lmdepth/claims/findings_claims.py")
+
+
+def registry_commit(root: Path = REPO_ROOT) -> str:
+    """The last commit that changed the claims registry's criteria (:data:`REGISTRY_PATHS`), as ``<hash> (<date>)``,
+    in the git checkout ``root``; the findings page names it so a reader can check that the criteria predate the
+    runs they judge."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         if head.returncode != 0:
             return "unknown (not a git checkout)"
-        out = subprocess.run(["git", "log", "-1", "--format=%h (%cs)", "--", "lib/lmdepth/claims"], cwd=REPO_ROOT,
+        out = subprocess.run(["git", "log", "-1", "--format=%h (%cs)", "--", *REGISTRY_PATHS], cwd=root,
                              capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "lib/lmdepth/claims"], cwd=REPO_ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *REGISTRY_PATHS], cwd=root,
                                capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown (git is not available)"
