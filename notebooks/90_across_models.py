@@ -99,8 +99,9 @@ if len(verdicts):
 if anything and source.note:
     md(source.note)
 if len(verdicts):
-    md(f"**Every verdict row**, one per (claim × model). The registry's criteria were last changed in commit "
-       f"{report.registry_commit()}; every verdict here was "
+    md(f"**Every verdict row**, one per (claim × model). The claims registry's code (its criteria, and the code "
+       f"that applies them and shows them in the chapters) was last changed in commit {report.registry_commit()}; "
+       "every verdict here was "
        + ("executed by this build." if source.profile else "saved by the chapters' runs under this results directory.")
        + " Criteria changed after their numbers were seen carry a dated note in their chapter. A claim links to "
        "its chapter's check, where its interval and its control are drawn.")

@@ -288,7 +288,7 @@ def test_internal_links_resolve(smoke_book):
                 broken.append(f"{page.relative_to(html_root)} → {target}")
             elif anchor and path.suffix == ".html":
                 if path not in ids:
-                    ids[path] = set(re.findall(r'\bid="([^"]+)"', path.read_text()))
+                    ids[path] = set(re.findall(r"""(?<![\w-])(?:id|name)=["']([^"']+)""", path.read_text()))
                 if anchor not in ids[path]:
                     broken.append(f"{page.relative_to(html_root)} → {target}#{anchor}")
     assert broken == []

@@ -403,7 +403,12 @@ def test_the_registry_commit_is_the_last_change_of_criteria_not_of_their_present
     assert report.registry_commit(tmp_path).endswith(", with uncommitted changes")
     git("add", "-A"); git("commit", "-qm", "criteria again")
     assert not report.registry_commit(tmp_path).startswith(criteria)
-    assert report.registry_commit(tmp_path / "lib") != "unknown (not a git checkout)"  # inside the checkout too
+    latest = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+                            text=True).stdout.strip()
+    assert report.registry_commit(tmp_path).startswith(latest + " (")
+    assert report.registry_commit(claims).startswith(latest + " (")  # the same from inside the checkout
+    (claims / "findings_claims.py").write_text("LINKS = False\n")  # uncommitted, and only the presentation
+    assert not report.registry_commit(tmp_path).endswith("uncommitted changes")
 
 
 def test_a_comparison_built_into_the_statistic_shows_its_interval_as_the_paired_one():

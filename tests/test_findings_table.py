@@ -140,26 +140,33 @@ def test_the_row_table_is_sortable_in_the_book_and_the_same_table_elsewhere(verd
 
 def test_each_row_links_to_its_chapters_claim_check(verdicts):  # noqa: F811
     """A row's claim cell links to the chapter that checks it, at an anchor that chapter's source defines; the
-    link follows the row wherever the table order puts it."""
+    link follows the row wherever the table order puts it (rows given shuffled, chapters interleaved)."""
     from lmdepth.book.chapters import CHAPTERS
     from lmdepth.book.notebook import styled
     from lmdepth.claims.findings_claims import row_chapters
 
     models = ["s", "x", "m"]
-    t, chapters = row_table(verdicts, models), row_chapters(verdicts, models)
+    mixed = verdicts.sample(frac=1, random_state=0).set_index(pd.Index([7] * len(verdicts)))  # one repeated label
+    t, chapters = row_table(mixed, models), row_chapters(mixed, models)
     assert len(chapters) == len(t) and set(chapters) == set(verdicts["chapter"])
+    assert chapters != list(mixed["chapter"])  # the table reorders the rows: the links must follow
     by_row = {(claim_of(c), m, s.split(" [")[0].split(",")[0]): ch
               for c, m, s, ch in zip(t[CLAIM], t[MODEL], t[STATISTIC], chapters)}
     truth = {(c, m, f"{e:.3g}" if e == e else "—"): ch for c, m, e, ch in
              zip(verdicts["claim"], verdicts["model"], verdicts["estimate"], verdicts["chapter"])}
     assert by_row == truth
     links = [f"{CHAPTERS[c]}.html#claims-{c}" for c in chapters]
-    html = styled(t, sortable=True, links=links).to_html()
+    html = styled(t.set_index(pd.Index([3] * len(t))), sortable=True, links=links).to_html()  # labels repeated
     cells = re.findall(r'<td id="T_\w+_row(\d+)_col0"[^>]*><a href="([^"]+)">', html)
     assert [(int(i), h) for i, h in cells] == list(enumerate(links))
-    assert "&lt;" not in links[0] and len(re.findall(r"<a href", html)) == len(t)  # one link per row, first cell only
+    assert len(re.findall(r"<a href", html)) == len(t)  # one link per row, in the first cell only
+    # the link text is the cell's text, escaped; an address is escaped as an attribute
+    odd = styled(pd.DataFrame({"claim": ["ratio < 1"], "n": [1]}), links=['p.html?a=1&b="2"']).to_html()
+    assert '<a href="p.html?a=1&amp;b=&quot;2&quot;">ratio &lt; 1</a>' in odd
     with pytest.raises(ValueError, match="one per row"):
         styled(t, links=links[1:])
+    with pytest.raises(ValueError, match="unique names"):
+        styled(pd.DataFrame([[1, 2]], columns=["a", "a"]), links=["p.html"])
     # the anchor each link names exists in its chapter, right above the claim check's heading
     for key in set(chapters) | {"norms", "cosine", "skipping", "lens", "complexity", "maps", "moeut"}:
         source = (REPO / "notebooks" / f"{CHAPTERS[key]}.py").read_text()

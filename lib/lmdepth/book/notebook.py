@@ -71,20 +71,24 @@ def styled(df: pd.DataFrame, sortable: bool = False, links: list[str] | None = N
     ``sortable``: the ``<table>`` gets the class :data:`lmdepth.book.table_sort.SORTABLE_CLASS`, so in the book a
     click on a column header sorts the rows by it; elsewhere (Jupyter, Colab) it is the same table, unsorted.
 
-    ``links``: one address per row (e.g. ``03_layer_skipping.html#claims-skipping``); the row's first cell becomes a
-    link to it, its text still escaped.
+    ``links``: one address per row, in the row order (e.g. ``03_layer_skipping.html#claims-skipping``, a page of the
+    built book: in Jupyter or Colab such a link leads nowhere); the row's first cell becomes a link to it, its text
+    still escaped (a missing first cell reads "—", without a link).
 
     Raises:
-        ValueError: ``links`` does not have one address per row.
+        ValueError: ``links`` does not have one address per row, or the table's columns are not uniquely named.
     """
-    digest = hashlib.sha1(repr((list(map(str, df.columns)), df.shape)).encode()).hexdigest()[:8]
-    out = df.style.hide(axis="index").format(escape="html", na_rep="—").set_uuid(digest)
     if links is not None:
         if len(links) != len(df):
             raise ValueError(f"links: {len(links)} addresses for a table of {len(df)} rows; give one per row")
-        for row, href in zip(df.index, links):  # the formatter receives the cell's text already escaped
-            out = out.format(lambda text, href=html.escape(href): f'<a href="{href}">{text}</a>', escape="html",
-                             na_rep="—", subset=pd.IndexSlice[[row], df.columns[:1]])
+        if not df.columns.is_unique:
+            raise ValueError("links: the table's columns must have unique names (a link goes to the first column)")
+        df = df.reset_index(drop=True)  # rows by position: a repeated index label would take one row's link twice
+    digest = hashlib.sha1(repr((list(map(str, df.columns)), df.shape)).encode()).hexdigest()[:8]
+    out = df.style.hide(axis="index").format(escape="html", na_rep="—").set_uuid(digest)
+    for row, href in enumerate(links or []):  # the formatter receives the cell's text already escaped
+        out = out.format(lambda text, href=html.escape(href): f'<a href="{href}">{text}</a>', escape="html",
+                         na_rep="—", subset=pd.IndexSlice[[row], df.columns[:1]])
     return out.set_table_attributes(f'class="{SORTABLE_CLASS}"') if sortable else out
 
 

@@ -246,9 +246,11 @@ def row_table(verdicts: pd.DataFrame, models: list[str] | None = None) -> pd.Dat
 
 
 def row_chapters(verdicts: pd.DataFrame, models: list[str] | None = None) -> list[str]:
-    """The chapter (``verdicts.chapter``, e.g. "norms") of each row of :func:`row_table`, in its order: where the
-    row's chapter shows its claim check (the findings page links each row there)."""
-    return [] if verdicts.empty else list(_in_table_order(normalized(verdicts), models)["chapter"].astype(str))
+    """The chapter that checks the claim of each row of :func:`row_table` (its registered chapter, e.g. "norms"), in
+    the table's order: the findings page links each row there."""
+    if verdicts.empty:
+        return []
+    return [REGISTRY[c].chapter for c in _in_table_order(normalized(verdicts), models)["claim_id"]]
 
 
 def _in_table_order(v: pd.DataFrame, models: list[str] | None) -> pd.DataFrame:

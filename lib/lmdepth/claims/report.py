@@ -156,15 +156,17 @@ def save(verdicts: pd.DataFrame, chapter: str, results_dir: str | None = None) -
         atomic_write_text(target / f"{slug(model)}{run}.csv", rows.to_csv(index=False))
 
 
-#: What the registry's criteria live in: ``lib/lmdepth/claims`` except the findings page's presentation of the
-#: verdicts (tables, links, counts), which decides nothing; a change to it alone is not a change of criteria.
-REGISTRY_PATHS = ("lib/lmdepth/claims", ":(exclude)lib/lmdepth/claims/findings_claims.py")
+#: The claims registry's code: its criteria and the code that applies and shows them in the chapters
+#: (``lib/lmdepth/claims``), without the findings page's own tables, links and counts (``findings_claims.py``),
+#: which apply nothing. Paths from the top of the checkout, wherever git runs.
+REGISTRY_PATHS = (":(top)lib/lmdepth/claims", ":(top,exclude)lib/lmdepth/claims/findings_claims.py")
 
 
 def registry_commit(root: Path = REPO_ROOT) -> str:
-    """The last commit that changed the claims registry's criteria (:data:`REGISTRY_PATHS`), as ``<hash> (<date>)``,
-    in the git checkout ``root``; the findings page names it so a reader can check that the criteria predate the
-    runs they judge."""
+    """The last commit that changed the claims registry's code (:data:`REGISTRY_PATHS`), as ``<hash> (<date>)``, in
+    the git checkout that holds ``root``. The findings page names it so a reader can check that the registry predates
+    the runs it judges; a commit that changed only how verdicts are shown counts too, so it may name a later commit
+    than the last change of a criterion, never an earlier one."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         if head.returncode != 0:
