@@ -254,7 +254,8 @@ show_table(page.solved_table(depth.solved_groups))
 # runs above). They take ~20 CPU-hours, so the book never trains them: `scripts/train_matched_runs.py` does
 # (resumable). The table shows where they stood when this page was executed; a run that finishes in
 # `checkpoints/dm_math` (where the script writes them) makes `lmdepth book` execute the page again. A run enters the
-# checks once it is finished; a problem's value is its mean over the finished seeds.
+# checks once it is finished; a run's value on a problem is its mean over the finished seeds, and the interval
+# resamples each run's seeds as well as the problems, so it includes how much the seeds disagree.
 
 # %% tags=["hide-input"]
 matched, matched_states = sa.matched_runs(profile, params.runs_dir, device=params.device, loaded=runs)

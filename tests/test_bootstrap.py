@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmdepth.metrics.bootstrap import TAILS, draws, percentile_interval, resample, tails
+from lmdepth.metrics.bootstrap import TAILS, draws, percentile_interval, replicate_means, resample, tails
 from lmdepth.metrics.layer_curves import half_layers, half_means
 from lmdepth.metrics.residual_stats import relative_norm
 
@@ -53,6 +53,26 @@ def test_vectorised_and_per_resample_statistics_agree():
     per = draws(np.mean, (x,), 300, 4)
     vec = draws(lambda v: v.mean(1), (x,), 300, 4, vectorised=True)
     assert per.shape == vec.shape == (300,) and np.allclose(per, vec, rtol=0, atol=1e-14)
+
+
+def test_replicate_columns_are_a_second_level_of_the_resample():
+    """Columns that are replicates (a run's training seeds): identical replicates give exactly the one-level draws
+    on their means (the units are drawn first); replicates that disagree widen the interval by their spread."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 2))
+    same = np.repeat(x, [3, 2], axis=1)  # run 0 with 3 identical seeds, run 1 with 2
+    gap = lambda v: float(v[:, 1].mean() - v[:, 0].mean())  # noqa: E731
+    assert np.allclose(replicate_means(same, [3, 2]), x, rtol=0, atol=1e-15)
+    assert np.allclose(draws(gap, (same,), 300, 5, columns=[3, 2]), draws(gap, (x,), 300, 5), rtol=0, atol=1e-14)
+    spread = same + np.array([[-1.0, 0.0, 1.0, 0.0, 0.0]])  # run 0's seeds at −1, 0, +1 around the same values
+    one = percentile_interval(draws(gap, (replicate_means(spread, [3, 2]),), 1000, 5))
+    two = percentile_interval(draws(gap, (spread,), 1000, 5, columns=[3, 2]))
+    assert two[1] - two[0] > 1.5 * (one[1] - one[0])
+    # a resample draws each run's seeds within the run: run 1's two columns never mix with run 0's three
+    marks = np.tile(np.array([0.0, 0.0, 0.0, 1.0, 1.0]), (10, 1))
+    assert (draws(lambda v: float(v[:, 1].min() - v[:, 0].max()), (marks,), 200, 0, columns=[3, 2]) == 1).all()
+    with pytest.raises(ValueError, match="do not tile"):
+        replicate_means(same, [3, 3])
 
 
 def test_known_interval_of_a_proportion():

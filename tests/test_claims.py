@@ -25,7 +25,7 @@ from lmdepth.claims.skipping_claims import nudge_control
 from lmdepth.data.difficulty import LEVELS
 from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.layer_curves import change_point, sign_change_margin
-from lmdepth.metrics.verdicts import Rule
+from lmdepth.metrics.verdicts import Rule, decide
 from lmdepth.model.random_init import control_name
 
 pytestmark = pytest.mark.unit
@@ -809,6 +809,22 @@ def test_runs_that_are_not_comparable_are_not_testable():
     assert verdict_of("moeut.answer_loss_gain", moeut_only).state in ("inconclusive", "agrees", "disagrees")
     row = verdict_of("moeut.exact_match_gain_vs_transformer", moeut_only)
     assert row.state == "not testable" and "transformer-lm: 0 training seeds" in row.reason
+
+
+def test_the_interval_of_a_comparison_of_runs_includes_the_spread_between_training_seeds():
+    """A gain that one training seed of three carries: on each problem's mean over seeds it looks decided, but seeds
+    are replicates as well as problems, and resampling them leaves the gain undecided."""
+    t = pd.concat([eval_units({MO: (0.5, 1), MA: (0.95 if sd == 0 else 0.5, 1)}, n=150, seed=sd, seeds=(sd,))
+                   for sd in (0, 1, 2)], ignore_index=True)
+    spec = REGISTRY["moeut.exact_match_gain"]
+    v = spec.values(t, SUBJECT)
+    assert list(v.columns) == [(MO, 0), (MO, 1), (MO, 2), (MA, 0), (MA, 1), (MA, 2)] and len(v) == 150
+    on_means = decide(v.T.groupby(level=0, sort=False).mean().T.to_numpy(), spec.rule, spec.reduce)
+    assert on_means.state == "agrees", on_means
+    row = verdict_of("moeut.exact_match_gain", t)
+    assert row.estimate == pytest.approx(on_means.estimate, abs=1e-12)  # the same statistic ...
+    assert row.state == "inconclusive" and row.ci_low < 0 < row.ci_high  # ... with the seeds' spread in its interval
+    assert row.ci_high - row.ci_low > 2 * (on_means.ci_high - on_means.ci_low)
 
 
 def test_the_shuffled_objective_control_is_a_permutation_null():

@@ -3,8 +3,10 @@ Transformer. Checked on the per-problem evaluation (:func:`lmdepth.analyses.scra
 comparison runs (:func:`lmdepth.scratch.training.matched_configs`: one learning rate, three training seeds per run).
 
 Unit: the problem of the extrapolation split; all runs answer the same problems, so the runs are paired within a
-problem and problems are resampled jointly (a run trained with several seeds enters as its per-problem mean over
-seeds). The verdict rows carry the subject ``MoEUT vs Transformer``.
+problem and problems are resampled jointly. A run trained with several seeds enters as its per-problem mean over
+seeds, and the interval resamples each run's seeds as well as the problems (a two-level bootstrap:
+:func:`lmdepth.metrics.bootstrap.draws`), so it includes how much training seeds disagree. The verdict rows carry
+the subject ``MoEUT vs Transformer``.
 
 Preconditions (book/method.md#method-verdicts): the compared runs are comparable — one learning rate for all of
 them, at least :data:`MIN_SEEDS` training seeds per run, and matched competence: every seed's exact match on the
@@ -23,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from lmdepth.claims.spec import ClaimSpec
+from lmdepth.claims.spec import REPLICATE, ClaimSpec
 from lmdepth.errors import DataError
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.metrics.verdicts import Rule
@@ -56,15 +58,21 @@ def swap_objectives(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def paired(column: str, runs: tuple[str, ...] = RUNS) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
-    """Per extrapolation problem: ``column`` of each of ``runs`` (a prefix of :data:`RUNS`: MoEUT's two, or all
-    four) in that order, its mean over training seeds, ``[problems, len(runs)]`` indexed by problem. Only the runs
-    a claim compares are read, so a missing Transformer run cannot block a MoEUT-only claim."""
+    """Per extrapolation problem: ``column`` of each training seed of each of ``runs`` (a prefix of :data:`RUNS`:
+    MoEUT's two, or all four), ``[problems, Σ seeds]`` indexed by problem, columns (run, training seed) in that
+    order, the seeds named as replicates (:data:`lmdepth.claims.spec.REPLICATE`): the statistic reads each run's
+    mean over them. A run with no finished seed is one column of NaN (its precondition fails). Only the runs a
+    claim compares are read, so a missing Transformer run cannot block a MoEUT-only claim."""
 
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
-        u = units[(units.model == model) & (units.split == "extrapolate")]
+        u = units[(units.model == model) & (units.split == "extrapolate") & units.run.isin(runs)]
         if u.empty:
             raise DataError(f"No extrapolation results for {model!r}: none of the compared runs is finished.")
-        return u.pivot_table(index="unit", columns="run", values=column, aggfunc="mean").reindex(columns=list(runs))
+        u = u.assign(train_seed=u["train_seed"] if "train_seed" in u else 0)
+        wide = u.pivot_table(index="unit", columns=["run", "train_seed"], values=column, aggfunc="mean")
+        seeds = {run: sorted(wide[run].columns) if run in wide.columns.get_level_values(0) else [-1] for run in runs}
+        return wide.reindex(columns=pd.MultiIndex.from_tuples(
+            [(run, sd) for run in runs for sd in seeds[run]], names=["run", REPLICATE]))
 
     return values
 
@@ -117,14 +125,18 @@ _HISTORY = ("2026-11-23: a competence gate (exact match above the constant-answe
             "2026-11-26: comparable runs required (one learning rate, ≥ 3 training seeds per run, every seed ≥ 95 % "
             "interpolation exact match; was: above the constant answer, one seed, the Transformer answer-only run "
             "at 56.8 % and another learning rate); the shuffled-objective control is a permutation null over 200 "
-            "seeds (was: swap seed 0 alone, one of the few seeds that agreed).")
+            "seeds (was: swap seed 0 alone, one of the few seeds that agreed).",
+            "2026-11-27: the interval resamples each run's training seeds as well as the problems (was: problems "
+            "only, on each problem's mean over seeds), so the spread between seeds is in it; changed while every "
+            "row was still not testable, after the per-seed accuracies of the finished runs had been seen.")
 
 CLAIMS: tuple[ClaimSpec, ...] = (
     ClaimSpec(
         id="moeut.exact_match_gain", chapter="moeut", figure="Fig. 9",
         claim="not modelling the question raises MoEUT's extrapolation accuracy",
         statement="A MoEUT trained without a loss on the question extrapolates better.",
-        statistic="gain: exact match on extrapolation, answer-only − all-token MoEUT (paired over problems)",
+        statistic="gain: exact match on extrapolation, answer-only − all-token MoEUT (paired over problems; each run "
+                  "averaged over its training seeds, which the interval resamples too)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("correct", RUNS[:2]), reduce=_gain(0, 1.0),
         precondition=comparable(RUNS[:2]), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
     ClaimSpec(
@@ -137,7 +149,8 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         id="moeut.answer_loss_gain", chapter="moeut", figure="Fig. 9 (finer measure)",
         claim="… MoEUT's answer loss improves", statement="Without the question's loss, MoEUT predicts extrapolated "
                                                            "answers better (a finer measure than exact match).",
-        statistic="gain: mean answer cross-entropy, all-token − answer-only MoEUT (nats per token)",
+        statistic="gain: mean answer cross-entropy, all-token − answer-only MoEUT (nats per token; paired over "
+                  "problems, each run averaged over its training seeds)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("answer_nll", RUNS[:2]), reduce=_gain(0, -1.0),
         precondition=comparable(RUNS[:2]), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
     ClaimSpec(

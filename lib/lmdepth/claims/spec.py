@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.errors import DataError
+from lmdepth.metrics import bootstrap
 from lmdepth.metrics.verdicts import (
     MIN_UNITS,
     SATURATED,
@@ -37,8 +38,11 @@ from lmdepth.model.random_init import control_name
 EARLY_LAYERS = 2
 
 #: (per-unit table, model) -> [units, k] values: a DataFrame indexed by unit id (so a control is paired with the
-#: model on the units both share), or an array whose rows are units in a fixed order.
+#: model on the units both share), or an array whose rows are units in a fixed order. A DataFrame whose columns are
+#: a two-level index with the second level named :data:`REPLICATE` — (run, training seed) — holds replicates: the
+#: statistic reads each run's mean over them, and the verdict's interval resamples them within each run as well.
 Values = Callable[[pd.DataFrame, str], "pd.DataFrame | np.ndarray"]
+REPLICATE = "replicate"  # the name of the column level that holds replicates (see Values)
 Reduce = Callable[[np.ndarray], float]  # [units, k] (a resample) -> the statistic
 
 
@@ -126,6 +130,22 @@ def frame(values: "pd.DataFrame | np.ndarray") -> pd.DataFrame:
     return values if isinstance(values, pd.DataFrame) else pd.DataFrame(np.asarray(values, dtype=float))
 
 
+def replicates(values: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, list[int] | None]:
+    """(the per-unit values with replicate columns averaged, every column as an array, the replicate group sizes):
+    a two-level column index whose second level is :data:`REPLICATE` is averaged over it, in the first level's
+    order; other values are returned as they are, with sizes None."""
+    full = values.to_numpy(dtype=float)
+    if values.columns.nlevels != 2 or values.columns.names[1] != REPLICATE:
+        return values, full, None
+    first = values.columns.get_level_values(0)
+    starts = [i for i in range(len(first)) if i == 0 or first[i] != first[i - 1]]
+    if len(starts) != first.nunique():
+        raise ValueError(f"replicate columns must be grouped by quantity: {list(values.columns)}")
+    sizes = list(np.diff(starts + [len(first)]))
+    means = pd.DataFrame(bootstrap.replicate_means(full, sizes), index=values.index, columns=list(first[starts]))
+    return means, full, sizes
+
+
 def degenerate(values: pd.DataFrame) -> str:
     """Why per-unit control values cannot make a control ("" if they can): every layer curve in them (columns
     labelled by an integer layer, or ``(component, layer)``) flat in every unit — a curve that does not change over
@@ -173,6 +193,8 @@ def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict
         values = frame(spec.values(units, model))
     except DataError as e:  # e.g. a comparison model without an all-token run
         return Verdict("not testable", NAN, NAN, NAN, 0, str(e)), pd.DataFrame(), False, NAN
+    # training seeds as replicates: the interval resamples them too; everything else reads their means
+    values, full, sizes = replicates(values)
     v = values.to_numpy(dtype=float)
     size = spec.sample_size(units, model) if spec.sample_size is not None else (True, "")
     # the claim's own size rule, where it has one, judges the sample as drawn (its values may keep only the
@@ -187,8 +209,8 @@ def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict
     failed = [w for w in (size[1] if not size[0] else "", "" if pre[0] else pre[1], saturated) if w]
     if failed and not len(v):  # the values kept no unit because of a failed precondition: name it, not "0 units"
         return Verdict("not testable", NAN, NAN, NAN, 0, "; ".join(failed)), values, sized, share
-    return decide(v, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
-                  precondition=(not failed, "; ".join(failed))), values, sized, share
+    return decide(full, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
+                  precondition=(not failed, "; ".join(failed)), replicates=sizes), values, sized, share
 
 
 def _paired(spec: ClaimSpec, real: pd.DataFrame, control: pd.DataFrame, n_boot: int, seed: int

@@ -4,7 +4,9 @@
 * :func:`resample` draws the unit indices of all resamples at once — of one sample, or stratified: every group
   resampled within itself;
 * :func:`draws` evaluates a statistic on each resample, the same rows of several arrays taken together (paired
-  values stay paired), one resample at a time or on all at once (``vectorised``);
+  values stay paired), one resample at a time or on all at once (``vectorised``); with ``columns`` it resamples a
+  second level too — columns that are replicates of one quantity (a run's training seeds) within their group —
+  and the statistic sees each group's mean (:func:`replicate_means`);
 * :func:`percentile_interval` reads the interval off the draws.
 
 Drawing all indices in one call moves no draw: numpy's bounded int64 draws take 32-bit words from the bit
@@ -51,9 +53,19 @@ def resample(sizes: int | Sequence[int], n_boot: int, seed: int | np.random.Gene
     return rng.integers(0, np.repeat(sizes, sizes), (n_boot, int(sizes.sum()))) + np.repeat(start, sizes)
 
 
+def replicate_means(values: np.ndarray, columns: Sequence[int]) -> np.ndarray:
+    """[units, Σ columns] → [units, len(columns)]: the mean of each group of replicate columns (groups laid end to
+    end, e.g. each run's training seeds)."""
+    v = np.asarray(values, dtype=float)
+    sizes = np.asarray(columns, dtype=np.int64)
+    if v.ndim != 2 or v.shape[1] != sizes.sum() or (sizes < 1).any():
+        raise ValueError(f"replicate groups {list(sizes)} do not tile the {v.shape} values' columns")
+    return np.add.reduceat(v, np.cumsum(sizes) - sizes, axis=1) / sizes
+
+
 def draws(statistic: Callable[..., float | np.ndarray], arrays: Sequence[np.ndarray], n_boot: int,
           seed: int | np.random.Generator = 0, groups: Sequence[int] | None = None,
-          vectorised: bool = False) -> np.ndarray:
+          vectorised: bool = False, columns: Sequence[int] | None = None) -> np.ndarray:
     """The statistic on ``n_boot`` resamples of the units: [n_boot, ...] (float).
 
     Args:
@@ -62,14 +74,25 @@ def draws(statistic: Callable[..., float | np.ndarray], arrays: Sequence[np.ndar
         arrays: units on the first axis, the same N units in each; row i of every array is resampled together.
         groups: group sizes for a stratified resample (the arrays hold the groups end to end, in this order);
             None resamples all units as one sample.
+        columns: a second level (2-D arrays, not ``vectorised``): the sizes of groups of replicate columns laid
+            end to end; each resample also draws every group's columns with replacement within it, and the
+            statistic gets the group means ([N, len(columns)], :func:`replicate_means`). The units are drawn
+            first, so they are the draws of the same call without ``columns``.
     """
     n = len(arrays[0])
     if any(len(a) != n for a in arrays):
         raise ValueError(f"jointly resampled arrays need the same units: {[len(a) for a in arrays]} rows")
-    idx = resample(n if groups is None else groups, n_boot, seed)
+    rng = as_generator(seed)
+    idx = resample(n if groups is None else groups, n_boot, rng)
     if vectorised:
+        if columns is not None:
+            raise ValueError("replicate columns are resampled one draw at a time (vectorised=False)")
         return np.asarray(statistic(*(a[idx] for a in arrays)), dtype=float)
-    return np.array([statistic(*(a[i] for a in arrays)) for i in idx], dtype=float)
+    if columns is None:
+        return np.array([statistic(*(a[i] for a in arrays)) for i in idx], dtype=float)
+    cols = resample(columns, n_boot, rng)
+    return np.array([statistic(*(replicate_means(a[i][:, c], columns) for a in arrays))
+                     for i, c in zip(idx, cols)], dtype=float)
 
 
 def percentile_interval(values: np.ndarray, q: tuple[float, float] = TAILS) -> tuple[np.ndarray, np.ndarray]:

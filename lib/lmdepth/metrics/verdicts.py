@@ -21,7 +21,7 @@ decides nothing (:func:`at_bound`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -96,7 +96,7 @@ class Verdict:
 
 def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], float] | None = None,
            min_units: int = MIN_UNITS, n_boot: int = 1000, seed: int = 0,
-           precondition: tuple[bool, str] = (True, "")) -> Verdict:
+           precondition: tuple[bool, str] = (True, ""), replicates: Sequence[int] | None = None) -> Verdict:
     """The verdict of one check.
 
     Args:
@@ -105,6 +105,10 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
         statistic: reduces a (resampled) array of units to one number (default: the mean of a 1-D array).
         min_units: the precondition on the sample size (at least 10: book/method.md#method-verdicts).
         precondition: (holds, why not) of a check-specific precondition (competence over a baseline, …).
+        replicates: ``values`` [units, Σ replicates] holds groups of replicate columns end to end (each run's
+            training seeds): the statistic reads each group's mean, and the interval resamples the replicates
+            within each group as well as the units (:func:`lmdepth.metrics.bootstrap.draws`), so it includes the
+            spread between them.
     """
     values = np.asarray(values, dtype=float)
     statistic = statistic or (lambda v: float(np.mean(v)))
@@ -122,9 +126,9 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
     if n_boot < MIN_BOOT:
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
                        f"{n_boot} bootstrap resamples, at least {MIN_BOOT} needed")
-    boots = bootstrap.draws(statistic, (values,), n_boot, seed)
+    boots = bootstrap.draws(statistic, (values,), n_boot, seed, columns=replicates)
     bad = int((~np.isfinite(boots)).sum())  # the interval leaves these out; the verdict does not trust it then
-    est = float(statistic(values))
+    est = float(statistic(values if replicates is None else bootstrap.replicate_means(values, replicates)))
     lo, hi = percentile_interval(boots, tails(LEVEL))
     if bad or not np.isfinite(est):
         return Verdict("not testable", est, lo, hi, n, f"the statistic is undefined on {bad} of {n_boot} resamples "
