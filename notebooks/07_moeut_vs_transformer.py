@@ -245,7 +245,8 @@ show_table(page.solved_table(depth.solved_groups))
 #
 # From the claims registry (`lmdepth.claims`): not modelling the question should improve MoEUT's extrapolation —
 # exact match (the paper's measure) and, finer for weak models, the answer loss — by more than it improves the
-# Transformer's, each decided from a paired bootstrap interval over the extrapolation problems. The checks are
+# Transformer's, each decided from a paired bootstrap interval over the extrapolation problems and the training
+# seeds. The checks are
 # only testable on comparable runs: one learning rate for every compared run, at least three training seeds each,
 # and every seed at ≥ 95 % interpolation exact match (a run still learning the training distribution would turn a
 # comparison of objectives into one of training progress). The four runs above are not comparable (the Transformer
@@ -255,7 +256,10 @@ show_table(page.solved_table(depth.solved_groups))
 # (resumable). The table shows where they stood when this page was executed; a run that finishes in
 # `checkpoints/dm_math` (where the script writes them) makes `lmdepth book` execute the page again. A run enters the
 # checks once it is finished; a run's value on a problem is its mean over the finished seeds, and the interval
-# resamples each run's seeds as well as the problems, so it includes how much the seeds disagree.
+# resamples the seeds as well as the problems (one draw of seeds for all runs: runs with the same seed see the same
+# batches), so it includes how much the seeds disagree. With three seeds that level is resampled coarsely (10
+# distinct draws, its variance understated by a third), while the problems' spread enters twice (once inside each
+# seed's mean), which widens the interval.
 
 # %% tags=["hide-input"]
 matched, matched_states = sa.matched_runs(profile, params.runs_dir, device=params.device, loaded=runs)
@@ -263,8 +267,8 @@ matched_per_example = sa.evaluate_runs(matched, splits, device=params.device, kn
 show_table(page.matched_table(matched_states, matched_per_example))
 
 # %% [markdown]
-# The control is a permutation null: each problem's two objectives swapped at random, 200 times; a check counts
-# when the real gain lies outside the null's central 95 %. The depth score against the number of operations is
+# The control is a permutation null: each problem's two objectives swapped at random (on the seeds' means), 200
+# times; a check counts when the real gain lies outside the null's central 95 %. The depth score against the number of operations is
 # shown above with its intervals but not judged: its per-problem effects are not kept in a per-unit table yet.
 
 # %% tags=["hide-input"]

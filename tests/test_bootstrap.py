@@ -73,6 +73,19 @@ def test_replicate_columns_are_a_second_level_of_the_resample():
     assert (draws(lambda v: float(v[:, 1].min() - v[:, 0].max()), (marks,), 200, 0, columns=[3, 2]) == 1).all()
     with pytest.raises(ValueError, match="do not tile"):
         replicate_means(same, [3, 3])
+    with pytest.raises(ValueError, match="one draw at a time"):
+        draws(gap, (same,), 10, 0, vectorised=True, columns=[3, 2])
+
+
+def test_matched_replicates_share_one_draw_across_groups():
+    """Seeds matched across runs (seed j of every run): one draw of positions for all groups, so the runs' drawn
+    seeds always coincide; unmatched, they coincide only by chance."""
+    labels = np.tile(np.array([0.0, 10.0, 100.0]), (6, 2))  # two runs, seeds labelled 0, 10, 100 in each
+    same_seeds = lambda v: float(v[0, 0] == v[0, 1])  # noqa: E731  (each run's mean of its drawn seeds' labels)
+    assert (draws(same_seeds, (labels,), 300, 2, columns=[3, 3], matched=True) == 1).all()
+    assert (draws(same_seeds, (labels,), 300, 2, columns=[3, 3]) == 1).mean() < 0.5
+    with pytest.raises(ValueError, match="equal size"):
+        draws(same_seeds, (labels[:, :5],), 10, 0, columns=[3, 2], matched=True)
 
 
 def test_known_interval_of_a_proportion():

@@ -22,6 +22,7 @@ from lmdepth.claims.findings_claims import (
 from lmdepth.claims.maps_claims import units_of as maps_units
 from lmdepth.claims.scratch_claims import RUNS, SUBJECT, swap_objectives, units_of
 from lmdepth.claims.skipping_claims import nudge_control
+from lmdepth.claims.spec import replicates
 from lmdepth.data.difficulty import LEVELS
 from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.layer_curves import change_point, sign_change_margin
@@ -825,6 +826,25 @@ def test_the_interval_of_a_comparison_of_runs_includes_the_spread_between_traini
     assert row.estimate == pytest.approx(on_means.estimate, abs=1e-12)  # the same statistic ...
     assert row.state == "inconclusive" and row.ci_low < 0 < row.ci_high  # ... with the seeds' spread in its interval
     assert row.ci_high - row.ci_low > 2 * (on_means.ci_high - on_means.ci_low)
+    # the statistic of all four runs is the one on each run's mean over its seeds, straight from the raw table
+    four = REGISTRY["moeut.exact_match_gain_vs_transformer"]
+    ext = t[t.split == "extrapolate"].pivot_table(index="unit", columns="run", values="correct", aggfunc="mean")
+    row4 = verdict_of(four.id, t)
+    assert row4.estimate == pytest.approx(four.reduce(ext[list(RUNS)].to_numpy()), abs=1e-12)
+
+
+def test_seeds_are_paired_across_runs_only_where_the_runs_share_them():
+    t = eval_units({MO: (0.3, 1), MA: (0.7, 1)}, n=60)
+    values, full, sizes, matched = replicates(REGISTRY["moeut.exact_match_gain"].values(t, SUBJECT))
+    assert sizes == [3, 3] and matched and list(values.columns) == [MO, MA] and full.shape == (60, 6)
+    uneven = t[~((t.run == MA) & (t.train_seed == 2))]  # MoEUT answer-only lacks seed 2
+    _, _, sizes, matched = replicates(REGISTRY["moeut.exact_match_gain"].values(uneven, SUBJECT))
+    assert sizes == [3, 2] and not matched
+    assert "2 training seeds" in verdict_of("moeut.exact_match_gain", uneven).reason
+    # a seed that did not answer one problem leaves that problem without a mean of all seeds: not testable
+    gap = t.drop(t[(t.run == MO) & (t.train_seed == 1) & (t.split == "extrapolate") & (t.unit == 7)].index)
+    row = verdict_of("moeut.exact_match_gain", gap)
+    assert row.state == "not testable" and "1 of 60 units have missing values" in row.reason
 
 
 def test_the_shuffled_objective_control_is_a_permutation_null():

@@ -4,9 +4,13 @@ comparison runs (:func:`lmdepth.scratch.training.matched_configs`: one learning 
 
 Unit: the problem of the extrapolation split; all runs answer the same problems, so the runs are paired within a
 problem and problems are resampled jointly. A run trained with several seeds enters as its per-problem mean over
-seeds, and the interval resamples each run's seeds as well as the problems (a two-level bootstrap:
-:func:`lmdepth.metrics.bootstrap.draws`), so it includes how much training seeds disagree. The verdict rows carry
-the subject ``MoEUT vs Transformer``.
+seeds, and the interval resamples the seeds as well as the problems (a two-level bootstrap:
+:func:`lmdepth.metrics.bootstrap.draws`), so it includes how much training seeds disagree. Runs trained with
+the same seed see the same batch order (and, within an architecture, start from the same initialisation), so
+where the compared runs share their seeds one draw of seeds serves all of them (paired). With three seeds the seed level is resampled coarsely (10 distinct draws) and its
+spread is understated by a factor (n − 1)/n in variance; the problem level counts the problems' spread twice
+(once inside the seeds' means), which widens the interval. The verdict rows carry the subject ``MoEUT vs
+Transformer``.
 
 Preconditions (book/method.md#method-verdicts): the compared runs are comparable — one learning rate for all of
 them, at least :data:`MIN_SEEDS` training seeds per run, and matched competence: every seed's exact match on the
@@ -15,7 +19,8 @@ comparison of objectives into one of training progress). Otherwise the check is 
 
 Control: a permutation null — the same problems with each problem's two objectives swapped at random, over
 :data:`N_NULL` seeds: the gain when the objective makes no difference. The check discriminates when the real gain
-lies outside the null's central 95 %.
+lies outside the null's central 95 % (it permutes the seeds' means per problem: the seeds' spread is in the
+interval, not in the null).
 """
 
 from __future__ import annotations
@@ -136,13 +141,14 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         claim="not modelling the question raises MoEUT's extrapolation accuracy",
         statement="A MoEUT trained without a loss on the question extrapolates better.",
         statistic="gain: exact match on extrapolation, answer-only − all-token MoEUT (paired over problems; each run "
-                  "averaged over its training seeds, which the interval resamples too)",
+                  "averaged over its training seeds, which the interval resamples too, paired across runs)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("correct", RUNS[:2]), reduce=_gain(0, 1.0),
         precondition=comparable(RUNS[:2]), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
     ClaimSpec(
         id="moeut.exact_match_gain_vs_transformer", chapter="moeut", figure="Fig. 9",
         claim="… more than the Transformer's", statement="The gain is larger for MoEUT than for a Transformer.",
-        statistic="difference: MoEUT's exact-match gain − the Transformer's",
+        statistic="difference: MoEUT's exact-match gain − the Transformer's (paired over problems and training "
+                  "seeds)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("correct"), reduce=_gain_difference(1.0),
         precondition=comparable(RUNS), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
     ClaimSpec(
@@ -156,7 +162,8 @@ CLAIMS: tuple[ClaimSpec, ...] = (
     ClaimSpec(
         id="moeut.answer_loss_gain_vs_transformer", chapter="moeut", figure="Fig. 9 (finer measure)",
         claim="… more than the Transformer's (answer loss)", statement="The answer-loss gain is larger for MoEUT.",
-        statistic="difference: MoEUT's answer-loss gain − the Transformer's",
+        statistic="difference: MoEUT's answer-loss gain − the Transformer's (paired over problems and training "
+                  "seeds)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("answer_nll"), reduce=_gain_difference(-1.0),
         precondition=comparable(RUNS), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
 )

@@ -130,20 +130,23 @@ def frame(values: "pd.DataFrame | np.ndarray") -> pd.DataFrame:
     return values if isinstance(values, pd.DataFrame) else pd.DataFrame(np.asarray(values, dtype=float))
 
 
-def replicates(values: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, list[int] | None]:
-    """(the per-unit values with replicate columns averaged, every column as an array, the replicate group sizes):
-    a two-level column index whose second level is :data:`REPLICATE` is averaged over it, in the first level's
-    order; other values are returned as they are, with sizes None."""
+def replicates(values: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, list[int] | None, bool]:
+    """(the per-unit values with replicate columns averaged, every column as an array, the replicate group sizes,
+    whether the replicates are matched): a two-level column index whose second level is :data:`REPLICATE` is
+    averaged over it, in the first level's order; its replicates are matched when every group holds the same
+    labels in the same order (the same training seeds in every run). Other values are returned as they are, with
+    sizes None."""
     full = values.to_numpy(dtype=float)
     if values.columns.nlevels != 2 or values.columns.names[1] != REPLICATE:
-        return values, full, None
+        return values, full, None, False
     first = values.columns.get_level_values(0)
     starts = [i for i in range(len(first)) if i == 0 or first[i] != first[i - 1]]
     if len(starts) != first.nunique():
         raise ValueError(f"replicate columns must be grouped by quantity: {list(values.columns)}")
-    sizes = list(np.diff(starts + [len(first)]))
+    sizes = [int(n) for n in np.diff(starts + [len(first)])]
     means = pd.DataFrame(bootstrap.replicate_means(full, sizes), index=values.index, columns=list(first[starts]))
-    return means, full, sizes
+    labels = [tuple(values.columns.get_level_values(1)[a:a + n]) for a, n in zip(starts, sizes)]
+    return means, full, sizes, all(lab == labels[0] for lab in labels)
 
 
 def degenerate(values: pd.DataFrame) -> str:
@@ -193,8 +196,9 @@ def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict
         values = frame(spec.values(units, model))
     except DataError as e:  # e.g. a comparison model without an all-token run
         return Verdict("not testable", NAN, NAN, NAN, 0, str(e)), pd.DataFrame(), False, NAN
-    # training seeds as replicates: the interval resamples them too; everything else reads their means
-    values, full, sizes = replicates(values)
+    # training seeds as replicates: the interval resamples them too (one draw for all runs where the runs share
+    # their seeds); everything else reads their means
+    values, full, sizes, matched = replicates(values)
     v = values.to_numpy(dtype=float)
     size = spec.sample_size(units, model) if spec.sample_size is not None else (True, "")
     # the claim's own size rule, where it has one, judges the sample as drawn (its values may keep only the
@@ -209,8 +213,9 @@ def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict
     failed = [w for w in (size[1] if not size[0] else "", "" if pre[0] else pre[1], saturated) if w]
     if failed and not len(v):  # the values kept no unit because of a failed precondition: name it, not "0 units"
         return Verdict("not testable", NAN, NAN, NAN, 0, "; ".join(failed)), values, sized, share
-    return decide(full, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
-                  precondition=(not failed, "; ".join(failed)), replicates=sizes), values, sized, share
+    verdict = decide(full, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
+                     precondition=(not failed, "; ".join(failed)), replicates=sizes, matched=matched)
+    return verdict, values, sized, share
 
 
 def _paired(spec: ClaimSpec, real: pd.DataFrame, control: pd.DataFrame, n_boot: int, seed: int

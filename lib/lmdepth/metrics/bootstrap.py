@@ -5,8 +5,9 @@
   resampled within itself;
 * :func:`draws` evaluates a statistic on each resample, the same rows of several arrays taken together (paired
   values stay paired), one resample at a time or on all at once (``vectorised``); with ``columns`` it resamples a
-  second level too — columns that are replicates of one quantity (a run's training seeds) within their group —
-  and the statistic sees each group's mean (:func:`replicate_means`);
+  second level too — columns that are replicates of one quantity (a run's training seeds) within their group, or
+  one draw shared by all groups where the replicates are matched — and the statistic sees each group's mean
+  (:func:`replicate_means`);
 * :func:`percentile_interval` reads the interval off the draws.
 
 Drawing all indices in one call moves no draw: numpy's bounded int64 draws take 32-bit words from the bit
@@ -65,7 +66,7 @@ def replicate_means(values: np.ndarray, columns: Sequence[int]) -> np.ndarray:
 
 def draws(statistic: Callable[..., float | np.ndarray], arrays: Sequence[np.ndarray], n_boot: int,
           seed: int | np.random.Generator = 0, groups: Sequence[int] | None = None,
-          vectorised: bool = False, columns: Sequence[int] | None = None) -> np.ndarray:
+          vectorised: bool = False, columns: Sequence[int] | None = None, matched: bool = False) -> np.ndarray:
     """The statistic on ``n_boot`` resamples of the units: [n_boot, ...] (float).
 
     Args:
@@ -78,6 +79,9 @@ def draws(statistic: Callable[..., float | np.ndarray], arrays: Sequence[np.ndar
             end to end; each resample also draws every group's columns with replacement within it, and the
             statistic gets the group means ([N, len(columns)], :func:`replicate_means`). The units are drawn
             first, so they are the draws of the same call without ``columns``.
+        matched: replicate j of every group is the same replicate (a training seed that sets the initialisation
+            and batch order of every run): one draw of positions serves all groups (paired), which needs groups of
+            equal size.
     """
     n = len(arrays[0])
     if any(len(a) != n for a in arrays):
@@ -90,7 +94,14 @@ def draws(statistic: Callable[..., float | np.ndarray], arrays: Sequence[np.ndar
         return np.asarray(statistic(*(a[idx] for a in arrays)), dtype=float)
     if columns is None:
         return np.array([statistic(*(a[i] for a in arrays)) for i in idx], dtype=float)
-    cols = resample(columns, n_boot, rng)
+    if matched:
+        size = int(columns[0])
+        if any(int(c) != size for c in columns):
+            raise ValueError(f"matched replicates need groups of equal size, not {list(columns)}")
+        pos = resample(size, n_boot, rng)  # [n_boot, size], shared by every group
+        cols = np.concatenate([pos + size * g for g in range(len(columns))], axis=1)
+    else:
+        cols = resample(columns, n_boot, rng)
     return np.array([statistic(*(replicate_means(a[i][:, c], columns) for a in arrays))
                      for i, c in zip(idx, cols)], dtype=float)
 

@@ -96,7 +96,8 @@ class Verdict:
 
 def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], float] | None = None,
            min_units: int = MIN_UNITS, n_boot: int = 1000, seed: int = 0,
-           precondition: tuple[bool, str] = (True, ""), replicates: Sequence[int] | None = None) -> Verdict:
+           precondition: tuple[bool, str] = (True, ""), replicates: Sequence[int] | None = None,
+           matched: bool = False) -> Verdict:
     """The verdict of one check.
 
     Args:
@@ -109,6 +110,8 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
             training seeds): the statistic reads each group's mean, and the interval resamples the replicates
             within each group as well as the units (:func:`lmdepth.metrics.bootstrap.draws`), so it includes the
             spread between them.
+        matched: the replicates are matched across groups (the same training seeds in every run): one draw of
+            them serves every group (paired resampling).
     """
     values = np.asarray(values, dtype=float)
     statistic = statistic or (lambda v: float(np.mean(v)))
@@ -126,7 +129,7 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
     if n_boot < MIN_BOOT:
         return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
                        f"{n_boot} bootstrap resamples, at least {MIN_BOOT} needed")
-    boots = bootstrap.draws(statistic, (values,), n_boot, seed, columns=replicates)
+    boots = bootstrap.draws(statistic, (values,), n_boot, seed, columns=replicates, matched=matched)
     bad = int((~np.isfinite(boots)).sum())  # the interval leaves these out; the verdict does not trust it then
     est = float(statistic(values if replicates is None else bootstrap.replicate_means(values, replicates)))
     lo, hi = percentile_interval(boots, tails(LEVEL))
