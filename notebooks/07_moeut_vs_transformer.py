@@ -246,10 +246,9 @@ show_table(page.solved_table(depth.solved_groups))
 # From the claims registry (`lmdepth.claims`): not modelling the question should improve MoEUT's extrapolation —
 # exact match (the paper's measure) and, finer for weak models, the answer loss — by more than it improves the
 # Transformer's, each decided from a paired bootstrap interval over the extrapolation problems and the training
-# seeds. The checks are
-# only testable on comparable runs: one learning rate for every compared run, at least three training seeds each,
-# and every seed at ≥ 95 % interpolation exact match (a run still learning the training distribution would turn a
-# comparison of objectives into one of training progress). The four runs above are not comparable (the Transformer
+# seeds. The checks are only testable on comparable runs: one learning rate for every compared run, at least three
+# training seeds each, and every seed at ≥ 95 % interpolation exact match (a run still learning the training
+# distribution would turn a comparison of objectives into one of training progress). The four runs above are not comparable (the Transformer
 # trains at 2e-3, MoEUT at 1e-3, one seed each), so the checks read their own **comparison runs**: both
 # architectures at 1e-3, seeds 0–2 of each objective, otherwise the default recipe (MoEUT's seed-0 runs are the
 # runs above). They take ~20 CPU-hours, so the book never trains them: `scripts/train_matched_runs.py` does
@@ -268,8 +267,9 @@ show_table(page.matched_table(matched_states, matched_per_example))
 
 # %% [markdown]
 # The control is a permutation null: each problem's two objectives swapped at random (on the seeds' means), 200
-# times; a check counts when the real gain lies outside the null's central 95 %. The depth score against the number of operations is
-# shown above with its intervals but not judged: its per-problem effects are not kept in a per-unit table yet.
+# times; a check counts when the real gain lies outside the null's central 95 %. The depth score against the
+# number of operations is shown above with its intervals but not judged: its per-problem effects are not kept in a
+# per-unit table yet.
 
 # %% tags=["hide-input"]
 md(report.describe("moeut"))

@@ -5,12 +5,12 @@ comparison runs (:func:`lmdepth.scratch.training.matched_configs`: one learning 
 Unit: the problem of the extrapolation split; all runs answer the same problems, so the runs are paired within a
 problem and problems are resampled jointly. A run trained with several seeds enters as its per-problem mean over
 seeds, and the interval resamples the seeds as well as the problems (a two-level bootstrap:
-:func:`lmdepth.metrics.bootstrap.draws`), so it includes how much training seeds disagree. Runs trained with
-the same seed see the same batch order (and, within an architecture, start from the same initialisation), so
-where the compared runs share their seeds one draw of seeds serves all of them (paired). With three seeds the seed level is resampled coarsely (10 distinct draws) and its
-spread is understated by a factor (n − 1)/n in variance; the problem level counts the problems' spread twice
-(once inside the seeds' means), which widens the interval. The verdict rows carry the subject ``MoEUT vs
-Transformer``.
+:func:`lmdepth.metrics.bootstrap.draws`), so it includes how much training seeds disagree. Runs trained with the
+same seed see the same batch order (and, within an architecture, start from the same initialisation), so where
+the compared runs share their seeds one draw of seeds serves all of them (paired). With three seeds the seed level
+is resampled coarsely (10 distinct draws) and its variance understated by a factor (n − 1)/n; the problem level
+counts the problems' spread twice (once inside the seeds' means), which widens the interval. The verdict rows
+carry the subject ``MoEUT vs Transformer``.
 
 Preconditions (book/method.md#method-verdicts): the compared runs are comparable — one learning rate for all of
 them, at least :data:`MIN_SEEDS` training seeds per run, and matched competence: every seed's exact match on the
@@ -131,9 +131,10 @@ _HISTORY = ("2026-11-23: a competence gate (exact match above the constant-answe
             "interpolation exact match; was: above the constant answer, one seed, the Transformer answer-only run "
             "at 56.8 % and another learning rate); the shuffled-objective control is a permutation null over 200 "
             "seeds (was: swap seed 0 alone, one of the few seeds that agreed).",
-            "2026-11-27: the interval resamples each run's training seeds as well as the problems (was: problems "
-            "only, on each problem's mean over seeds), so the spread between seeds is in it; changed while every "
-            "row was still not testable, after the per-seed accuracies of the finished runs had been seen.")
+            "2026-11-27: the interval resamples the training seeds (one draw for the runs that share them) as well "
+            "as the problems (was: problems only, on each problem's mean over seeds), so the spread between seeds "
+            "is in it; changed while every row was still not testable, after the per-seed accuracies of the "
+            "finished runs had been seen.")
 
 CLAIMS: tuple[ClaimSpec, ...] = (
     ClaimSpec(

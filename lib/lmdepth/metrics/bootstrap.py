@@ -79,9 +79,9 @@ def draws(statistic: Callable[..., float | np.ndarray], arrays: Sequence[np.ndar
             end to end; each resample also draws every group's columns with replacement within it, and the
             statistic gets the group means ([N, len(columns)], :func:`replicate_means`). The units are drawn
             first, so they are the draws of the same call without ``columns``.
-        matched: replicate j of every group is the same replicate (a training seed that sets the initialisation
-            and batch order of every run): one draw of positions serves all groups (paired), which needs groups of
-            equal size.
+        matched: replicate j of every group is the same replicate (one training seed: the runs trained with it
+            see the same batches): one draw of positions serves all groups (paired), which needs groups of equal
+            size.
     """
     n = len(arrays[0])
     if any(len(a) != n for a in arrays):
