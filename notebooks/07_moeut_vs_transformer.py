@@ -289,6 +289,7 @@ claims_forest(verdicts)
 # the four runs' differences are read as directions only if they are comparable themselves (they are not by design)
 comparable, why_not = moeut_claims.comparable(moeut_claims.RUNS)(moeut_claims.units_of(per_example),
                                                                 moeut_claims.SUBJECT)
+md(page.comparison_md(verdicts))
 md(page.findings_md(summary, gains, rises, edepth, not_comparable="" if comparable else why_not))
 
 # %% tags=["remove-cell"]

@@ -202,13 +202,14 @@ def test_the_headline_says_where_each_agreement_lies_relative_to_its_control():
     from lmdepth.claims.findings_claims import headline
 
     sides = ["beyond its control (the paper's side)", "beyond its control (the paper's side)", "short of its control",
-             "earlier than its control", "beyond the alternative (the paper's side)", "a side no group names"]
-    rows = pd.DataFrame({"claim": [f"c{i}" for i in range(6)], "model": "m", "state": "agrees",
+             "earlier than its control", "beyond the alternative (the paper's side)", "outside its permutation null",
+             "a side no group names"]
+    rows = pd.DataFrame({"claim": [f"c{i}" for i in range(7)], "model": "m", "state": "agrees",
                          "counted_as": "agrees", "headline": True, "side": sides})
     text = headline(rows)
-    assert ("Of the 6 agreements, 2 lie beyond their control on the paper's side, 1 falls short of its control" in text
+    assert ("Of the 7 agreements, 2 lie beyond their control on the paper's side, 1 falls short of its control" in text
             and "1 settles earlier or later" in text and "1 beats the alternative the statistic itself compares with"
-            in text and "1 other" in text), text
+            in text and "1 lies outside its permutation null" in text and "1 other" in text), text
 
 
 def test_the_introductions_paragraph_counts_each_state_and_names_the_rows_without_a_valid_control():

@@ -302,6 +302,24 @@ def test_interval_verdict_and_findings():
 
 
 @pytest.mark.unit
+def test_the_comparison_paragraph_reads_each_verdict_row_in_its_own_unit():
+    """Exact-match rows read in points, answer-loss rows in nats; a row counted as something other than its state
+    says both, and a row that is not testable gives its reason instead of numbers."""
+    rows = pd.DataFrame({
+        "claim_id": ["moeut.exact_match_gain", "moeut.answer_loss_gain", "moeut.answer_loss_gain_vs_transformer"],
+        "claim": ["em gain", "loss gain", "loss vs"], "state": ["agrees", "inconclusive", "not testable"],
+        "counted_as": ["agrees", "not discriminating", "not testable"],
+        "side": ["outside its permutation null", "inside its permutation null", ""],
+        "reason": ["", "", "runs not comparable: r: 2 training seeds"],
+        "estimate": [0.103, 0.018, np.nan], "ci_low": [0.02, -0.085, np.nan], "ci_high": [0.184, 0.113, np.nan]})
+    text = scratch_page.comparison_md(rows)
+    assert "*em gain*: +10.3 points [+2.0, +18.4] (agrees)" in text, text
+    assert ("*loss gain*: +0.018 nats per answer token [-0.085, +0.113] (inconclusive, inside its permutation null: "
+            "counted as not discriminating)") in text, text
+    assert "*loss vs*: not testable (runs not comparable: r: 2 training seeds)" in text and "nan" not in text, text
+
+
+@pytest.mark.unit
 def test_solved_table_marks_empty_and_small_groups():
     sg = pd.DataFrame([{"group": g, "metric": "layer_effect", "depth_score": d, "ci_low": 0.5, "ci_high": 1.5, "n": n,
                         "run": "r", "n_layers": 5} for g, d, n in (("solved", 2.0, 3), ("unsolved", 1.0, 2))]

@@ -283,7 +283,8 @@ def headline(verdicts: pd.DataFrame) -> str:
 def _beyond(verdicts: pd.DataFrame) -> str:
     """Where the counted agreements lie relative to their controls: beyond them on the paper's side, short of them
     (the control — an untrained twin, a random nudge — shows the pattern more strongly), earlier or
-    later (a window rule), or beyond an alternative inside the statistic."""
+    later (a window rule), beyond an alternative inside the statistic, or outside a permutation null (chapter 07's
+    comparisons of trained runs)."""
     agree = verdicts[verdicts["headline"].astype(bool) & (verdicts["counted_as"] == "agrees")]
     if agree.empty:
         return ""
@@ -297,7 +298,9 @@ def _beyond(verdicts: pd.DataFrame) -> str:
               (side.str.match(r"(earlier|later) than").sum(), "settles earlier or later than its control (a window "
                "rule)", "settle earlier or later than their control (a window rule)"),
               (alternative.sum(), "beats the alternative the statistic itself compares with",
-               "beat the alternative the statistic itself compares with")]
+               "beat the alternative the statistic itself compares with"),
+              (side.str.startswith("outside its permutation null").sum(), "lies outside its permutation null",
+               "lie outside their permutation null")]
     rest = len(agree) - sum(int(n) for n, _, _ in groups)
     parts = [_count(int(n), one, many) for n, one, many in groups if n] + ([f"{rest} other"] if rest else [])
     return f" Of the {_count(len(agree), 'agreement', 'agreements')}, " + ", ".join(parts) + "."
