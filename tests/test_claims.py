@@ -544,6 +544,19 @@ def test_an_undersampled_row_is_shown_marked_but_not_counted():
     assert list(report.display(both)["counted as"]) == ["agrees", "not counted"]
 
 
+def test_the_verdict_table_leaves_out_a_column_that_applies_to_none_of_its_rows():
+    """A depth-flatness check has no bound and a positive control, not a paired one: those two columns would be "—"
+    in every row, so the table leaves them out; once one row has a value the column is back, "—" in the others."""
+    flat = lambda level, rng, i: 6  # noqa: E731
+    rows = pd.concat([report.check("complexity", item_units(m, "math", flat), [m], None,
+                                   only=["complexity.math_depth_flat"]) for m in ("m", "n")], ignore_index=True)
+    shown = report.display(rows)
+    assert set(report.APPLIES_TO_SOME) - set(shown.columns) == {"at the bound", "control's statistic"}
+    assert "with layers 0–1" in shown.columns and "discrimination" in shown.columns
+    rows.loc[0, "at_bound"] = 0.25
+    assert list(report.display(rows)["at the bound"]) == ["25%", "—"]
+
+
 def test_the_cutoff_can_land_anywhere_or_nowhere():
     assert sustained_cutoff(np.r_[0.5, 0.5, 0.05, 0.05, 0.0], 0.1) == 2
     assert sustained_cutoff(np.r_[0.5, 0.05, 0.5, 0.05, 0.0], 0.1) == 3  # sustained: the later excursion counts

@@ -110,10 +110,16 @@ def breakable(text: str) -> str:
     return _QUOTED_ID.sub(lambda m: "'" + re.sub(r"([._])", "\\1\u200b", m[1]) + "'", text)
 
 
+#: Columns of :func:`display` that only some statistics and controls have.
+APPLIES_TO_SOME = ("with layers 0–1", "at the bound", "control's statistic")
+
+
 def display(verdicts: pd.DataFrame) -> pd.DataFrame:
     """The compact table a chapter shows: claim, model, n, statistic with its 95 % interval, verdict, the share of
     values at a bound (for statistics with a clip; ≥ 50 % in a compared group: not testable), the control's own
-    statistic by the same rule (shown, not deciding), the discrimination test, and how the row is counted."""
+    statistic by the same rule (shown, not deciding), the discrimination test, and how the row is counted. A column
+    of :data:`APPLIES_TO_SOME` that applies to no row ("—" in every one: chapter 07's comparisons of runs read no
+    layers and have no paired control) is left out, so the columns that do apply fit the text column."""
     out = pd.DataFrame({  # nine columns: what the text column holds without scrolling (lmdepth.book.defects)
         "claim (the paper's side)": [f"{r.claim} ({r.rule})" for r in verdicts.itertuples()],
         "model": verdicts["model"],
@@ -126,7 +132,7 @@ def display(verdicts: pd.DataFrame) -> pd.DataFrame:
         "discrimination": [breakable(control_cell(r)) for r in verdicts.itertuples()],
         "counted as": [r.counted_as if r.headline else "not counted" for r in verdicts.itertuples()],
     })
-    return out
+    return out.drop(columns=[c for c in APPLIES_TO_SOME if len(out) and (out[c] == "—").all()])
 
 
 def counts(verdicts: pd.DataFrame, headline_only: bool = True) -> pd.Series:
@@ -198,7 +204,8 @@ def describe(chapter: str) -> str:
             f"when a precondition fails (fewer than 10 {specs[0].unit}s — a row so small is shown here but not "
             f"counted on the findings page —, or the one the verdict names). "
             f"Layers 0–1 are left out of every verdict statistic in this book (their writes are large relative to "
-            f"the small embedding they start from); the column *with layers 0–1* shows the statistic with them. "
+            f"the small embedding they start from); the column *with layers 0–1* shows the statistic with them (a table "
+            f"whose statistics read no layers leaves it out, as it does the columns that apply to none of its rows). "
             f"A statistic with {SATURATED:.0%} or more of its values at a bound (a clip, a ceiling) in either compared "
             f"group cannot move and is not testable. Control: {'; '.join(controls)}. "
             f"The control's own statistic is shown beside the verdict but does not decide; discrimination is a paired "
