@@ -225,8 +225,11 @@ def interval_verdict(r: pd.Series, better: str, worse: str | None = None) -> str
 def comparison_md(verdicts: pd.DataFrame) -> str:
     """What the comparison runs show, as one paragraph: each verdict row of the chapter (the paper's claim, its
     statistic with the interval that decides it, the state and, where it differs, what the row counts as), with the
-    paper's numbers beside, so the chapter's conclusion is read off the rows and nothing else."""
+    paper's numbers beside, so the chapter's conclusion is read off the rows and nothing else. After a row comparing
+    the architectures comes the Transformer's own gain (MoEUT's gain minus the difference, both on the same seeds'
+    means), so a difference carried by the Transformer getting worse reads as such."""
     parts = []
+    gain = {r.claim_id: r.estimate for r in verdicts.itertuples() if r.state != "not testable"}
     for r in verdicts.itertuples():
         if r.state == "not testable":
             parts.append(f"*{r.claim}*: not testable ({r.reason})")
@@ -234,8 +237,10 @@ def comparison_md(verdicts: pd.DataFrame) -> str:
         points = "exact_match" in r.claim_id  # a difference of proportions; the answer-loss rows are in nats
         fmt = (lambda x: f"{100 * x:+.1f}") if points else (lambda x: f"{x:+.3f}")
         read = r.state if r.counted_as == r.state else f"{r.state}, {r.side}: counted as {r.counted_as}"
-        parts.append(f"*{r.claim}*: {fmt(r.estimate)} {'points' if points else 'nats per answer token'} "
-                     f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}] ({read})")
+        unit = "points" if points else "nats per answer token"
+        parts.append(f"*{r.claim}*: {fmt(r.estimate)} {unit} [{fmt(r.ci_low)}, {fmt(r.ci_high)}] ({read})"
+                     + (f", so the Transformer's own gain is {fmt(gain[base] - r.estimate)} {unit}"
+                        if (base := r.claim_id.removesuffix("_vs_transformer")) != r.claim_id and base in gain else ""))
     return ("**What the comparison runs show** (the checks above, on the comparison runs of the table above). "
             + "; ".join(parts) + ". The paper, at 244M parameters: MoEUT +27 points, the Transformer +7.")
 
@@ -257,7 +262,7 @@ def findings_md(summary: pd.DataFrame, gains: pd.DataFrame, rises: pd.DataFrame,
     best = summary.loc[summary.accuracy.idxmax()]
     lx = gx.loc[("answer loss reduction", "moeut − transformer")]
     ex = gx.loc[("exact match", "moeut − transformer")]
-    return (f"**What these small models show.** Best exact match of any run: {best.run} on {best.split}, "
+    return (f"**What the four runs above show.** Best exact match of any run: {best.run} on {best.split}, "
             f"{best.accuracy:.1%}"
             + (" — too low for the paper's accuracy comparison to show at this scale" if summary.accuracy.max() < 0.1 else "")
             + f". MoEUT − Transformer gain in extrapolation exact match from not modelling the question: {ex.gain:+.1%} "
