@@ -318,8 +318,9 @@ def test_the_comparison_paragraph_reads_each_verdict_row_in_its_own_unit():
             "counted as not discriminating)") in text, text
     assert "*loss vs*: not testable (runs not comparable: r: 2 training seeds)" in text and "nan" not in text, text
     assert "own gain" not in text  # its MoEUT row is testable, but the difference is not
+    assert scratch_page.comparison_md(rows.iloc[:0]) == ""
     rows.loc[2, ["state", "counted_as", "estimate", "ci_low", "ci_high"]] = ["agrees", "agrees", 0.16, 0.01, 0.3]
-    assert "(agrees), so the Transformer's own gain is -0.142 nats per answer token" in scratch_page.comparison_md(rows)
+    assert "(agrees), so the Transformer's own gain is -0.142 nats per answer token (a point estimate)" in scratch_page.comparison_md(rows)
 
 
 @pytest.mark.unit

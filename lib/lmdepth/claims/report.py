@@ -118,9 +118,10 @@ def display(verdicts: pd.DataFrame) -> pd.DataFrame:
     """The compact table a chapter shows: claim, model, n, statistic with its 95 % interval, verdict, the share of
     values at a bound (for statistics with a clip; ≥ 50 % in a compared group: not testable), the control's own
     statistic by the same rule (shown, not deciding), the discrimination test, and how the row is counted. A column
-    of :data:`APPLIES_TO_SOME` that applies to no row ("—" in every one: chapter 07's comparisons of runs read no
-    layers and have no paired control) is left out, so the columns that do apply fit the text column."""
-    out = pd.DataFrame({  # nine columns: what the text column holds without scrolling (lmdepth.book.defects)
+    of :data:`APPLIES_TO_SOME` that applies to no row ("—" in every one: e.g. chapter 07's comparisons of runs read
+    no layers and have no paired control; a chapter whose rows are all not testable) is left out, so the columns
+    that do apply fit the text column."""
+    out = pd.DataFrame({  # at most nine columns: what the text column holds without scrolling (lmdepth.book.defects)
         "claim (the paper's side)": [f"{r.claim} ({r.rule})" for r in verdicts.itertuples()],
         "model": verdicts["model"],
         "statistic [95 % CI], n": [f"{_fmt(r.estimate, r.ci_low, r.ci_high)}, n = {r.n}" for r in verdicts.itertuples()],
@@ -204,11 +205,11 @@ def describe(chapter: str) -> str:
             f"when a precondition fails (fewer than 10 {specs[0].unit}s — a row so small is shown here but not "
             f"counted on the findings page —, or the one the verdict names). "
             f"Layers 0–1 are left out of every verdict statistic in this book (their writes are large relative to "
-            f"the small embedding they start from); the column *with layers 0–1* shows the statistic with them (a table "
-            f"whose statistics read no layers leaves it out, as it does the columns that apply to none of its rows). "
+            f"the small embedding they start from); the column *with layers 0–1* shows the statistic with them (the table "
+            f"leaves out this column, *at the bound* and *control's statistic* where they apply to none of its rows). "
             f"A statistic with {SATURATED:.0%} or more of its values at a bound (a clip, a ceiling) in either compared "
             f"group cannot move and is not testable. Control: {'; '.join(controls)}. "
-            f"The control's own statistic is shown beside the verdict but does not decide; discrimination is a paired "
+            f"A paired control's own statistic is shown beside the verdict but does not decide; discrimination is a paired "
             f"test: the statistic's difference real − control, with both resampled jointly over the {specs[0].unit}s "
             f"they share, must have a 95 % interval that excludes 0 (a permutation null: the real statistic must lie "
             f"outside the null's central 95 %). The column *discrimination* says on which side of its control the "

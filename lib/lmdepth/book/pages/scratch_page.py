@@ -228,6 +228,8 @@ def comparison_md(verdicts: pd.DataFrame) -> str:
     paper's numbers beside, so the chapter's conclusion is read off the rows and nothing else. After a row comparing
     the architectures comes the Transformer's own gain (MoEUT's gain minus the difference, both on the same seeds'
     means), so a difference carried by the Transformer getting worse reads as such."""
+    if verdicts.empty:
+        return ""
     parts = []
     gain = {r.claim_id: r.estimate for r in verdicts.itertuples() if r.state != "not testable"}
     for r in verdicts.itertuples():
@@ -236,10 +238,11 @@ def comparison_md(verdicts: pd.DataFrame) -> str:
             continue
         points = "exact_match" in r.claim_id  # a difference of proportions; the answer-loss rows are in nats
         fmt = (lambda x: f"{100 * x:+.1f}") if points else (lambda x: f"{x:+.3f}")
-        read = r.state if r.counted_as == r.state else f"{r.state}, {r.side}: counted as {r.counted_as}"
+        side = f", {r.side}" if isinstance(r.side, str) and r.side else ""
+        read = r.state if r.counted_as == r.state else f"{r.state}{side}: counted as {r.counted_as}"
         unit = "points" if points else "nats per answer token"
         parts.append(f"*{r.claim}*: {fmt(r.estimate)} {unit} [{fmt(r.ci_low)}, {fmt(r.ci_high)}] ({read})"
-                     + (f", so the Transformer's own gain is {fmt(gain[base] - r.estimate)} {unit}"
+                     + (f", so the Transformer's own gain is {fmt(gain[base] - r.estimate)} {unit} (a point estimate)"
                         if (base := r.claim_id.removesuffix("_vs_transformer")) != r.claim_id and base in gain else ""))
     return ("**What the comparison runs show** (the checks above, on the comparison runs of the table above). "
             + "; ".join(parts) + ". The paper, at 244M parameters: MoEUT +27 points, the Transformer +7.")
@@ -247,8 +250,8 @@ def comparison_md(verdicts: pd.DataFrame) -> str:
 
 def findings_md(summary: pd.DataFrame, gains: pd.DataFrame, rises: pd.DataFrame, edepth: pd.DataFrame,
                 not_comparable: str = "") -> str:
-    """What the runs show, as one paragraph: the best exact match, the MoEUT − Transformer gains on extrapolation
-    (exact match, answer loss), the rise of the depth score and the mean erasure depth per run.
+    """What the four default runs show, as one paragraph: the best exact match, the MoEUT − Transformer gains on
+    extrapolation (exact match, answer loss), the rise of the depth score and the mean erasure depth per run.
 
     Args:
         not_comparable: why the four runs cannot be compared (the registry's precondition,
@@ -262,7 +265,8 @@ def findings_md(summary: pd.DataFrame, gains: pd.DataFrame, rises: pd.DataFrame,
     best = summary.loc[summary.accuracy.idxmax()]
     lx = gx.loc[("answer loss reduction", "moeut − transformer")]
     ex = gx.loc[("exact match", "moeut − transformer")]
-    return (f"**What the four runs above show.** Best exact match of any run: {best.run} on {best.split}, "
+    return (f"**What the four default runs show** (the figures above). Best exact match of any run: {best.run} on "
+            f"{best.split}, "
             f"{best.accuracy:.1%}"
             + (" — too low for the paper's accuracy comparison to show at this scale" if summary.accuracy.max() < 0.1 else "")
             + f". MoEUT − Transformer gain in extrapolation exact match from not modelling the question: {ex.gain:+.1%} "
