@@ -353,7 +353,10 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path):
     exe = Path(sys.executable).with_name("lmdepth")
     cmd = [str(exe), "run", "norms", "--profile", "smoke", "-p", "n_examples", "20", "-p", "compare_models", "[]",
            "--results-dir", str(tmp_path / "res")]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell that starts the tests in the background (`pytest ... &`) hands its children SIGINT ignored, and
+    # Python keeps an ignored SIGINT ignored: the child gets the default back, as a terminal's Ctrl-C would find it.
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while time.time() < deadline and not list((tmp_path / "res").rglob("*.partial/*.npz")):
         time.sleep(0.5)  # wait until the first problem is checkpointed
