@@ -241,9 +241,10 @@ def comparison_md(verdicts: pd.DataFrame) -> str:
         side = f", {r.side}" if isinstance(r.side, str) and r.side else ""
         read = r.state if r.counted_as == r.state else f"{r.state}{side}: counted as {r.counted_as}"
         unit = "points" if points else "nats per answer token"
-        parts.append(f"*{r.claim}*: {fmt(r.estimate)} {unit} [{fmt(r.ci_low)}, {fmt(r.ci_high)}] ({read})"
-                     + (f", so the Transformer's own gain is {fmt(gain[base] - r.estimate)} {unit} (a point estimate)"
-                        if (base := r.claim_id.removesuffix("_vs_transformer")) != r.claim_id and base in gain else ""))
+        moeut_row = r.claim_id.removesuffix("_vs_transformer")  # the row of MoEUT's own gain, for a comparison row
+        own = (f", so the Transformer's own gain is {fmt(gain[moeut_row] - r.estimate)} {unit} (a point estimate)"
+               if moeut_row != r.claim_id and moeut_row in gain else "")
+        parts.append(f"*{r.claim}*: {fmt(r.estimate)} {unit} [{fmt(r.ci_low)}, {fmt(r.ci_high)}] ({read}){own}")
     return ("**What the comparison runs show** (the checks above, on the comparison runs of the table above). "
             + "; ".join(parts) + ". The paper, at 244M parameters: MoEUT +27 points, the Transformer +7.")
 
