@@ -34,6 +34,15 @@
 # cannot do; each level's depth score has a bootstrap interval, and the trend over levels a fitted slope with an
 # interval.
 #
+# **What this chapter can decide.** On the packaged models its claim rows are *not testable*: no model solves
+# enough rungs of any ladder for a depth score over rungs to mean more than where a guess is formed. The question is
+# asked instead of models that solve their task: chapter 07's twelve comparison runs (MoEUT and a Transformer
+# trained from scratch on DeepMind arithmetic, three seeds each) and a fine-tuned SmolLM2-135M, on problems of 2–6
+# operations, in {ref}`depth-questions`. Their depth rows, with the same depth score, are the book's answer to the
+# paper's fourth question; where one of those runs' depth rises with the number of operations, it is the positive
+# control this chapter lacks (so far this chapter's positive control is the synthetic one below: the model's own
+# effect profiles shifted one layer deeper per level).
+#
 # ```bash
 # source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
 # lmdepth run complexity --model smollm2-135m

@@ -12,6 +12,7 @@ import torch
 
 from lmdepth.analyses import residual
 from lmdepth.claims import REGISTRY, for_chapter, report
+from lmdepth.claims import scratch_claims as sc
 from lmdepth.claims.findings_claims import (
     headline,
     saved_verdicts,
@@ -20,7 +21,7 @@ from lmdepth.claims.findings_claims import (
     verdict_matrix,
 )
 from lmdepth.claims.maps_claims import units_of as maps_units
-from lmdepth.claims.scratch_claims import RUNS, SUBJECT, swap_objectives, units_of
+from lmdepth.claims.scratch_claims import RUNS, SUBJECT, units_of
 from lmdepth.claims.skipping_claims import nudge_control
 from lmdepth.claims.spec import replicates
 from lmdepth.data.difficulty import LEVELS
@@ -302,8 +303,10 @@ SCENARIOS["maps.best_near_equal_depth"] = {
 def table_for(metric: str, curves, n: int = 20, model: str = "m", seed: int = 0) -> pd.DataFrame:
     if metric == "maps":
         return map_units(curves, n_tgt=n + 4 if n >= 10 else n, model=model, seed=seed)[0]  # boundaries 2…n+4
-    if metric == "runs":
-        return eval_units(curves, 5 * n if n >= 10 else n, seed)  # 100 problems: a paired gain of 0.2–0.4 is decided
+    if metric == "runs":  # five training seeds: the fewest a seed-level test can decide with (p ≥ 1/32)
+        return eval_units(curves, 5 * n if n >= 10 else n, seed, seeds=FIVE_SEEDS)  # 100 problems per seed
+    if metric == "depth":
+        return depth_units(curves, n, seed)
     if metric.startswith("items:"):
         return item_units(model, metric.split(":")[1], curves, n, seed)
     if metric == "lens":
@@ -312,6 +315,62 @@ def table_for(metric: str, curves, n: int = 20, model: str = "m", seed: int = 0)
 
 
 MO, MA, TO, TA = "moeut-lm", "moeut-answer_only", "transformer-lm", "transformer-answer_only"
+FIVE_SEEDS = (0, 1, 2, 3, 4)
+#: The row each depth claim is asked of (:func:`verdict_of`).
+DEPTH_MODEL = {"moeut.depth_grows": "MoEUT, question not modelled", "moeut.finetuned_flat": sc.FINETUNED}
+
+
+def depth_units(curves: dict[str, callable], n: int = 20, seed: int = 0, seeds=FIVE_SEEDS,
+                solved: callable = lambda run, sd, ops, i: True) -> pd.DataFrame:
+    """A depth table like :func:`lmdepth.claims.scratch_claims.depth_units_of`: for each run in ``curves``
+    (``curves[run](ops, training seed, rng)`` gives one problem's relative depth, used for the depth score and the
+    erasure depth), ``n`` problems per number of operations 2–6 (2–4 interpolate, 5–6 extrapolate), every seed
+    competent on interpolation; with ``n`` < 10, ``n`` problems in all (at 2 and 3 operations). ``solved`` says
+    which (run, seed, problem) is solved."""
+    rng = np.random.default_rng(seed)
+    ops_of = [k for k in range(2, 7) for _ in range(n)] if n >= 10 else [2 + (i >= 5) for i in range(n)]
+    labels = {r: lab for lab, r in sc.RECIPES.items()} | {sc.FINETUNED_RUN: sc.FINETUNED}
+    rows = []
+    for run, f in curves.items():
+        for sd in seeds:
+            for i, ops in enumerate(ops_of):
+                d = float(f(ops, sd, rng))
+                rows.append(dict(run=run, model=labels[run], train_seed=sd, unit=i, n_operations=ops,
+                                 split="interpolate" if ops <= 4 else "extrapolate", question=f"q{i}",
+                                 depth_layer=d, depth_answer=d, erasure_depth=d, solved=bool(solved(run, sd, ops, i)),
+                                 lr=1e-3, path=f"{run}/{sd}", interpolation_em=1.0))
+    return pd.DataFrame(rows)
+
+
+def grows(slope, noise=0.01):
+    return lambda ops, sd, rng: 0.3 + slope * ops + rng.normal(0, noise)
+
+
+def seed_dependent(slopes, base=0.4, at=4):
+    """Each training seed its own slope (``slopes[seed]``): the seeds disagree."""
+    return lambda ops, sd, rng: base + slopes[sd] * (ops - at) + rng.normal(0, 0.005)
+
+
+def level(value, noise=0.01):
+    return lambda ops, sd, rng: value + rng.normal(0, noise)
+
+
+SCENARIOS["moeut.depth_grows"] = {
+    "agrees": ("depth", {MA: grows(0.03)}), "disagrees": ("depth", {MA: grows(-0.03)}),
+    "inconclusive": ("depth", {MA: seed_dependent([0.03, -0.03, 0.03, -0.03, 0.0])})}
+SCENARIOS["moeut.finetuned_flat"] = {
+    "agrees": ("depth", {sc.FINETUNED_RUN: grows(0.0, 0.002)}),
+    "disagrees": ("depth", {sc.FINETUNED_RUN: grows(0.05)}),
+    "inconclusive": ("depth", {sc.FINETUNED_RUN: seed_dependent([sc.FT_MARGIN + d for d in (0.03, -0.03, 0.03, -0.03, 0)])})}
+for _claim in ("moeut.deeper_than_transformer", "moeut.deeper_erasure"):
+    SCENARIOS[_claim] = {
+        "agrees": ("depth", {MA: level(0.6), TA: level(0.4)}), "disagrees": ("depth", {MA: level(0.4), TA: level(0.6)}),
+        "inconclusive": ("depth", {MA: lambda ops, sd, rng: 0.5 + (0.1 if sd % 2 else -0.1) + rng.normal(0, 0.01),
+                                   TA: level(0.5)})}
+SCENARIOS["moeut.input_dependent"] = {
+    "agrees": ("depth", {MA: level(0.5, 0.1), TA: level(0.5, 0.01)}),
+    "disagrees": ("depth", {MA: level(0.5, 0.01), TA: level(0.5, 0.1)}),
+    "inconclusive": ("depth", {MA: level(0.5, 0.05), TA: level(0.5, 0.05)})}
 SCENARIOS["moeut.exact_match_gain"] = {
     "agrees": ("runs", {MO: (0.3, 1), MA: (0.7, 1)}), "disagrees": ("runs", {MO: (0.7, 1), MA: (0.3, 1)}),
     "inconclusive": ("runs", {MO: (0.5, 1), MA: (0.48, 1)})}
@@ -328,7 +387,7 @@ SCENARIOS["moeut.answer_loss_gain_vs_transformer"] = {
 
 
 def verdict_of(claim_id: str, table: pd.DataFrame, model: str = "m") -> pd.Series:
-    model = SUBJECT if claim_id.startswith("moeut.") else model
+    model = DEPTH_MODEL.get(claim_id, SUBJECT) if claim_id.startswith("moeut.") else model
     return report.check(REGISTRY[claim_id].chapter, table, [model]).set_index("claim_id").loc[claim_id]
 
 
@@ -813,11 +872,11 @@ def test_runs_that_are_not_comparable_are_not_testable():
     assert row.state == "not testable" and "1 training seed" in row.reason and "runs not comparable" in row.reason
     learning = eval_units({MO: (0.3, 1), MA: (0.7, 1)}, n=100, interpolate_acc=0.6)
     assert "below 95%" in verdict_of("moeut.exact_match_gain", learning).reason
-    other_lr = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100, lr={TA: 2e-3})
+    other_lr = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100, lr={TA: 2e-3}, seeds=FIVE_SEEDS)
     assert "learning rates differ" in verdict_of("moeut.exact_match_gain_vs_transformer", other_lr).reason
     assert verdict_of("moeut.exact_match_gain", other_lr).state == "agrees"  # MoEUT's two runs share one rate
     # MoEUT's comparison runs all finished, no Transformer run yet: the MoEUT-only rows are decided, the others not
-    moeut_only = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100)
+    moeut_only = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100, seeds=FIVE_SEEDS)
     moeut_only = moeut_only[moeut_only.run.isin([MO, MA])]
     assert verdict_of("moeut.exact_match_gain", moeut_only).state == "agrees"
     assert verdict_of("moeut.answer_loss_gain", moeut_only).state in ("inconclusive", "agrees", "disagrees")
@@ -860,20 +919,25 @@ def test_seeds_are_paired_across_runs_only_where_the_runs_share_them():
     assert row.state == "not testable" and "1 of 60 units have missing values" in row.reason
 
 
-def test_the_shuffled_objective_control_is_a_permutation_null():
-    t = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100)
-    row = report.check("moeut", t, [SUBJECT], None).set_index("claim_id").loc["moeut.exact_match_gain"]
-    assert row.state == "agrees" and row.control_kind == "permutation" and row.counted_as == "agrees"
-    assert row.control_ci_low < 0 < row.control_ci_high and row.p_value < 0.01  # the null is centred on no gain
-    none = eval_units({MO: (0.5, 1), MA: (0.5, 1)}, n=100, seed=1)
-    nrow = report.check("moeut", none, [SUBJECT], None).set_index("claim_id").loc["moeut.exact_match_gain"]
-    assert nrow.counted_as in ("not discriminating", "inconclusive") and nrow.p_value > 0.05
-    v = np.arange(40.0).reshape(10, 4)
-    draw = swap_objectives(v, np.random.default_rng(0))
-    assert not np.array_equal(draw, v) and np.array_equal(np.sort(draw, 1), v)  # a swap within each architecture
-    assert np.array_equal(np.sort(draw[:, :2], 1), v[:, :2]) and np.array_equal(np.sort(draw[:, 2:], 1), v[:, 2:])
-    two = swap_objectives(v[:, :2], np.random.default_rng(0))  # MoEUT's pair alone (the MoEUT-only claims)
-    assert two.shape == (10, 2) and np.array_equal(np.sort(two, 1), v[:, :2]) and not np.array_equal(two, v[:, :2])
+def test_a_comparison_of_training_recipes_is_decided_at_the_level_of_seeds():
+    """The control of a claim about training is the seeds themselves: each seed's own gain, sign-flipped. A clear
+    gain in all of three seeds puts the interval on the paper's side and still reads 'inconclusive (3 seeds)' —
+    three seeds cannot reach p ≤ 0.05 — and is counted as inconclusive; five seeds decide it."""
+    three = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100)
+    row = report.check("moeut", three, [SUBJECT], None).set_index("claim_id").loc["moeut.exact_match_gain"]
+    assert row.ci_low > 0 and row.control_kind == "seed-level" and row.p_value == pytest.approx(1 / 8)
+    assert (row.state, row.counted_as) == ("inconclusive", "inconclusive") and "3 seeds" in row.reason
+    assert "cannot go below p = 1/8" in row.reason and row.control_ci_low > 0.4  # every seed's own gain ≈ 0.6
+    five = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100, seeds=FIVE_SEEDS)
+    row = report.check("moeut", five, [SUBJECT], None).set_index("claim_id").loc["moeut.exact_match_gain"]
+    assert (row.state, row.counted_as) == ("agrees", "agrees") and row.p_value == pytest.approx(1 / 32)
+    assert row.side == "every seed on the interval's side"
+    # the seeds disagree: one seed's gain the other way makes the test fail even where the mean gain is positive
+    mixed = pd.concat([eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100, seeds=(0, 1, 2, 3)),
+                       eval_units({MO: (0.9, 1), MA: (0.1, 1)}, n=100, seeds=(4,), seed=3)])
+    row = report.check("moeut", units_of(mixed.drop(columns=["model", "unit"])), [SUBJECT],
+                       None).set_index("claim_id").loc["moeut.exact_match_gain"]
+    assert row.p_value > 0.05 and row.counted_as == "inconclusive"
 
 
 def test_maps_of_models_with_similar_depth_are_told_apart_by_the_paired_offsets():

@@ -26,7 +26,7 @@ NORMS = "relative_contribution"
 @pytest.fixture(scope="module")
 def verdicts() -> pd.DataFrame:
     """Rows of every kind: paired controls that discriminate (m) and do not (s), a control that was not run (y),
-    a sample below 10 units (x: not testable, not counted), a control built into the statistic, a permutation null."""
+    a sample below 10 units (x: not testable, not counted), a control built into the statistic, a seed-level test."""
     real = pd.concat([units("m", NORMS, rel(1.0, 0.3)), units("s", NORMS, rel(1.0, 1.5)),
                       units("y", NORMS, rel(1.0, 0.3)), units("x", NORMS, rel(1.0, 0.3), n=8)])
     twins = pd.concat([units(control_name("m"), NORMS, rel(1.0, 1.0), seed=3),
@@ -59,7 +59,7 @@ def drawn(svg: str) -> list[tuple[str, str, str, str, str]]:
 
 def test_every_row_is_drawn_once_per_panel(verdicts):
     assert set(verdicts.counted_as) >= {"agrees", "not testable", "no valid control", "not discriminating"}
-    assert set(verdicts.control_kind) == {"paired", "built into the statistic", "permutation"}
+    assert set(verdicts.control_kind) == {"paired", "built into the statistic", "seed-level"}
     marks = drawn(svg_of(claims_forest(verdicts)))
     want = sorted((r.model, r.claim, p, r.counted_as) for r in verdicts.itertuples() for p in PANELS)
     assert sorted(m[:4] for m in marks) == want and len(want) == 2 * len(verdicts) == 20
@@ -90,9 +90,11 @@ def test_points_sit_on_the_claims_own_scale_and_the_notes_say_why(verdicts):
     old = forest_table(verdicts.assign(paired_diff=np.nan))  # a record from before built-in rows had one
     old = old[(old.kind == "row") & (old.claim_id == "complexity.arith_depth_flat") & (old.panel == "control")]
     assert old.note.iloc[0] == "control built into the statistic"
-    # a permutation row: the real statistic minus the null's median, the null's range around 0
-    perm = rows[(rows.claim_id == "moeut.exact_match_gain") & (rows.panel == "control")].iloc[0]
-    assert perm.band_lo < perm.band_hi < perm.x and perm.note == ""
+    # a seed-level row: each training seed's own gain minus the threshold, its median and range (every seed's
+    # gain is ≈ 0.6 here)
+    seeds = rows[(rows.claim_id == "moeut.exact_match_gain") & (rows.panel == "control")].iloc[0]
+    zero = rules[(rules.panel == "control") & (rules.claim_id == "moeut.exact_match_gain")].x.iloc[0]
+    assert zero < seeds.lo <= seeds.x <= seeds.hi <= 2 + 0.14 and seeds.note == ""  # every seed's gain above 0
 
 
 def test_rows_not_counted_are_hollow(verdicts):

@@ -79,8 +79,9 @@ def test_cells_say_state_interval_n_control_and_the_paired_difference(verdicts):
     positive = at("complexity.arith_depth_flat", "m")  # a positive control, built into the statistic
     assert positive[CONTROL] == "positive control disagrees" and positive[DIFFERENCE].endswith(
         ": apart from its positive control")
-    perm = at("moeut.exact_match_gain", SUBJECT)
-    assert perm[CONTROL].startswith("permutation null, p = ") and perm[DIFFERENCE].startswith("null 95 % [")
+    seeds = at("moeut.exact_match_gain", SUBJECT)
+    assert seeds[CONTROL] == "training seeds, sign-flip p = 0.12" and seeds[DIFFERENCE].startswith("seeds ")
+    assert seeds[DIFFERENCE].endswith(": too few seeds") and seeds[VERDICT].startswith("inconclusive")
 
 
 def test_long_reasons_are_cut_to_a_label_or_a_clause():

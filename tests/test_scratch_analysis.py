@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from lmdepth.analyses import scratch as sa
 from lmdepth.book.pages import scratch_page
+from lmdepth.claims.scratch_claims import RUNS
 from lmdepth.data import dm_math as dm
 from lmdepth.errors import DataError
 from lmdepth.metrics.intervals import constant_answer_rate, wilson_interval
@@ -293,12 +294,17 @@ def test_interval_verdict_and_findings():
     assert scratch_page.interval_verdict(across, "better") == "no clear difference"
     summary = pd.DataFrame({"run": ["a", "b"], "split": ["interpolate", "extrapolate"], "accuracy": [0.02, 0.05]})
     edepth = pd.DataFrame({"run": ["a", "a", "b"], "prompt": ["p", "q", "p"], "erasure_depth": [0.2, 0.4, 0.5]})
-    text = scratch_page.findings_md(summary, _gains((0.2, 0.1, 0.3), (0.0, -0.1, 0.1)), _rises((0.4, 0.2, 0.6), (0, 0, 0)), edepth)
+    evaluated = pd.DataFrame([dict(run=run, split=split, answer=f"{split}{i}", correct=1, answer_nll=1.0,
+                                   train_seed=sd, lr=1e-3) for run in RUNS for sd in (0, 1, 2)
+                              for split in ("interpolate", "extrapolate") for i in range(20)])
+    text = scratch_page.findings_md(summary, _gains((0.2, 0.1, 0.3), (0.0, -0.1, 0.1)), _rises((0.4, 0.2, 0.6), (0, 0, 0)),
+                                    edepth, evaluated)
     assert "b on extrapolate, 5.0% — too low" in text and "(no clear difference)" in text
     assert text.endswith("probes is a 0.30, b 0.50.")
     apart = scratch_page.findings_md(summary, _gains((0.2, 0.1, 0.3), (0.0, -0.1, 0.1)), _rises((0.4, 0.2, 0.6), (0, 0, 0)),
-                                     edepth, not_comparable="runs not comparable: a: 1 training seed")
-    assert "direction the paper reports" not in apart and "descriptive only" in apart and "a: 1 training seed" in apart
+                                     edepth, evaluated[evaluated.train_seed == 0])  # one seed each, as the four runs
+    assert "direction the paper reports" not in apart and "descriptive only" in apart
+    assert "moeut-lm: 1 training seed" in apart
 
 
 @pytest.mark.unit

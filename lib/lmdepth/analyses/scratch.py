@@ -19,6 +19,7 @@ The chapter's parameters (:class:`ScratchParams`), display tables, prose, claims
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +35,12 @@ from lmdepth.errors import DataError
 from lmdepth.hooks.skip_hooks import prompt_effects
 from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
 from lmdepth.metrics.bootstrap import draws, percentile_interval
-from lmdepth.metrics.depth import group_statistics, level_statistics
+from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics
 from lmdepth.metrics.intervals import exact_match
+from lmdepth.model.families import ModelAdapter
 from lmdepth.params import Params, param
+from lmdepth.results import RunStore
+from lmdepth.runtime import progress as progress_bar
 from lmdepth.scratch.evaluate import evaluate, greedy_answer
 from lmdepth.scratch.models import ScratchLM, adapter_for
 from lmdepth.scratch.shipped import finished_model
@@ -322,18 +326,26 @@ def probe_erasure(run: TrainedRun, probes: Sequence[tuple[str, str]] = PROBES,
     return pd.DataFrame(rows), info
 
 
+def question_depth(effect: np.ndarray) -> float:
+    """The effect-weighted mean boundary of one erasure map over its question positions, relative to the number of
+    boundaries − 1 (``Σ_b b·m_b / Σ_b m_b / (B − 1)``, m_b the summed effect of boundary b): where in depth erasing
+    the question still changes the answer. NaN where no erasure changes anything.
+
+    Args:
+        effect: [B, question positions] the map's rows (boundaries) at the question's tokens.
+    """
+    m = np.asarray(effect, dtype=float).sum(1)
+    return float((np.arange(len(m)) * m).sum() / m.sum() / max(len(m) - 1, 1)) if m.sum() > 0 else float("nan")
+
+
 def erasure_depth(table: pd.DataFrame) -> pd.DataFrame:
     """Per (run, probe): the effect-weighted mean boundary of the erasure map, over question positions only
     (``Σ_b b·m_b / Σ_b m_b`` with m_b the summed effect of boundary b), relative to the number of boundaries − 1.
     A summary of where in depth erasing the question still changes the answer."""
     q = table[(table.method == "erasure") & ~table.is_answer & (table.position > 0)]
-    out = []
-    for (run, prompt), g in q.groupby(["model", "prompt"], sort=False):
-        m = g.groupby("layer").value.sum()
-        n = int(g.layer.max())
-        out.append({"run": run, "prompt": prompt, "erasure_depth": float((m.index * m).sum() / m.sum()) / max(n, 1)
-                    if m.sum() > 0 else float("nan")})
-    return pd.DataFrame(out)
+    return pd.DataFrame([{"run": run, "prompt": prompt,
+                          "erasure_depth": question_depth(g.pivot(index="layer", columns="position", values="value"))}
+                         for (run, prompt), g in q.groupby(["model", "prompt"], sort=False)])
 
 
 # ---- depth score against the number of operations ---------------------------------------------------------------
@@ -357,11 +369,16 @@ def operation_sample(examples: Sequence[MathExample], n_per_count: int, seed: in
     return out
 
 
+def model_adapter(model: torch.nn.Module) -> ModelAdapter:
+    """The adapter of a from-scratch model (layers = depth steps) or of a (fine-tuned) pretrained one."""
+    return adapter_for(model) if isinstance(model, ScratchLM) else ModelAdapter.for_model(model)
+
+
 @torch.no_grad()
-def depth_by_operations(run: TrainedRun, examples: Sequence[MathExample], device: str = "cpu",
-                        ) -> tuple[np.ndarray, np.ndarray]:
+def skip_depth_effects(model: torch.nn.Module, tok: Any, examples: Sequence[MathExample], device: str = "cpu",
+                       ) -> tuple[np.ndarray, np.ndarray]:
     """Layer-skip effects of each example for the depth score (:func:`lmdepth.hooks.skip_hooks.prompt_effects`, part
-    "layer", future version).
+    "layer", future version), on a from-scratch or a (fine-tuned) pretrained model with its tokenizer.
 
     The cut is the first answer token: each depth step is skipped on the whole prompt (positions 1 … a−1) and the
     effect measured where the answer is written (positions ≥ a).
@@ -369,16 +386,105 @@ def depth_by_operations(run: TrainedRun, examples: Sequence[MathExample], device
     Returns:
         E [P, L, L] and O [P, L].
     """
-    adapter = adapter_for(run.model)
+    adapter = model_adapter(model)
     Es, Os = [], []
     for e in examples:
-        ids, a_start = run.tok.encode_example(e.question, e.answer, eos=False)
+        ids, a_start = tok.encode_example(e.question, e.answer, eos=False)
         effects = prompt_effects(adapter, torch.tensor([ids], device=device), cuts=[a_start], parts=("layer",),
                                  local=False, current=False)
         E, O = effects["future", "layer"]
         Es.append(E.numpy())
         Os.append(O.numpy())
     return np.stack(Es), np.stack(Os)
+
+
+def depth_by_operations(run: TrainedRun, examples: Sequence[MathExample], device: str = "cpu",
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`skip_depth_effects` of a trained run: E [P, L, L] and O [P, L]."""
+    return skip_depth_effects(run.model, run.tok, examples, device=device)
+
+
+# ---- depth per problem on the comparison runs (the paper's §5 depth questions) ------------------------------------
+
+#: What of the generated data fixes the depth sample's problems (the evaluation splits).
+SAMPLE_DATA_KEYS = ("modules", "n_eval_per_module", "seed", "data_version", "generator")
+#: The columns of :func:`problem_depths` (one row per problem of the depth sample).
+DEPTH_COLUMNS = ("unit", "split", "n_operations", "question", "depth_layer", "depth_answer", "erasure_depth")
+
+
+@torch.no_grad()
+def problem_depths(model: torch.nn.Module, tok: Any, sample: Sequence[MathExample], reference_mean: torch.Tensor,
+                   device: str = "cpu") -> pd.DataFrame:
+    """Three depth summaries of every problem of ``sample``, each relative to the model's last index (0 = first
+    depth step, 1 = last): ``depth_layer`` and ``depth_answer``, the depth score D/(L − 1) of the problem's layer
+    effect and answer effect (:func:`skip_depth_effects`, :func:`lmdepth.metrics.depth.depth_score`), and
+    ``erasure_depth``, where erasing a question token still changes the answer (:func:`question_depth` of the
+    problem's erasure map, with ``reference_mean`` [L+1, D] as the erased value, as :func:`probe_erasure`).
+
+    Returns:
+        :data:`DEPTH_COLUMNS`, one row per problem in sample order (``unit`` its index).
+    """
+    E, O = skip_depth_effects(model, tok, sample, device=device)
+    L = E.shape[-1]
+    stack = AdapterStack(model_adapter(model))
+    erased = []
+    for e in sample:
+        ids, a_start = tok.encode_example(e.question, e.answer, eos=False)
+        er = erasure_map(stack, torch.tensor([ids], device=device), a_start, reference_mean,
+                         positions=range(1, len(ids) - 1))[:-1]  # [L, T]: the final output has no row
+        erased.append(question_depth(er[:, 1:a_start].numpy()))
+    return pd.DataFrame({"unit": np.arange(len(sample)), "split": [e.split for e in sample],
+                         "n_operations": [e.n_operations for e in sample], "question": [e.question for e in sample],
+                         "depth_layer": depth_score(layer_effect(E)) / (L - 1), "depth_answer": depth_score(O) / (L - 1),
+                         "erasure_depth": erased})
+
+
+def depth_sample(data: MathData, n_per_operations: int, seed: int) -> list[MathExample]:
+    """The problems the depth questions are asked on: up to ``n_per_operations`` per number of operations of each
+    evaluation split (:func:`operation_sample`, interpolate then extrapolate)."""
+    return operation_sample(data.interpolate, n_per_operations, seed=seed) + \
+        operation_sample(data.extrapolate, n_per_operations, seed=seed + 1)
+
+
+def comparison_depths(runs: dict[str, TrainedRun], data: MathData, per_example: pd.DataFrame, n_per_operations: int,
+                      seed: int, results_dir: str | Path, device: str = "cpu", progress: bool = True) -> pd.DataFrame:
+    """:func:`problem_depths` of every run on one :func:`depth_sample`, with whether the run solves each problem.
+
+    Each run's table is stored under ``results_dir/dm_math_depth/<run folder>/`` (a :class:`~lmdepth.results.RunStore`
+    keyed by the sample, the run's weights and the compute version), so a rebuild reads it and a damaged one is
+    recomputed.
+
+    Args:
+        per_example: :func:`evaluate_runs` of the same runs (its ``correct`` on the problem's split decides
+            ``solved``; the sample's problems are drawn from the evaluation splits).
+
+    Returns:
+        :data:`DEPTH_COLUMNS` plus ``run, arch, objective, train_seed, lr, path, solved``, one row per (run, problem).
+    """
+    sample = depth_sample(data, n_per_operations, seed)
+    ref_ids = {}
+    correct = per_example.groupby(["path", "split", "question"]).correct.first()  # a question may repeat in a split
+    frames = []
+    for name, r in progress_bar(list(runs.items()), "depth per problem") if progress else runs.items():
+        cfg = r.meta.get("train_config", {})
+        store = RunStore(results_dir, "dm_math_depth", r.path.parent.name,
+                         {"n_per_operations": n_per_operations, "seed": seed, "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS},
+                          "weights": r.path.parent.name, "n_sample": len(sample)})
+        done = store.load_verified()
+        if done is None:
+            if r.path not in ref_ids:
+                ref_ids[r.path] = mean_residuals(AdapterStack(model_adapter(r.model)),
+                                                 [torch.tensor([r.tok.encode_example(*ERASURE_REFERENCE, eos=False)[0]],
+                                                               device=device)])
+            t0 = time.time()
+            table = problem_depths(r.model, r.tok, sample, ref_ids[r.path], device=device)
+            done = store.finalize(table, {"run": name, "wall_time_s": round(time.time() - t0, 1)})
+        t = done.table
+        t["solved"] = [bool(correct.get((str(r.path), s, q), False)) for s, q in zip(t.split, t.question)]
+        frames.append(t.assign(run=r.name, arch=r.arch, objective=r.objective, train_seed=cfg.get("seed", -1),
+                               lr=cfg.get("lr", float("nan")), path=str(r.path)))
+    columns = list(DEPTH_COLUMNS) + ["solved", "run", "arch", "objective", "train_seed", "lr", "path"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 # ---- what chapter 07 shows: parameters, tables, prose, claims and checks ----------------------------------------
@@ -391,6 +497,10 @@ class ScratchParams(Params):
     train: bool = param(True, help="train runs that have no finished checkpoint; False: error instead")
     checkpoint_dir: str | Path = param("checkpoints/dm_math", help="finished runs; '' puts them under results_dir")
     n_per_operations: int = param(12, lo=1, hi=10_000, help="depth score: problems per number of operations and split")
+    n_depth_per_operations: int = param(40, lo=1, hi=10_000, help="depth questions (comparison and fine-tuned runs): "
+                                        "problems per number of operations and split")
+    finetune_dir: str | Path = param("checkpoints/dm_math_ft", help="the fine-tuned pretrained runs "
+                                     "(scripts/finetune_runs.py); '' reads none")
     n_boot: int = param(1000, lo=10, hi=100_000, help="bootstrap resamples for the intervals")
     seed: int = param(0, lo=0, hi=2**32 - 1, help="seed of the problem sample and the bootstrap")
     device: str = param("cpu", help="'cpu', 'cuda', 'auto' …")
@@ -519,6 +629,8 @@ def answer_only_rises(rises: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 
 
 __all__ = ["TrainedRun", "TrainingSummary", "trained_runs", "evaluate_runs", "accuracy_summary", "paired_gains",
-           "architecture_gaps", "probe_erasure", "erasure_depth", "operation_sample", "depth_by_operations", "ARCH_LABELS",
+           "architecture_gaps", "probe_erasure", "erasure_depth", "operation_sample", "depth_by_operations", "skip_depth_effects",
+           "model_adapter", "ARCH_LABELS",
            "ScratchParams", "evaluation_splits", "gains_by_split", "probe_erasures", "DepthByOperations",
-           "depth_vs_operations", "RISE", "overall_rises", "extrapolation_gains", "answer_only_rises"]
+           "depth_vs_operations", "RISE", "DEPTH_COLUMNS", "problem_depths",
+           "depth_sample", "comparison_depths", "overall_rises", "extrapolation_gains", "answer_only_rises"]

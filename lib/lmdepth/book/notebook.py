@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import html
 import os
+import time
 import warnings
 
 import pandas as pd
@@ -16,8 +17,9 @@ from lmdepth.params import check_type
 from lmdepth.runtime import seed_everything
 
 
-def setup(seed: int = 0) -> None:
-    """Offline chart renderer, quiet library logging, seeds.
+def setup(seed: int = 0) -> float:
+    """Offline chart renderer, quiet library logging, seeds; returns the time it ran (``time.time()``), from which a
+    page may report its wall time.
 
     Progress bars of transformers are turned off when ``LMDEPTH_PROGRESS=0`` (book builds), because carriage
     returns in stored stream output make executed notebooks large and unreadable.
@@ -34,6 +36,7 @@ def setup(seed: int = 0) -> None:
     pd.set_option("display.precision", 3)
     pd.set_option("styler.format.precision", 3)  # show_table() renders through a Styler (default: 6 decimals)
     seed_everything(seed)
+    return time.time()
 
 
 def chapter_models(model_name: str, compare_models: list[str]) -> list[str]:

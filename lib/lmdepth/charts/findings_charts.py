@@ -23,7 +23,7 @@ from lmdepth.charts.erasure_charts import TEXT_WIDTH
 from lmdepth.claims import REGISTRY
 from lmdepth.claims.findings_claims import interval, normalized, state_counts
 from lmdepth.claims.report import HEADLINE_STATES
-from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION
+from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, SEEDS
 
 STATE_COLORS = {
     "agrees": "#1b7837",
@@ -50,6 +50,9 @@ def _test(r) -> str:
     if r.control_kind == PERMUTATION:
         return (f"real − null median {interval(r.paired_diff, np.nan, np.nan)}; null 95 % "
                 f"[{r.control_ci_low:.3g}, {r.control_ci_high:.3g}], p = {r.p_value:.3g}")
+    if r.control_kind == SEEDS:
+        return (f"each training seed's own statistic − threshold: median {r.paired_diff:.3g}, range "
+                f"[{r.paired_low:.3g}, {r.paired_high:.3g}]; sign-flip p = {r.p_value:.3g}")
     if r.control_kind == BUILT_IN:
         diff = "" if not np.isfinite(r.paired_diff) else (
             f"; {'real − alternative' if np.isfinite(r.control_estimate) else 'the statistic'} "
@@ -108,7 +111,8 @@ def forest_table(verdicts: pd.DataFrame) -> pd.DataFrame:
                          "note": ["" if np.isfinite(e) else "not testable" for e in v["estimate"]]})
     # a comparison built into the statistic is itself a paired difference (or, with a positive control, real −
     # alternative on the same units): drawn like a twin's
-    paired = v["control_kind"].isin([PAIRED, BUILT_IN]) & tested
+    # a seed-level row: each seed's own statistic minus the threshold (median, and the range of the seeds)
+    paired = v["control_kind"].isin([PAIRED, BUILT_IN, SEEDS]) & tested
     # a permutation row: the real statistic minus the null's median, and the null's central 95 % shifted likewise
     ctrl = pd.DataFrame({"x": v["paired_diff"].where((paired | perm) & tested),
                          "lo": v["paired_low"].where(paired), "hi": v["paired_high"].where(paired),

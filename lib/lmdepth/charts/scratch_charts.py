@@ -11,9 +11,12 @@ import pandas as pd
 import lmdepth.charts.theme  # noqa: F401  (registers and enables the book's theme)
 from lmdepth.analyses.scratch import TrainedRun
 from lmdepth.charts.erasure_charts import map_chart
+from lmdepth.claims.scratch_claims import FINETUNED_RUN, solved_by_all
 
 RUN_COLORS = {"moeut-lm": "#9ecae9", "moeut-answer_only": "#3366cc", "transformer-lm": "#ffbf79",
-              "transformer-answer_only": "#e45756"}
+              "transformer-answer_only": "#e45756", FINETUNED_RUN: "#54a24b"}
+#: The width of the depth questions' charts: inside a phone's screen (390 px) with the axis and legend below.
+NARROW = 300
 
 
 def _run_scale(names: Sequence[str]):
@@ -115,4 +118,65 @@ def depth_ops_chart(levels: pd.DataFrame, width: int = 420, height: int = 220):
     return alt.layer(band, line).add_params(effect, pick).properties(width=width, height=height)
 
 
-__all__ = ["RUN_COLORS", "loss_chart", "accuracy_chart", "probe_chart", "probe_charts", "depth_ops_chart"]
+#: The depth summaries of the depth questions' chart, by column (:data:`lmdepth.analyses.scratch.DEPTH_COLUMNS`).
+DEPTH_METRICS = {"depth_layer": "depth score (layer effect)", "depth_answer": "depth score (answer effect)",
+                 "erasure_depth": "erasure depth"}
+
+
+def depth_recipe_chart(units: pd.DataFrame, height: int = 220):
+    """The depth questions' data: a relative depth summary per number of operations, one line per run (its mean over
+    training seeds) and one small point per seed, on the problems every seed of the run solves (the problems the
+    claims read); a radio button picks the summary (the claims read the layer effect's depth score and the erasure
+    depth). The dashed rule separates the interpolation split (2–4 operations) from the extrapolation split (5–6)."""
+    rows = []
+    for run, u in units.groupby("run", sort=False):
+        s = solved_by_all(u).melt(id_vars=["train_seed", "n_operations", "unit"], value_vars=list(DEPTH_METRICS),
+                                  var_name="metric", value_name="value")
+        rows.append(s.groupby(["metric", "train_seed", "n_operations"]).agg(
+            depth=("value", "mean"), n=("unit", "nunique")).reset_index().assign(run=run))
+    if not rows:
+        return None
+    d = pd.concat(rows).round(4)
+    d["metric"] = d.metric.map(DEPTH_METRICS)
+    names = list(dict.fromkeys(d.run))
+    which = alt.param(name="depth_metric", value=DEPTH_METRICS["depth_layer"],
+                      bind=alt.binding_radio(options=list(DEPTH_METRICS.values()), name="Depth: "))
+    pick = alt.selection_point(fields=["run"], bind="legend")
+    base = alt.Chart(d).transform_filter(alt.datum.metric == which)
+    x = alt.X("n_operations:Q", title="Operations in the problem", axis=alt.Axis(tickMinStep=1, format="d"),
+              scale=alt.Scale(zero=False))
+    color = alt.Color("run:N", scale=_run_scale(names), legend=alt.Legend(title="Run", orient="bottom", columns=2))
+    y = alt.Y("depth:Q", title="Relative depth (0 = first step, 1 = last)", scale=alt.Scale(zero=False))
+    seeds = base.mark_point(size=18, filled=True).encode(
+        x=x, y=y, color=color, opacity=alt.condition(pick, alt.value(0.5), alt.value(0.05)),
+        tooltip=["run:N", alt.Tooltip("train_seed:O", title="seed"), "n_operations:Q", "n:Q",
+                 alt.Tooltip("depth:Q", format=".3f")])
+    mean = base.mark_line().encode(x=x, y="mean(depth):Q", color=color, detail="run:N",
+                                   opacity=alt.condition(pick, alt.value(1.0), alt.value(0.1)))
+    split = alt.Chart(pd.DataFrame({"x": [4.5]})).mark_rule(strokeDash=[4, 3], color="gray").encode(x="x:Q")
+    return alt.layer(split, mean, seeds).add_params(which, pick).properties(width=NARROW, height=height)
+
+
+def over_training_chart(curve: pd.DataFrame, height: int = 160):
+    """The fine-tuned runs over training: the within-split rise of the depth score per operation on the depth
+    sample (top) and exact match on the learning-curve problems (bottom), one line per seed; step 0 is the
+    pretrained model. None when no snapshot is stored."""
+    if curve.empty:
+        return None
+    d = curve.assign(seed=curve.seed.astype(str)).round(5)
+    x = alt.X("step:Q", title="Fine-tuning step")
+    color = alt.Color("seed:N", title="Seed", legend=alt.Legend(orient="bottom"))
+    rise = alt.Chart(d).mark_line(point=True).encode(
+        x=x, y=alt.Y("rise:Q", title="Rise per operation"), color=color,
+        tooltip=["seed:N", "step:Q", alt.Tooltip("rise:Q", format=".4f"), alt.Tooltip("depth:Q", format=".3f")])
+    zero = alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color="gray").encode(y="y:Q")
+    em = alt.Chart(d).transform_fold(["interpolate", "extrapolate"], as_=["split", "exact match"]).mark_line(
+        point=True).encode(x=x, y=alt.Y("exact match:Q", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+                           color=color, strokeDash=alt.StrokeDash("split:N", title="Split",
+                                                                  legend=alt.Legend(orient="bottom")),
+                           tooltip=["seed:N", "step:Q", "split:N", alt.Tooltip("exact match:Q", format=".1%")])
+    return alt.vconcat((zero + rise).properties(width=NARROW, height=height),
+                       em.properties(width=NARROW, height=height))
+
+
+__all__ = ["RUN_COLORS", "depth_recipe_chart", "over_training_chart", "loss_chart", "accuracy_chart", "probe_chart", "probe_charts", "depth_ops_chart"]

@@ -16,7 +16,7 @@ import pandas as pd
 
 from lmdepth.claims import REGISTRY
 from lmdepth.claims.report import HEADLINE_STATES, control_cell
-from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION
+from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, SEEDS
 
 # Columns a verdict row may lack (a CSV from before the paired test): what they read as.
 _DEFAULTS: dict[str, object] = {
@@ -159,7 +159,9 @@ SIDES = {"beyond its control (the paper's side)": "beyond it, on the paper's sid
          "short of its control": "short of it",
          "not distinguishable from its control": "contains 0",
          "earlier than its control": "earlier", "later than its control": "later",
-         "outside its permutation null": "outside", "inside its permutation null": "inside"}
+         "outside its permutation null": "outside", "inside its permutation null": "inside",
+         "every seed on the interval's side": "every seed on its side",
+         "not consistent across seeds": "seeds not consistent", "too few seeds to decide": "too few seeds"}
 
 
 def short(text: str, limit: int = 90) -> str:
@@ -196,13 +198,15 @@ def _control_text(r) -> str:
         return "permutation null" + (f", p = {r.p_value:.2g}" if np.isfinite(r.p_value) else "")
     if r.control_kind == BUILT_IN:
         return r.control_state or BUILT_IN
+    if r.control_kind == SEEDS:
+        return "training seeds" + (f", sign-flip p = {r.p_value:.2g}" if np.isfinite(r.p_value) else "")
     return "not recorded"
 
 
 def _difference_text(r) -> str:
     """The discrimination test: model − control with its paired interval and the side the model lies on, the
     permutation null's central 95 %, or why there is none."""
-    if r.state == "not testable" or r.control_kind not in (PAIRED, PERMUTATION, BUILT_IN):
+    if r.state == "not testable" or r.control_kind not in (PAIRED, PERMUTATION, BUILT_IN, SEEDS):
         return "—"
     if not r.control_valid:
         return f"no valid control: {short(r.control_note)}" if r.control_note else "no valid control"
@@ -210,6 +214,8 @@ def _difference_text(r) -> str:
     if r.control_kind == PERMUTATION:
         null = f"null 95 % [{r.control_ci_low:.3g}, {r.control_ci_high:.3g}]"
         return f"{null}: {side}" if side else null
+    if r.control_kind == SEEDS:
+        return f"seeds {r.control_ci_low:.3g} … {r.control_ci_high:.3g}: {side}"
     if not np.isfinite(r.paired_diff):
         return side or "—"
     diff = interval(r.paired_diff, r.paired_low, r.paired_high)
@@ -301,7 +307,9 @@ def _beyond(verdicts: pd.DataFrame) -> str:
               (alternative.sum(), "beats the alternative the statistic itself compares with",
                "beat the alternative the statistic itself compares with"),
               (side.str.startswith("outside its permutation null").sum(), "lies outside its permutation null",
-               "lie outside their permutation null")]
+               "lie outside their permutation null"),
+              (side.str.startswith("every seed").sum(), "holds in every training seed (a seed-level test)",
+               "hold in every training seed (a seed-level test)")]
     rest = len(agree) - sum(int(n) for n, _, _ in groups)
     parts = [_count(int(n), one, many) for n, one, many in groups if n] + ([f"{rest} other"] if rest else [])
     return f" Of the {_count(len(agree), 'agreement', 'agreements')}, " + ", ".join(parts) + "."

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.claims import REGISTRY, for_chapter
-from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, Decided, evaluate
+from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, SEEDS, Decided, evaluate
 from lmdepth.metrics.verdicts import MIN_UNITS, SATURATED
 from lmdepth.model.random_init import control_name
 from lmdepth.results import atomic_write_text, book_record_dir, run_id, slug
@@ -69,6 +69,8 @@ def headline_state(row) -> str:
         return "not testable"
     if not row.control_valid:
         return "no valid control"
+    if row.control_kind == SEEDS and row.state == "inconclusive":  # undecided at the level of seeds
+        return "inconclusive"
     if not row.discriminates:
         return "not discriminating"
     return row.state
@@ -91,6 +93,9 @@ def control_cell(r) -> str:
         return f"real − control {_fmt(r.paired_diff, r.paired_low, r.paired_high)}: {r.side}"
     if r.control_kind == PERMUTATION:
         return (f"null 95 % [{r.control_ci_low:.3g}, {r.control_ci_high:.3g}], p = {r.p_value:.3g}: {r.side}")
+    if r.control_kind == SEEDS:
+        return (f"seeds' own statistics {r.control_ci_low:.3g} … {r.control_ci_high:.3g}; sign-flip p = "
+                f"{r.p_value:.3g}: {r.side}")
     if np.isfinite(r.control_estimate):  # a positive control: its own state, and real − alternative
         return (f"{r.control_state} ({_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)}); real − "
                 f"alternative {_fmt(r.paired_diff, r.paired_low, r.paired_high)}")

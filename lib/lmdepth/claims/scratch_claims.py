@@ -32,6 +32,7 @@ import pandas as pd
 
 from lmdepth.claims.spec import REPLICATE, ClaimSpec
 from lmdepth.errors import DataError
+from lmdepth.metrics.depth import partial_slope
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.metrics.verdicts import Rule
 
@@ -70,6 +71,8 @@ def paired(column: str, runs: tuple[str, ...] = RUNS) -> Callable[[pd.DataFrame,
     claim compares are read, so a missing Transformer run cannot block a MoEUT-only claim."""
 
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
+        if column not in units:
+            raise DataError(f"No evaluation of the compared runs for {model!r} (no {column!r} per problem).")
         u = units[(units.model == model) & (units.split == "extrapolate") & units.run.isin(runs)]
         if u.empty:
             raise DataError(f"No extrapolation results for {model!r}: none of the compared runs is finished.")
@@ -134,8 +137,16 @@ _HISTORY = ("2026-11-23: a competence gate (exact match above the constant-answe
             "2026-11-27: the interval resamples the training seeds (one draw for the runs that share them) as well "
             "as the problems (was: problems only, on each problem's mean over seeds), so the spread between seeds "
             "is in it; changed while every row was still not testable, after the per-seed accuracies of the "
-            "finished runs had been seen.")
+            "finished runs had been seen.",
+            "2026-11-28: decided at the level of training seeds — the control is a seed-level sign-flip test of each "
+            "seed's own gain, and a row whose interval lies on one side counts only where the seeds reach p ≤ 0.05 "
+            "(3 seeds cannot: 'inconclusive (3 seeds)') — instead of a permutation null that swapped objectives per "
+            "problem on the seeds' means and ignored how much seeds differ; changed after all four rows' numbers "
+            "(two counted agreements) had been seen, to follow the rule that a claim about training generalises over "
+            "training runs.")
 
+SEED_CONTROL = ("the training seeds: a seed-level sign-flip test of each seed's own statistic (with 3 seeds its "
+                "smallest p is 1/8, so 3 seeds cannot decide)")
 CLAIMS: tuple[ClaimSpec, ...] = (
     ClaimSpec(
         id="moeut.exact_match_gain", chapter="moeut", figure="Fig. 9",
@@ -144,14 +155,14 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         statistic="gain: exact match on extrapolation, answer-only − all-token MoEUT (paired over problems; each run "
                   "averaged over its training seeds, which the interval resamples too, paired across runs)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("correct", RUNS[:2]), reduce=_gain(0, 1.0),
-        precondition=comparable(RUNS[:2]), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
+        precondition=comparable(RUNS[:2]), control=SEED_CONTROL, control_of=None, seeds=True, history=_HISTORY),
     ClaimSpec(
         id="moeut.exact_match_gain_vs_transformer", chapter="moeut", figure="Fig. 9",
         claim="… more than the Transformer's", statement="The gain is larger for MoEUT than for a Transformer.",
         statistic="difference: MoEUT's exact-match gain − the Transformer's (paired over problems and training "
                   "seeds)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("correct"), reduce=_gain_difference(1.0),
-        precondition=comparable(RUNS), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
+        precondition=comparable(RUNS), control=SEED_CONTROL, control_of=None, seeds=True, history=_HISTORY),
     ClaimSpec(
         id="moeut.answer_loss_gain", chapter="moeut", figure="Fig. 9 (finer measure)",
         claim="… MoEUT's answer loss improves", statement="Without the question's loss, MoEUT predicts extrapolated "
@@ -159,12 +170,215 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         statistic="gain: mean answer cross-entropy, all-token − answer-only MoEUT (nats per token; paired over "
                   "problems, each run averaged over its training seeds)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("answer_nll", RUNS[:2]), reduce=_gain(0, -1.0),
-        precondition=comparable(RUNS[:2]), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
+        precondition=comparable(RUNS[:2]), control=SEED_CONTROL, control_of=None, seeds=True, history=_HISTORY),
     ClaimSpec(
         id="moeut.answer_loss_gain_vs_transformer", chapter="moeut", figure="Fig. 9 (finer measure)",
         claim="… more than the Transformer's (answer loss)", statement="The answer-loss gain is larger for MoEUT.",
         statistic="difference: MoEUT's answer-loss gain − the Transformer's (paired over problems and training "
                   "seeds)",
         unit="problem", rule=Rule(0.0, "above"), values=paired("answer_nll"), reduce=_gain_difference(-1.0),
-        precondition=comparable(RUNS), control=CONTROL, control_of=None, null=swap_objectives, n_null=N_NULL, history=_HISTORY),
+        precondition=comparable(RUNS), control=SEED_CONTROL, control_of=None, seeds=True, history=_HISTORY),
 )
+
+
+# ---- the paper's §5 depth questions (Figs. 9–10, appendix) on the comparison runs ----------------------------------
+#
+# Unit: the problem of chapter 07's depth sample (up to 40 per number of operations from each evaluation split), on
+# the problems every training seed of the compared runs solves; each run enters as its per-problem mean over seeds.
+# The claims are about training recipes, so they are decided at the level of seeds (``ClaimSpec.seeds``): the
+# interval resamples seeds and problems, and the control is the seed-level sign-flip test of each seed's own
+# statistic — with three seeds it cannot go below p = 1/8, so three seeds can only say "inconclusive (3 seeds)".
+
+#: The recipes (architecture × objective) as the depth rows name them, and their runs.
+RECIPES = {"MoEUT, question modelled": "moeut-lm", "MoEUT, question not modelled": "moeut-answer_only",
+           "Transformer, question modelled": "transformer-lm",
+           "Transformer, question not modelled": "transformer-answer_only"}
+#: The fine-tuned pretrained model's rows (``lmdepth.scratch.finetune``), and its run.
+FINETUNED = "SmolLM2-135M fine-tuned"
+FINETUNED_RUN = "smollm2-135m-ft"
+MIN_PER_COUNT = 5  # solved problems a number of operations needs to enter a depth statistic
+#: "Does not grow", for the fine-tuned model: a rise of less than one of its 30 layers from the fewest (2) to the
+#: most (6) operations of the ladder, per operation in relative depth. The alternative it is derived from: a model
+#: that spends more depth on more operations moves its depth score by at least one layer over four more operations
+#: (one layer per operation would be four times that).
+FT_LAYERS, LADDER = 30, (2, 6)
+FT_MARGIN = 1.0 / ((FT_LAYERS - 1) * (LADDER[1] - LADDER[0]))
+
+
+def depth_units_of(depths: pd.DataFrame, per_example: pd.DataFrame) -> pd.DataFrame:
+    """The depth claims' per-unit table: :func:`~lmdepth.analyses.scratch.comparison_depths` rows (or a fine-tuned
+    run's, with ``run`` :data:`FINETUNED_RUN`), each with ``model`` its recipe's label (:data:`RECIPES`,
+    :data:`FINETUNED`) and ``interpolation_em``, its seed's exact match on the whole interpolation split
+    (``per_example``: :func:`~lmdepth.analyses.scratch.evaluate_runs` of the same runs)."""
+    if depths.empty:
+        return depths.assign(model=pd.Series(dtype=str), interpolation_em=pd.Series(dtype=float))
+    em = per_example[per_example.split == "interpolate"].groupby("path").correct.mean()
+    labels = {run: label for label, run in RECIPES.items()} | {FINETUNED_RUN: FINETUNED}
+    return depths.assign(model=depths.run.map(labels), interpolation_em=depths.path.map(em))
+
+
+def solved_by_all(u: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the problems every (run, seed) in ``u`` solves, at the numbers of operations that keep at least
+    :data:`MIN_PER_COUNT` of them."""
+    ok = u.groupby("unit").solved.all()
+    u = u[u.unit.isin(ok[ok].index)]
+    per_count = u.groupby("n_operations").unit.nunique()
+    return u[u.n_operations.isin(per_count[per_count >= MIN_PER_COUNT].index)]
+
+
+def _wide(u: pd.DataFrame, quantities: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per problem, each quantity's value per training seed: columns (quantity, seed) with the seeds named as
+    replicates, so the statistic reads each quantity's mean over seeds and the interval resamples them."""
+    seeds = sorted(u.train_seed.unique())
+    parts = {q: w.reindex(columns=seeds) for q, w in quantities.items()}
+    out = pd.concat(parts, axis=1)
+    out.columns = pd.MultiIndex.from_tuples(list(out.columns), names=["quantity", REPLICATE])
+    return out
+
+
+def _problem_facts(u: pd.DataFrame, seeds: list) -> dict[str, pd.DataFrame]:
+    """The number of operations and whether the problem is from the extrapolation split, as replicate columns (the
+    same for every seed: the statistic needs them beside the depths, the bootstrap keeps them with their problem)."""
+    first = u.groupby("unit").first()
+    return {"operations": pd.DataFrame({s: first.n_operations.astype(float) for s in seeds}),
+            "extrapolate": pd.DataFrame({s: (first.split == "extrapolate").astype(float) for s in seeds})}
+
+
+def growth_values(metric: str) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
+    """Per problem of one recipe (the row's ``model``): its relative ``metric`` per seed, the number of operations
+    and the split, on the problems every seed solves."""
+
+    def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
+        if metric not in units or not (units.model == model).any():
+            raise DataError(f"No finished run of {model!r} on the depth sample.")
+        u = solved_by_all(units[units.model == model])
+        if u.empty:
+            raise DataError(f"No problem of the depth sample is solved by every seed of {model!r}.")
+        seeds = sorted(u.train_seed.unique())
+        depth = u.pivot_table(index="unit", columns="train_seed", values=metric)
+        return _wide(u, {"depth": depth, **_problem_facts(u, seeds)})
+
+    return values
+
+
+def within_split_slope(v: np.ndarray) -> float:
+    """The slope of depth (column 0) on the number of operations (column 1) at a fixed split (column 2): the rise
+    per operation inside the interpolation and the extrapolation split, not across them (where "more operations"
+    and "longer than anything in training" come together)."""
+    return partial_slope(v[:, 0], v[:, 1], covariate=v[:, 2])
+
+
+def pair_values(metric: str, runs: tuple[str, str] = ("moeut-answer_only", "transformer-answer_only"),
+                with_facts: bool = False) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
+    """Per problem: ``metric`` of each of ``runs`` per seed (and, ``with_facts``, the number of operations and the
+    split), on the problems every seed of both runs solves."""
+
+    def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
+        if metric not in units or not units.run.isin(runs).any():
+            raise DataError(f"No finished run of {' or '.join(runs)} on the depth sample.")
+        u = solved_by_all(units[units.run.isin(runs)])
+        if u.empty:
+            raise DataError(f"No problem of the depth sample is solved by every seed of {' and '.join(runs)}.")
+        seeds = sorted(u.train_seed.unique())
+        per_run = {r: u[u.run == r].pivot_table(index="unit", columns="train_seed", values=metric) for r in runs}
+        return _wide(u, {**per_run, **(_problem_facts(u, seeds) if with_facts else {})})
+
+    return values
+
+
+def spread_at_fixed_operations(column: np.ndarray, operations: np.ndarray) -> float:
+    """The pooled standard deviation of ``column`` within each number of operations: how much depth varies between
+    problems of the same length (the input-dependence of depth use, beyond what the length explains)."""
+    centred = column - pd.Series(column).groupby(operations).transform("mean").to_numpy()
+    return float(np.sqrt(np.mean(centred ** 2)))
+
+
+def _spread_difference(v: np.ndarray) -> float:
+    return spread_at_fixed_operations(v[:, 0], v[:, 2]) - spread_at_fixed_operations(v[:, 1], v[:, 2])
+
+
+def competent_seeds(runs: tuple[str, ...] | None = None) -> Callable[[pd.DataFrame, str], tuple[bool, str]]:
+    """The comparison-run precondition on the depth table: one learning rate, ≥ :data:`MIN_SEEDS` seeds per run,
+    every seed at ≥ :data:`COMPETENT` interpolation exact match (``runs``: these runs; None: the row's recipe)."""
+
+    def check(units: pd.DataFrame, model: str) -> tuple[bool, str]:
+        u = units[units.run.isin(runs)] if runs is not None else units[units.model == model]
+        if u.empty:
+            return False, "no finished run"
+        problems = []
+        if u.lr.nunique() != 1:
+            problems.append("learning rates differ")
+        for run, g in u.groupby("run"):
+            seeds = g.groupby("train_seed").interpolation_em.first()
+            if len(seeds) < MIN_SEEDS:
+                problems.append(f"{run}: {len(seeds)} finished training seed{'' if len(seeds) == 1 else 's'}, at "
+                                f"least {MIN_SEEDS} needed")
+            weak = seeds[seeds < COMPETENT]
+            if len(weak):
+                problems.append(f"interpolation exact match below {COMPETENT:.0%}: " + ", ".join(
+                    f"{run} seed {sd} {em:.1%}" for sd, em in weak.items()))
+        return (False, "runs not comparable: " + "; ".join(problems)) if problems else (True, "")
+
+    return check
+
+
+_DEPTH_HISTORY = ("2026-11-28: added, before any of their rows was computed; the threshold of 'does not grow' (one "
+                  "layer over the ladder) was set from the alternative, not from a measured rise.",)
+_RISE = ("the within-split slope of the per-problem relative depth score (layer effect, D/(L − 1)) on the number of "
+         "operations, the split held fixed; each problem's depth the mean over the recipe's training seeds; "
+         "problems every seed solves, numbers of operations with ≥ 5 of them")
+
+DEPTH_CLAIMS: tuple[ClaimSpec, ...] = (
+    ClaimSpec(
+        id="moeut.depth_grows", chapter="moeut", figure="§5, Figs. 9–10",
+        claim="depth grows with the number of operations",
+        statement="Models trained from scratch all use more depth for problems with more computational steps.",
+        statistic=f"rise per operation: {_RISE}", unit="problem", rule=Rule(0.0, "above"),
+        values=growth_values("depth_layer"), reduce=within_split_slope, precondition=competent_seeds(),
+        control=SEED_CONTROL, control_of=None, seeds=True, history=_DEPTH_HISTORY),
+    ClaimSpec(
+        id="moeut.deeper_than_transformer", chapter="moeut", figure="§5, Fig. 9",
+        claim="MoEUT uses deeper layers than the Transformer (depth score)",
+        statement="MoEUT trained without modelling the question significantly utilises deeper layers.",
+        statistic="difference: relative depth score (layer effect) of MoEUT − Transformer, both with the question "
+                  "not modelled, per problem both solve in every seed (each the mean over seeds; seed s of one "
+                  "paired with seed s of the other, which saw the same batches)",
+        unit="problem", rule=Rule(0.0, "above"), values=pair_values("depth_layer"),
+        reduce=lambda v: float(np.mean(v[:, 0] - v[:, 1])),
+        precondition=competent_seeds(("moeut-answer_only", "transformer-answer_only")), control=SEED_CONTROL,
+        control_of=None, seeds=True, history=_DEPTH_HISTORY),
+    ClaimSpec(
+        id="moeut.deeper_erasure", chapter="moeut", figure="§5, Fig. 9",
+        claim="… and the question is read deeper (erasure depth)",
+        statement="Erasing the question still changes MoEUT's answer at deeper layers than the Transformer's.",
+        statistic="difference: relative erasure depth (where erasing a question token still changes the answer) of "
+                  "MoEUT − Transformer, question not modelled, paired by problem and seed as above",
+        unit="problem", rule=Rule(0.0, "above"), values=pair_values("erasure_depth"),
+        reduce=lambda v: float(np.mean(v[:, 0] - v[:, 1])),
+        precondition=competent_seeds(("moeut-answer_only", "transformer-answer_only")), control=SEED_CONTROL,
+        control_of=None, seeds=True, history=_DEPTH_HISTORY),
+    ClaimSpec(
+        id="moeut.input_dependent", chapter="moeut", figure="§5, Fig. 9",
+        claim="MoEUT's depth use is more input-dependent",
+        statement="MoEUT's use of depth depends more on the input than the Transformer's.",
+        statistic="difference: the spread (pooled standard deviation) of the per-problem relative depth score at a "
+                  "fixed number of operations, MoEUT − Transformer, question not modelled, paired as above",
+        unit="problem", rule=Rule(0.0, "above"), values=pair_values("depth_layer", with_facts=True),
+        reduce=_spread_difference,
+        precondition=competent_seeds(("moeut-answer_only", "transformer-answer_only")), control=SEED_CONTROL,
+        control_of=None, seeds=True, history=_DEPTH_HISTORY),
+    ClaimSpec(
+        id="moeut.finetuned_flat", chapter="moeut", figure="§5, appendix",
+        claim="fine-tuning does not make depth grow",
+        statement="Fine-tuning a pretrained model does not make its depth grow with the number of operations.",
+        statistic=f"rise per operation: {_RISE}", unit="problem", rule=Rule(FT_MARGIN, "below"),
+        values=growth_values("depth_layer"), reduce=within_split_slope, precondition=competent_seeds(),
+        control=SEED_CONTROL, control_of=None, seeds=True, history=_DEPTH_HISTORY),
+)
+#: Which depth claim each kind of row is asked: the from-scratch recipes, the pair, the fine-tuned model.
+RECIPE_CLAIMS = ("moeut.depth_grows",)
+PAIR_CLAIMS = ("moeut.deeper_than_transformer", "moeut.deeper_erasure", "moeut.input_dependent")
+FINETUNED_CLAIMS = ("moeut.finetuned_flat",)
+#: The rows of the accuracy comparison (the subject :data:`SUBJECT`, on :func:`units_of`).
+ACCURACY_CLAIMS = tuple(c.id for c in CLAIMS)
+CLAIMS = CLAIMS + DEPTH_CLAIMS

@@ -21,6 +21,7 @@ from lmdepth.metrics import bootstrap
 from lmdepth.metrics.verdicts import (
     MIN_UNITS,
     SATURATED,
+    SEED_ALPHA,
     Null,
     Paired,
     Rule,
@@ -29,6 +30,7 @@ from lmdepth.metrics.verdicts import (
     decide,
     paired_interval,
     permutation_null,
+    seed_sign_flip,
 )
 from lmdepth.model.random_init import control_name
 
@@ -90,6 +92,11 @@ class ClaimSpec:
             level): (holds, what is short). A sample too small is the build's choice, not a finding about the
             model, so such a row — like any row on fewer than ``MIN_UNITS`` units — is not counted in the headline.
         headline: counted on the findings page (False: reported in its chapter only), if the sample is large enough.
+        seeds: a claim about a training recipe: its values hold training seeds as replicates (:data:`REPLICATE`),
+            and the control is the seed-level sign-flip test (:func:`lmdepth.metrics.verdicts.seed_sign_flip`) of the
+            statistic of each seed alone — the seeds are the units the claim generalises over, the problems a level
+            below them. An interval on one side of the threshold decides only where the seeds do; where they cannot
+            (3 seeds: p ≥ 1/8), the row is inconclusive and says how many seeds it had.
         history: dated notes of every change made to the criterion after its numbers were seen.
     """
 
@@ -116,12 +123,13 @@ class ClaimSpec:
     precondition: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
     sample_size: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
     headline: bool = True
+    seeds: bool = False
     history: tuple[str, ...] = field(default=())
 
 
 NAN = float("nan")
 #: How a row's check discriminates (``control_kind``).
-PAIRED, PERMUTATION, BUILT_IN = "paired", "permutation", "built into the statistic"
+PAIRED, PERMUTATION, BUILT_IN, SEEDS = "paired", "permutation", "built into the statistic", "seed-level"
 _NEEDS = "needs '{}' to agree"  # how a verdict names the claim it depends on
 
 
@@ -303,6 +311,8 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
            "side": "", "control_valid": False, "control_note": "", "discriminates": False}
     if real.state == "not testable":  # nothing to discriminate; the control is still shown where it ran
         row["control_note"] = "the check itself is not testable"
+    if spec.seeds:
+        return {**row, **_seed_level(spec, units, model, real)}
     if spec.null is not None:
         return {**row, **_permutation(spec, v, real, seed)}
     if spec.control_of is None:
@@ -338,6 +348,47 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
     return {**out, "paired_diff": p.estimate, "paired_low": p.ci_low, "paired_high": p.ci_high, "control_valid": True,
             "discriminates": p.excludes_zero,
             "side": _side(spec, p.estimate) if p.excludes_zero else "not distinguishable from its control"}
+
+
+def per_seed_statistics(spec: ClaimSpec, units: pd.DataFrame, model: str) -> tuple[list[float], str]:
+    """The statistic of each training seed alone (its column of every replicate group: the runs compared share
+    their seeds), or why there is none."""
+    _, full, sizes, matched = replicates(frame(spec.values(units, model)))
+    if sizes is None:
+        return [], "the values hold no training seeds"
+    if not matched:
+        return [], "the compared runs do not share their training seeds, so no seed can be compared with itself"
+    starts = np.cumsum([0] + sizes[:-1])
+    return [float(spec.reduce(full[:, starts + i])) for i in range(sizes[0])], ""
+
+
+def _seed_level(spec: ClaimSpec, units: pd.DataFrame, model: str, real: Verdict) -> dict[str, Any]:
+    """The seed-level control: the sign-flip test of the per-seed statistics on the side the interval lies on. An
+    interval on one side decides only where the test rejects; otherwise the row is inconclusive, naming its seeds."""
+    out: dict[str, Any] = {"control_kind": SEEDS}
+    if real.state == "not testable":
+        return out
+    per_seed, why = per_seed_statistics(spec, units, model)
+    if why:
+        return {**out, "control_note": why}
+    other = Rule(spec.rule.threshold, "below" if spec.rule.side == "above" else "above")
+    test = seed_sign_flip(per_seed, other if real.state == "disagrees" else spec.rule)
+    n = test.n
+    out.update(control_state=f"seed-level sign-flip test over {n} seeds", p_value=test.p_value,
+               control_estimate=float(np.median(per_seed)), control_ci_low=min(per_seed),
+               control_ci_high=max(per_seed), control_valid=True, discriminates=test.rejects,
+               # the seeds' statistics against the threshold: their median and range (drawn like a paired difference)
+               paired_diff=float(np.median(per_seed)) - spec.rule.threshold,
+               paired_low=min(per_seed) - spec.rule.threshold, paired_high=max(per_seed) - spec.rule.threshold,
+               side=("every seed on the interval's side" if test.rejects else
+                     "too few seeds to decide" if not test.powered else "not consistent across seeds"))
+    if real.state == "inconclusive" or test.rejects:
+        return out
+    power = (f"with {n} seeds the test cannot go below p = 1/{2 ** n}" if not test.powered else
+             f"p = {test.p_value:.3g} over {n} seeds")
+    return {**out, "state": "inconclusive",
+            "reason": f"{n} seeds: the interval is on one side, but the seed-level sign-flip test does not reach "
+                      f"p ≤ {SEED_ALPHA:g} ({power})"}
 
 
 def _permutation(spec: ClaimSpec, v: np.ndarray, real: Verdict, seed: int) -> dict[str, Any]:

@@ -72,6 +72,40 @@ class CharTokenizer:
         return cls(d["chars"])
 
 
+class PretrainedTokenizer:
+    """A pretrained model's own tokenizer behind :class:`CharTokenizer`'s interface, so that batches, exact match,
+    greedy answers and the skip analyses of chapter 07 run unchanged on a fine-tuned pretrained model.
+
+    ``prompt`` is tokenised with the tokenizer's own BOS policy, the answer without special tokens, then the
+    tokenizer's EOS: the same ids in training and evaluation (the answer is never merged into the prompt's last
+    token). Padding uses the pad token, or the EOS where there is none (padding carries no loss and, the model being
+    causal, changes no real position).
+    """
+
+    def __init__(self, hf_tokenizer: Any):
+        self.hf = hf_tokenizer
+        self.eos_id = int(hf_tokenizer.eos_token_id)
+        self.bos_id = hf_tokenizer.bos_token_id
+        pad = hf_tokenizer.pad_token_id
+        self.pad_id = int(self.eos_id if pad is None else pad)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf(text, add_special_tokens=False).input_ids)
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def tokens(self, ids: Sequence[int]) -> list[str]:
+        return [self.hf.decode([int(i)]) for i in ids]
+
+    def encode_example(self, question: str, answer: str | None = None, eos: bool = True) -> tuple[list[int], int]:
+        ids = list(self.hf(prompt_text(question)).input_ids)
+        a_start = len(ids)
+        if answer is not None:
+            ids += self.encode(answer_text(answer)) + ([self.eos_id] if eos else [])
+        return ids, a_start
+
+
 @dataclass
 class Batch:
     """A padded batch. ``ids`` [B, T]; ``answer_mask`` [B, T] True at answer tokens (answer + EOS);

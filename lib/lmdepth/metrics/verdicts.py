@@ -214,6 +214,51 @@ def permutation_null(real: float, draws: np.ndarray, level: float = LEVEL) -> Nu
     return Null(float(real), float(lo), float(hi), float(p), len(d))
 
 
+#: The level of the seed-level test (one-sided): a claim about training is decided only where its seeds reach it.
+SEED_ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class SeedTest:
+    """An exact one-sided sign-flip test over training seeds: are the per-seed statistics consistently on the paper's
+    side of the threshold? Under the null each seed's deviation from the threshold is as likely negative as
+    positive, so every one of the 2^n sign patterns is equally likely; ``p_value`` is the share of patterns whose
+    mean deviation is at least the observed one (the observed one included). ``floor`` = 2^−n is the smallest
+    p-value n seeds can give: with 3 seeds 1/8, so no 3-seed test can reach :data:`SEED_ALPHA` (5 seeds: 1/32).
+
+    Attributes:
+        per_seed: the statistic of each seed alone; p_value, floor: as above; n: seeds.
+    """
+
+    per_seed: tuple[float, ...]
+    p_value: float
+    floor: float
+    n: int
+
+    @property
+    def powered(self) -> bool:
+        """Whether this many seeds could reach :data:`SEED_ALPHA` at all."""
+        return self.floor <= SEED_ALPHA
+
+    @property
+    def rejects(self) -> bool:
+        return bool(np.isfinite(self.p_value) and self.p_value <= SEED_ALPHA)
+
+
+def seed_sign_flip(per_seed: Sequence[float], rule: Rule) -> SeedTest:
+    """:class:`SeedTest` of the per-seed statistics against ``rule``'s threshold, on the paper's side (a 'between'
+    rule has no side: NaN)."""
+    x = np.asarray(per_seed, dtype=float)
+    n = len(x)
+    floor = 2.0 ** -n if n else float("nan")
+    if rule.side == "between" or not n or not np.isfinite(x).all():
+        return SeedTest(tuple(map(float, x)), float("nan"), floor, n)
+    d = (x - rule.threshold) * (1.0 if rule.side == "above" else -1.0)  # positive = the paper's side
+    signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)  # [2^n, n]: every sign pattern
+    p = float(np.mean((signs * d).mean(1) >= d.mean() - 1e-12))
+    return SeedTest(tuple(map(float, x)), p, floor, n)
+
+
 SATURATED = 0.5  # a group with at least this share of its values at a bound cannot move: not testable
 
 

@@ -3,6 +3,8 @@ invariants, from :mod:`lmdepth.analyses.scratch`."""
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 
 from lmdepth.analyses.scratch import (
@@ -16,6 +18,7 @@ from lmdepth.analyses.scratch import (
     extrapolation_gains,
 )
 from lmdepth.claims import report
+from lmdepth.claims.scratch_claims import RUNS, SUBJECT, comparable, units_of
 from lmdepth.data.dm_math import EXTRAPOLATE, MathData
 from lmdepth.scratch.shipped import PACKAGE_RUNS
 from lmdepth.scratch.training import OBJECTIVE_LABELS, TrainConfig, run_config
@@ -250,15 +253,16 @@ def comparison_md(verdicts: pd.DataFrame) -> str:
 
 
 def findings_md(summary: pd.DataFrame, gains: pd.DataFrame, rises: pd.DataFrame, edepth: pd.DataFrame,
-                not_comparable: str = "") -> str:
+                per_example: pd.DataFrame) -> str:
     """What the four default runs show, as one paragraph: the best exact match, the MoEUT − Transformer gains on
     extrapolation (exact match, answer loss), the rise of the depth score and the mean erasure depth per run.
 
-    Args:
-        not_comparable: why the four runs cannot be compared (the registry's precondition,
-            :func:`lmdepth.claims.scratch_claims.comparable`), "" when they can: then a gain's sign is read as a direction;
-            otherwise the differences are described, not read.
+    A gain's sign is read as a direction only if the four runs (``per_example``: their evaluation) are comparable by
+    the registry's precondition (:func:`lmdepth.claims.scratch_claims.comparable`; they are not by design: one seed
+    each, two learning rates); otherwise the differences are described, not read, and the paragraph says why.
     """
+    ok, why = comparable(RUNS)(units_of(per_example), SUBJECT)
+    not_comparable = "" if ok else why
     gx = extrapolation_gains(gains)
     read = (lambda r: interval_verdict(r, "the direction the paper reports")) if not not_comparable else (
         lambda r: "descriptive only: the runs are not comparable")
@@ -304,12 +308,64 @@ def check_results(runs: dict[str, TrainedRun], summary: pd.DataFrame, erasure_ta
             raise AssertionError(f"{name}: the probe maps need one row per depth step")
 
 
-def page_md(verdicts: pd.DataFrame, runs: dict[str, TrainedRun], seconds: float) -> str:
-    """The closing summary: verdict counts, the page's wall time, which runs were trained now and where the others
-    were loaded from (a folder, or the runs shipped with the package)."""
+def page_md(verdicts: pd.DataFrame, runs: dict[str, TrainedRun], started: float) -> str:
+    """The closing summary: verdict counts, the page's wall time (since ``started``, a ``time.time()``), which runs
+    were trained now and where the others were loaded from (a folder, or the runs shipped with the package)."""
+    seconds = time.time() - started
     trained = [n for n, r in runs.items() if r.trained_now]
     where = sorted({"the runs shipped with the package" if r.path.parent.parent.resolve() == PACKAGE_RUNS
                     else f"`{r.path.parent.parent}`" for r in runs.values() if not r.trained_now})
     loaded = f"loaded from {' and '.join(where)} (not retrained)" if where else ""
     return (f"{report.summary(verdicts)} Wall time of this page: {seconds:.0f} s; "
             + "; ".join(x for x in (f"trained now: {', '.join(trained)}" if trained else "", loaded) if x) + ".")
+
+
+# ---- the depth questions (section "Does depth grow with the problem?") -------------------------------------------
+
+def finetune_table(states: pd.DataFrame) -> pd.DataFrame:
+    """Where each fine-tuned run stands: seed, state, steps and stored snapshots."""
+    return states.rename(columns={"snapshots": "snapshots stored"})
+
+
+def _depth_row(r) -> str:
+    """One depth verdict row in words: the claim for its model, the statistic with the interval that decides it,
+    the seeds' own values, the state and how it is counted."""
+    if r.state == "not testable":
+        return f"*{r.claim}* ({r.model}): not testable ({r.reason})"
+    unit = "of depth per operation" if r.claim_id in ("moeut.depth_grows", "moeut.finetuned_flat") else "of depth"
+    seeds = (f"; the seeds' own values {r.control_ci_low:+.4f} … {r.control_ci_high:+.4f}, sign-flip p = "
+             f"{r.p_value:.3g}" if r.control_valid else "")
+    read = r.state + (f" — {r.reason}" if r.reason else "")
+    counted = "" if r.counted_as == r.state else f"; counted as {r.counted_as}"
+    return (f"*{r.claim}* ({r.model}): {r.estimate:+.4f} {unit} [{r.ci_low:+.4f}, {r.ci_high:+.4f}], n = {r.n} "
+            f"problems{seeds} ({read}{counted})")
+
+
+def depth_md(verdicts: pd.DataFrame) -> str:
+    """What the depth rows show, as one paragraph read off them (no sentence beyond the rows), and what they can
+    and cannot decide with the seeds they have."""
+    if verdicts.empty:
+        return ""
+    seeds = {int(m) for m in verdicts.control_state.str.extract(r"over (\d+) seeds")[0].dropna()}
+    power = (f" With {', '.join(map(str, sorted(seeds)))} seeds per recipe, the seed-level test cannot go below p = "
+             f"1/{2 ** min(seeds)}: a row whose interval lies on one side is *inconclusive* until more seeds are "
+             "trained (5 seeds reach 1/32)." if seeds and 2.0 ** -min(seeds) > 0.05 else "")
+    return ("**What the depth rows show** (the table above). " + "; ".join(_depth_row(r) for r in verdicts.itertuples())
+            + "." + power)
+
+
+def over_training_md(curve: pd.DataFrame, states: pd.DataFrame) -> str:
+    """The depth over fine-tuning in words: per seed, the within-split rise per operation and the interpolation
+    exact match at step 0 (the pretrained model) and at the last stored snapshot; or that none is stored yet."""
+    if curve.empty:
+        return ("No fine-tuned run has stored a snapshot yet (`scripts/finetune_runs.py` writes one at step 0 and "
+                "every 10 % of training).")
+    parts = []
+    for seed, g in curve.sort_values("step").groupby("seed"):
+        a, b = g.iloc[0], g.iloc[-1]
+        state = states.set_index("seed").state.get(seed, "")
+        parts.append(f"seed {seed} ({state}): at step {a.step:,} the rise is {a.rise:+.4f} per operation with "
+                     f"{a.interpolate:.0%} interpolation exact match; at step {b.step:,}, {b.rise:+.4f} with "
+                     f"{b.interpolate:.0%}")
+    return ("**Depth over fine-tuning** (the figure above; every problem of the depth sample, solved or not — the "
+            "first snapshots solve none). " + "; ".join(parts) + ".")

@@ -1,0 +1,114 @@
+"""The fine-tuned pretrained runs of chapter 07 (:mod:`lmdepth.scratch.finetune`): where each stands, their depth per
+problem on chapter 07's depth sample (as :func:`lmdepth.analyses.scratch.comparison_depths` for the from-scratch
+runs), and the depth score over training, read from the snapshots ``scripts/finetune_runs.py`` stores beside each
+run (step 0 is the pretrained model).
+
+The book never fine-tunes: a run takes hours on a CPU; the chapter reads what is finished and says what is not.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from lmdepth.analyses.scratch import SAMPLE_DATA_KEYS, depth_sample, problem_depths
+from lmdepth.claims.scratch_claims import FINETUNED_RUN
+from lmdepth.data.dm_math import ERASURE_REFERENCE, MathData
+from lmdepth.hooks.stack import AdapterStack, mean_residuals
+from lmdepth.metrics.depth import depth_score, layer_effect, partial_slope
+from lmdepth.model.families import ModelAdapter
+from lmdepth.results import RunStore
+from lmdepth.scratch.evaluate import evaluate
+from lmdepth.scratch.finetune import FinetuneConfig, finetune_configs, finetune_dir, load_finetuned
+from lmdepth.scratch.training import safe_load
+
+
+def finetune_states(checkpoint_dir: str | Path, configs: list[FinetuneConfig] | None = None) -> pd.DataFrame:
+    """Per planned run: ``seed, state`` (``finished``, ``training`` with the step of its checkpoint, ``not
+    trained``), ``steps`` and ``snapshots`` (how many are stored)."""
+    rows = []
+    for cfg in configs or finetune_configs():
+        rd = finetune_dir(cfg, checkpoint_dir)
+        if (rd / "adapter.pt").is_file() and (rd / "meta.json").is_file():
+            state, step = "finished", cfg.steps
+        elif (rd / "ckpt.pt").is_file():
+            state, step = "training", int(safe_load(rd / "ckpt.pt")["step"])
+        else:
+            state, step = "not trained", 0
+        rows.append({"run": cfg.name, "seed": cfg.seed, "state": state, "steps": f"{step:,} of {cfg.steps:,}",
+                     "snapshots": len(list(rd.glob("snapshot-*.npz")))})
+    return pd.DataFrame(rows)
+
+
+def finetuned_depths(checkpoint_dir: str | Path, data: MathData, n_per_operations: int, seed: int,
+                     results_dir: str | Path, configs: list[FinetuneConfig] | None = None) -> tuple[pd.DataFrame,
+                                                                                                     pd.DataFrame]:
+    """Every finished fine-tuned run on chapter 07's depth sample: (its evaluation on both splits, in the layout of
+    :func:`~lmdepth.analyses.scratch.evaluate_runs`; its :func:`~lmdepth.analyses.scratch.problem_depths` with
+    ``run`` :data:`~lmdepth.claims.scratch_claims.FINETUNED_RUN`, ``train_seed``, ``lr``, ``path`` and ``solved``).
+    Both are stored per run (a :class:`~lmdepth.results.RunStore` under ``results_dir/dm_math_ft_depth``). Empty
+    tables when no run is finished."""
+    sample = depth_sample(data, n_per_operations, seed)
+    evals, depths = [], []
+    for cfg in configs or finetune_configs():
+        path = finetune_dir(cfg, checkpoint_dir) / "adapter.pt"
+        if not path.is_file():
+            continue
+        store = RunStore(results_dir, "dm_math_ft_depth", path.parent.name,
+                         {"n_per_operations": n_per_operations, "seed": seed, "weights": path.parent.name,
+                          "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS}, "n_sample": len(sample)})
+        done = store.load_verified()
+        if done is None:
+            t0 = time.time()
+            model, tok, _ = load_finetuned(path, cfg)
+            ev = pd.concat([evaluate(model, tok, data.split(s)).assign(split=s)
+                            for s in ("interpolate", "extrapolate")], ignore_index=True)
+            ref = tok.encode_example(*ERASURE_REFERENCE, eos=False)[0]
+            mu = mean_residuals(AdapterStack(ModelAdapter.for_model(model)), [torch.tensor([ref])])
+            table = problem_depths(model, tok, sample, mu)
+            done = store.finalize(table, {"run": path.parent.name, "wall_time_s": round(time.time() - t0, 1)},
+                                  units=ev)
+        ev = done.units.assign(run=FINETUNED_RUN, arch="smollm2", objective="answer_only", lr=cfg.lr,
+                               train_seed=cfg.seed, path=str(path))
+        correct = ev.groupby(["split", "question"]).correct.first()
+        t = done.table.assign(run=FINETUNED_RUN, arch="smollm2", objective="answer_only", train_seed=cfg.seed,
+                              lr=cfg.lr, path=str(path))
+        t["solved"] = [bool(correct.get((s, q), False)) for s, q in zip(t.split, t.question)]
+        evals.append(ev)
+        depths.append(t)
+    if not depths:
+        return pd.DataFrame(), pd.DataFrame()
+    return pd.concat(evals, ignore_index=True), pd.concat(depths, ignore_index=True)
+
+
+def over_training(checkpoint_dir: str | Path, configs: list[FinetuneConfig] | None = None) -> pd.DataFrame:
+    """The depth score over fine-tuning, from each run's stored snapshots: per (seed, step) the exact match on the
+    learning-curve problems of each split, the mean relative depth score (layer effect) of the depth sample, and
+    its within-split rise per operation on every problem of the sample (solved or not: early snapshots solve
+    none) and on the solved ones (NaN with fewer than two numbers of operations solved in a split).
+
+    Returns:
+        ``seed, step, interpolate, extrapolate, depth, rise, rise_solved, n_solved``; empty when no snapshot exists.
+    """
+    rows = []
+    for cfg in configs or finetune_configs():
+        for f in sorted(finetune_dir(cfg, checkpoint_dir).glob("snapshot-*.npz")):
+            with np.load(f) as z:
+                E, ops, split, solved = z["E"], z["n_operations"], z["split"], z["solved"].astype(bool)
+                L = E.shape[-1]
+                depth = depth_score(layer_effect(E)) / (L - 1)  # [P]
+                extra = (split == "extrapolate").astype(float)
+                rows.append({"seed": cfg.seed, "step": int(z["step"]), "interpolate": float(z["interpolate"].mean()),
+                             "extrapolate": float(z["extrapolate"].mean()), "depth": float(np.nanmean(depth)),
+                             "rise": partial_slope(depth, ops, extra),
+                             "rise_solved": partial_slope(depth[solved], ops[solved], extra[solved])
+                             if solved.sum() >= 4 else float("nan"),
+                             "n_solved": int(solved.sum())})
+    return pd.DataFrame(rows)
+
+
+__all__ = ["finetune_states", "finetuned_depths", "over_training"]

@@ -1,0 +1,146 @@
+"""The paper's §5 depth questions (chapter 07, "Does depth grow with the problem?"): the seed-level test, the
+statistics on fabricated seeds, the fine-tuning loop's resume, the depth over training read from snapshots."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lmdepth.analyses.finetuned import finetune_states, over_training
+from lmdepth.claims import REGISTRY, report
+from lmdepth.claims import scratch_claims as sc
+from lmdepth.claims.spec import per_seed_statistics
+from lmdepth.metrics.verdicts import Rule, seed_sign_flip
+from lmdepth.scratch.finetune import FinetuneConfig, finetune_dir, finetune_run, load_finetuned
+
+MA, TA = "moeut-answer_only", "transformer-answer_only"
+RECIPE = "MoEUT, question not modelled"
+
+
+def depth_table(depth, seeds=(0, 1, 2, 3, 4), n=12, runs=(MA,), seed=0) -> pd.DataFrame:
+    """A depth table as :func:`lmdepth.claims.scratch_claims.depth_units_of` labels it: ``depth(run, training seed,
+    operations, rng)`` per problem, ``n`` problems at each of 2–6 operations, every problem solved, every seed
+    competent."""
+    rng = np.random.default_rng(seed)
+    labels = {r: lab for lab, r in sc.RECIPES.items()}
+    rows = [dict(run=run, model=labels[run], train_seed=sd, unit=i, n_operations=ops,
+                 split="interpolate" if ops <= 4 else "extrapolate", question=f"q{i}",
+                 depth_layer=float(depth(run, sd, ops, rng)), erasure_depth=0.5, solved=True, lr=1e-3,
+                 path=f"{run}/{sd}", interpolation_em=1.0)
+            for run in runs for sd in seeds for i, ops in enumerate(k for k in range(2, 7) for _ in range(n))]
+    return pd.DataFrame(rows)
+
+
+def growth_row(table: pd.DataFrame) -> pd.Series:
+    return report.check("moeut", table, [RECIPE], only=["moeut.depth_grows"]).iloc[0]
+
+
+@pytest.mark.unit
+def test_the_seed_level_sign_flip_test_is_exact_and_states_its_floor():
+    three = seed_sign_flip([0.2, 0.3, 0.1], Rule(0.0, "above"))
+    assert (three.p_value, three.floor, three.powered, three.rejects) == (1 / 8, 1 / 8, False, False)
+    five = seed_sign_flip([0.2, 0.3, 0.1, 0.4, 0.2], Rule(0.0, "above"))
+    assert five.p_value == pytest.approx(1 / 32) and five.rejects
+    # one seed the other way: 2 of the 32 sign patterns reach the observed mean (it, and the flip of that seed)
+    mixed = seed_sign_flip([0.2, 0.3, -0.1, 0.4, 0.2], Rule(0.0, "above"))
+    assert mixed.p_value == pytest.approx(2 / 32) and not mixed.rejects
+    # a 'below' rule tests the other side, against its threshold
+    below = seed_sign_flip([0.5, 0.6, 0.55, 0.4, 0.45], Rule(1.0, "below"))
+    assert below.p_value == pytest.approx(1 / 32) and not seed_sign_flip([1.5] * 5, Rule(1.0, "below")).rejects
+    assert np.isnan(seed_sign_flip([0.1] * 5, Rule(0.0, "between", 1.0)).p_value)
+
+
+@pytest.mark.unit
+def test_per_seed_statistics_recover_fabricated_seeds_with_known_slopes():
+    """Five seeds with known rises per operation (within each split) and noise: each seed's own statistic is its
+    slope, the row's estimate their mean, and the two-level interval is wider when the seeds spread."""
+    slopes = [0.01, 0.02, 0.03, 0.04, 0.05]
+    t = depth_table(lambda run, sd, ops, rng: 0.3 + slopes[sd] * ops + 0.2 * (ops > 4) + rng.normal(0, 0.002))
+    per_seed, why = per_seed_statistics(REGISTRY["moeut.depth_grows"], t, RECIPE)
+    assert not why and per_seed == pytest.approx(slopes, abs=2e-3)  # the split's jump is held fixed
+    row = growth_row(t)
+    assert row.estimate == pytest.approx(0.03, abs=1e-3) and (row.state, row.counted_as) == ("agrees", "agrees")
+    assert row.control_ci_low == pytest.approx(0.01, abs=2e-3) and row.control_ci_high == pytest.approx(0.05, abs=2e-3)
+    same = growth_row(depth_table(lambda run, sd, ops, rng: 0.3 + 0.03 * ops + rng.normal(0, 0.002)))
+    assert row.ci_high - row.ci_low > 3 * (same.ci_high - same.ci_low)  # the seeds' spread is in the interval
+
+
+@pytest.mark.unit
+def test_a_rise_is_detected_only_within_the_splits_and_only_with_enough_seeds():
+    # depth that jumps between the splits but is flat inside each: no rise with operations
+    jump = growth_row(depth_table(lambda run, sd, ops, rng: 0.3 + 0.3 * (ops > 4) + rng.normal(0, 0.01)))
+    assert jump.counted_as != "agrees" and abs(jump.estimate) < 0.01
+    # a real rise, three seeds: the interval is on the paper's side, but three seeds cannot decide it
+    three = growth_row(depth_table(lambda run, sd, ops, rng: 0.3 + 0.03 * ops + rng.normal(0, 0.01), seeds=(0, 1, 2)))
+    assert three.ci_low > 0 and (three.state, three.counted_as) == ("inconclusive", "inconclusive")
+    assert "3 seeds" in three.reason and "1/8" in three.reason
+    # only the problems every seed solves are read
+    t = depth_table(lambda run, sd, ops, rng: 0.3 + 0.03 * ops + rng.normal(0, 0.01))
+    t.loc[(t.train_seed == 1) & (t.n_operations == 6), "solved"] = False
+    row = growth_row(t)
+    assert row.n == 12 * 4 and row.counted_as == "agrees"  # 6 operations dropped: seed 1 solves none of them
+
+
+@pytest.mark.unit
+def test_the_fine_tuned_row_waits_for_its_runs_and_the_pair_rows_read_both_architectures():
+    t = depth_table(lambda run, sd, ops, rng: (0.6 if run == MA else 0.4) + rng.normal(0, 0.01), runs=(MA, TA))
+    rows = report.check("moeut", t, [sc.SUBJECT, sc.FINETUNED], only=list(sc.PAIR_CLAIMS + sc.FINETUNED_CLAIMS))
+    rows = rows.set_index(["claim_id", "model"])
+    deeper = rows.loc[("moeut.deeper_than_transformer", sc.SUBJECT)]
+    assert deeper.estimate == pytest.approx(0.2, abs=0.01) and deeper.counted_as == "agrees"
+    assert rows.loc[("moeut.deeper_erasure", sc.SUBJECT)].estimate == 0  # both 0.5 here: no difference
+    flat = rows.loc[("moeut.finetuned_flat", sc.FINETUNED)]
+    assert flat.state == "not testable" and "No finished run" in flat.reason
+
+
+@pytest.mark.unit
+def test_the_depth_over_training_is_read_from_the_stored_snapshots(tmp_path):
+    cfg = FinetuneConfig(seed=0)
+    rd = finetune_dir(cfg, tmp_path)
+    rd.mkdir(parents=True)
+    ops = np.repeat(np.arange(2, 7), 4)
+    L = 5
+    for step, rise in ((0, 0.0), (100, 1.0)):  # at step 100 the depth step grows with the number of operations
+        E = np.zeros((len(ops), L, L))
+        for p, k in enumerate(ops):  # all of a problem's effect at one step: step 1 … 3 (rise) or 2 (flat)
+            s = int(round(2 + rise * (k - 4) / 2))
+            E[p, s, s + 1:] = 1.0
+        np.savez(rd / f"snapshot-{step:05d}.npz", step=np.array(step), E=E, O=np.zeros((len(ops), L)),
+                 n_operations=ops, split=np.where(ops <= 4, "interpolate", "extrapolate"),
+                 question=np.array([f"q{i}" for i in range(len(ops))]), solved=np.ones(len(ops), bool),
+                 interpolate=np.array([step > 0] * 10), extrapolate=np.array([False] * 10))
+    curve = over_training(tmp_path, [cfg]).set_index("step")
+    assert curve.loc[0, "rise"] == pytest.approx(0.0) and curve.loc[100, "rise"] > 0.05
+    assert (curve.loc[0, "interpolate"], curve.loc[100, "interpolate"]) == (0.0, 1.0)
+    assert finetune_states(tmp_path, [cfg]).iloc[0].snapshots == 2
+
+
+@pytest.mark.integration
+def test_fine_tuning_resumes_to_the_same_bytes(tiny_dirs, tmp_path):
+    """A run stopped after 2 of 4 steps and resumed ends with exactly the adapters, optimiser-driven history and
+    snapshots of a run that never stopped; the merged model differs from the base (the adapters did something)."""
+    torch.set_num_threads(1)
+    cfg = FinetuneConfig(model=str(tiny_dirs["llama"]), steps=4, ckpt_every=2, batch_size=4, warmup=1, lr=1e-2,
+                         n_train_per_module=60, n_eval_per_module=6)
+    seen = {"a": [], "b": []}
+
+    def recorder(key):
+        return lambda step, model, tok: seen[key].append(step)
+
+    straight = finetune_run(cfg, tmp_path / "a", tmp_path / "data", on_snapshot=recorder("a"), progress=False)
+    assert finetune_run(cfg, tmp_path / "b", tmp_path / "data", on_snapshot=recorder("b"), stop_after=2,
+                        progress=False) is None
+    resumed = finetune_run(cfg, tmp_path / "b", tmp_path / "data", on_snapshot=recorder("b"), progress=False)
+    a, b = torch.load(straight, weights_only=True), torch.load(resumed, weights_only=True)
+    assert a["adapters"].keys() == b["adapters"].keys() and len(a["adapters"]) > 0
+    assert all(torch.equal(a["adapters"][k], b["adapters"][k]) for k in a["adapters"])
+    assert a["history"] == b["history"] and len(a["history"]) == 4
+    assert seen["a"] == seen["b"] == [0, 2, 4]  # step 0 (the pretrained model) and every checkpoint, once each
+    assert not (finetune_dir(cfg, tmp_path / "b") / "ckpt.pt").exists()
+    model, _, meta = load_finetuned(resumed, cfg)
+    base = torch.load(straight, weights_only=True)["adapters"]
+    assert any(v.abs().sum() > 0 for k, v in base.items() if "lora_B" in k)  # B starts at 0: it was trained
+    assert meta["n_trainable"] == sum(v.numel() for v in base.values()) and not any(
+        "lora" in n for n, _ in model.named_parameters())  # merged into a plain model
