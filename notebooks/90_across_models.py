@@ -78,17 +78,18 @@ claims_forest(verdicts)
 # from its 95 % interval, and counted as:
 #
 # - **agrees** / **disagrees**: the whole interval on the paper's side / on the other side;
-# - **inconclusive**: the interval straddles the paper's threshold;
+# - **inconclusive**: the interval straddles the threshold, or training seeds too few to decide (3 seeds);
 # - **not testable**: a precondition failed (fewer than 10 units, a saturated statistic, a model that does not do
 #   the task, a claim it depends on); the row says which;
 # - **no valid control**: the control was not run, or cannot vary;
-# - **not discriminating**: the paired interval of model − control contains 0 (or the statistic lies inside its
-#   permutation null);
-# - **not counted**: a chapter-only claim, or a sample below its claim's size rule: shown, left out of the counts.
+# - **not discriminating**: the paired interval of model − control contains 0;
+# - **explained by its control**: an agreement whose control (an untrained twin, a random nudge) shows the pattern
+#   at least as strongly;
+# - **not counted**: a chapter-only claim, or a sample below its claim's size rule.
 #
-# Each control is measured on the model's own units: a random-init twin (chapters 01–04), the alignment by layer
-# index (06), a permutation null (07), or an alternative built into the statistic (05, 06). Layers 0–1 are left out
-# of every statistic. A "disagrees" is a finding about that model at this scale: the chapter behind it discusses it.
+# Controls: a random-init twin (chapters 01–04), the alignment by layer index (06), the training seeds (07), or an
+# alternative built into the statistic (05, 06). Layers 0–1 are left out of every statistic. A "disagrees" is a
+# finding about that model at this scale.
 
 # %% tags=["hide-input"]
 if len(verdicts):

@@ -34,12 +34,12 @@ from lmdepth.results import atomic_write
 from lmdepth.scratch.evaluate import evaluate
 from lmdepth.scratch.finetune import (
     FinetuneConfig,
-    with_adapters,
     answer_loss,
     finetune_configs,
     finetune_dir,
     finetune_run,
     load_data,
+    with_adapters,
 )
 
 N_CURVE = 200  # problems per split in each snapshot's exact match

@@ -495,7 +495,9 @@ def test_discrimination_is_paired_not_a_match_of_states():
     assert a.paired_low < 0 < a.paired_high
     assert (b.state, b.control_state, b.counted_as) == ("agrees", "agrees", "agrees")
     assert b.paired_high < 0 and b.side.startswith("beyond its control")
-    assert c.counted_as == "agrees" and c.paired_low > 0 and c.side.startswith("short of its control")
+    # the twin drops more than the trained model: the pattern comes with the architecture, and training weakens it
+    assert c.state == "agrees" and c.paired_low > 0 and c.side.startswith("short of its control")
+    assert c.counted_as == "explained by its control" and c.paper_side is False
 
 
 def test_the_control_is_paired_on_the_units_both_share():
@@ -729,8 +731,10 @@ def test_a_depth_pinned_at_never_decides_nothing_as_model_or_as_control(claim_id
 
 def test_the_lens_control_is_the_twin_read_by_the_same_lens():
     """A trained model that settles at mid-depth against a twin whose lens settles later: paired over problems,
-    the model settles earlier than its control; a twin that settles like the model does not discriminate, and a twin
-    whose lens never settles (its depth pinned at 1.0) is no valid control."""
+    the model settles earlier than its control — for a claim of late settling, the twin shows the pattern more
+    strongly, so the agreement is explained by its control; against a twin that settles earlier, the model settles
+    later: counted. A twin that settles like the model does not discriminate, and a twin whose lens never settles
+    (its depth pinned at 1.0) is no valid control."""
     real = lens_units("m", {("logit_lens", "top5_overlap"): rises_at(7)})
     late = lens_units(control_name("m"), {("logit_lens", "top5_overlap"): rises_at(10, sd=0.02)}, seed=1)
     like = lens_units(control_name("m"), {("logit_lens", "top5_overlap"): rises_at(7, sd=0.02)}, seed=1)
@@ -738,7 +742,11 @@ def test_the_lens_control_is_the_twin_read_by_the_same_lens():
                                            lambda r: np.linspace(0, 0.15, L) + r.normal(0, 0.01, L)})
     a, b, c = (report.check("lens", real, ["m"], ctrl).set_index("claim_id").loc["lens.logit_overlap_mid"]
                for ctrl in (late, like, never))
-    assert (a.state, a.control_state, a.counted_as) == ("agrees", "agrees", "agrees") and a.paired_diff < 0
+    assert (a.state, a.control_state, a.counted_as) == ("agrees", "agrees", "explained by its control")
+    assert a.paired_diff < 0 and a.side == "earlier than its control"
+    early = lens_units(control_name("m"), {("logit_lens", "top5_overlap"): rises_at(4, sd=0.02)}, seed=1)
+    d = report.check("lens", real, ["m"], early).set_index("claim_id").loc["lens.logit_overlap_mid"]
+    assert (d.counted_as, d.side) == ("agrees", "later than its control") and d.paper_side is True
     assert (b.state, b.counted_as) == ("agrees", "not discriminating")
     assert c.counted_as == "no valid control" and "saturated" in c.control_note
 

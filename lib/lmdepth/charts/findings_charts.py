@@ -32,10 +32,11 @@ STATE_COLORS = {
     "not testable": "#969696",
     "no valid control": "#8073ac",
     "not discriminating": "#4393c3",
+    "explained by its control": "#a6dba0",
 }
 OTHER_COLOR = "#bdbdbd"  # a state this version does not know (an old verdict CSV)
 #: States drawn hollow whatever the row's headline flag: nothing was decided against a control.
-HOLLOW_STATES = ("not testable", "no valid control")
+HOLLOW_STATES = ("not testable", "no valid control", "explained by its control")
 PANELS = ("statistic", "control")
 STEP = 15  # px per verdict row
 LABEL_PX = 240  # the model column: wide enough for a model pair's name whole (chapter 06's rows)

@@ -281,9 +281,11 @@ def headline(verdicts: pd.DataFrame) -> str:
     c = state_counts(verdicts).set_index("model").loc["all models"]
     return ("Over the registered claims, (claim × model) verdicts: "
             + ", ".join(f"**{int(c[s])} {s}**" for s in HEADLINE_STATES)
-            + f" — {int(c.sum())} in all. Rows without a valid control, and rows whose paired interval (real − "
-            "control) contains 0 or whose statistic lies inside its permutation null, are shown but not counted as "
-            "agreement or disagreement."
+            + f" — {int(c.sum())} in all. Rows without a valid control, rows whose paired interval (real − "
+            "control) contains 0 or whose statistic lies inside its permutation null, and agreements explained by "
+            "their control (the control — an untrained twin, a random nudge — shows the pattern at least as "
+            "strongly: it comes with the architecture or the measurement, and training weakens it) are shown but "
+            "not counted as agreement or disagreement."
             + _beyond(verdicts))
 
 
@@ -343,8 +345,9 @@ def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
             f"{_count(c['no valid control'], 'has', 'have')} no valid control (not run, one that cannot vary, or one "
             f"without the pattern the claim locates), and {_count(c['not discriminating'], 'does', 'do')} not "
             f"discriminate (the paired interval of the trained model minus its control contains 0, so they measure "
-            f"the architecture or the data rather than training; or a comparison of training runs lies inside its "
-            f"permutation null)."
+            f"the architecture or the data rather than training), and "
+            f"{_count(c['explained by its control'], 'agreement is', 'agreements are')} explained by the control "
+            f"(an untrained twin or a random nudge shows the pattern at least as strongly: training weakens it)."
             f"{_beyond(verdicts)} Agree: {_claims_by_state(v, 'agrees')}. Disagree: "
             f"{_claims_by_state(v, 'disagrees')}."
             + (f" No valid control: {_claims_by_state(v, 'no valid control')}." if c["no valid control"] else "")

@@ -110,7 +110,7 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         id="lens.logit_overlap_mid", chapter="lens", figure="Fig. 4", claim="logit lens: overlap first exceeds 0.2 at or after mid-depth",
         statement="The logit lens' prediction agrees with the output only from mid-depth on.",
         statistic=f"depth: l / L of the first layer where the mean top-5 overlap with the output exceeds {OVERLAP:g}",
-        unit="problem", rule=SETTLES, values=curve("logit_lens", "top5_overlap"),
+        unit="problem", rule=SETTLES, control_side="later", values=curve("logit_lens", "top5_overlap"),
         reduce=_overlap_depth(EARLY_LAYERS), with_early=_overlap_depth(0), control=TWIN,
         saturation=units_at_ceiling(_overlap_depth(EARLY_LAYERS), 1.0, NEVER), history=_HISTORY + _SATURATION_HISTORY),
     ClaimSpec(
@@ -118,7 +118,7 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         statement="The logit lens' KL to the output falls only from mid-depth on.",
         statistic=f"depth: l / L of the first layer (≥ 2) where the mean KL(P_lens ‖ P_final) is below "
                   f"{KL_FRACTION:g} × its largest value over layers 2…L−1",
-        unit="problem", rule=SETTLES, values=curve("logit_lens", "kl"),
+        unit="problem", rule=SETTLES, control_side="later", values=curve("logit_lens", "kl"),
         reduce=_kl_depth(EARLY_LAYERS), with_early=_kl_depth(0), control=TWIN,
         saturation=units_at_ceiling(_kl_depth(EARLY_LAYERS), 1.0, NEVER),
         history=_HISTORY + _KL_HISTORY + _SATURATION_HISTORY),
@@ -128,7 +128,7 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         statement="Read with a tuned lens too, the prediction forms only from mid-depth on.",
         statistic=f"depth: l / L of the first layer where the mean top-5 overlap exceeds the bigram baseline's by "
                   f"{MARGIN:g}",
-        unit="problem", rule=SETTLES, values=curve("tuned_lens", "top5_overlap", with_bigram=True),
+        unit="problem", rule=SETTLES, control_side="later", values=curve("tuned_lens", "top5_overlap", with_bigram=True),
         reduce=_tuned_over_bigram(EARLY_LAYERS), with_early=_tuned_over_bigram(0), control=TWIN_TUNED,
         saturation=units_at_ceiling(_tuned_over_bigram(EARLY_LAYERS), 1.0, NEVER),
         history=_HISTORY[1:] + ("2026-11-23: replaces 'the tuned lens' top-5 overlap first exceeds 0.2 at l/L ≥ 0.5', which could "

@@ -17,10 +17,16 @@ from lmdepth.model.random_init import control_name
 from lmdepth.results import atomic_write_text, book_record_dir, run_id, slug
 from lmdepth.runtime import REPO_ROOT
 
-#: Headline states of the findings page, in display order: a row's own state when its check discriminates; "no valid
-#: control" when its control was not run, shares too few units, cannot vary or is saturated; "not discriminating"
-#: when the paired interval of (real − control) contains 0 (or the real statistic lies inside its permutation null).
-HEADLINE_STATES = ("agrees", "disagrees", "inconclusive", "not testable", "no valid control", "not discriminating")
+#: The state of an 'agrees' whose control shows the claimed pattern at least as strongly (the paired interval of
+#: real − control lies on the other side of the control from the paper's): the pattern comes with the architecture
+#: or the measurement, and training weakens it. Shown, not counted as agreement.
+EXPLAINED = "explained by its control"
+#: Headline states of the findings page, in display order: a row's own state when its check discriminates on the
+#: paper's side; :data:`EXPLAINED` for an agreement its control explains; "no valid control" when its control was not
+#: run, shares too few units, cannot vary or is saturated; "not discriminating" when the paired interval of (real −
+#: control) contains 0 (or the real statistic lies inside its permutation null).
+HEADLINE_STATES = ("agrees", "disagrees", "inconclusive", "not testable", "no valid control", "not discriminating",
+                   EXPLAINED)
 
 
 def control_models(models: list[str], remote: bool | str = False, n_units: int = MIN_UNITS) -> list[str]:
@@ -73,6 +79,8 @@ def headline_state(row) -> str:
         return "inconclusive"
     if not row.discriminates:
         return "not discriminating"
+    if row.state == "agrees" and getattr(row, "paper_side", None) is False:
+        return EXPLAINED
     return row.state
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -92,6 +92,10 @@ class ClaimSpec:
             level): (holds, what is short). A sample too small is the build's choice, not a finding about the
             model, so such a row — like any row on fewer than ``MIN_UNITS`` units — is not counted in the headline.
         headline: counted on the findings page (False: reported in its chapter only), if the sample is large enough.
+        control_side: for a window rule ("between"), the side of its control the paper means — ``"later"`` for a
+            claim of late settling: a model that settles later than its untrained twin shows the pattern beyond what
+            the architecture gives. Above/below rules take their side from the rule; a window rule without one
+            (None) has no side, and its agreement is never read as explained by its control.
         seeds: a claim about a training recipe: its values hold training seeds as replicates (:data:`REPLICATE`),
             and the control is the seed-level sign-flip test (:func:`lmdepth.metrics.verdicts.seed_sign_flip`) of the
             statistic of each seed alone — the seeds are the units the claim generalises over, the problems a level
@@ -123,6 +127,7 @@ class ClaimSpec:
     precondition: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
     sample_size: Callable[[pd.DataFrame, str], tuple[bool, str]] | None = None
     headline: bool = True
+    control_side: Literal["later", "earlier"] | None = None
     seeds: bool = False
     history: tuple[str, ...] = field(default=())
 
@@ -244,16 +249,19 @@ def _paired(spec: ClaimSpec, real: pd.DataFrame, control: pd.DataFrame, n_boot: 
     return p, ""
 
 
-def _paper_side(spec: ClaimSpec, diff: float) -> bool:
-    """Whether model − control = ``diff`` lies on the paper's side (a window rule has none: True)."""
-    return spec.rule.side == "between" or (diff < 0 if spec.rule.side == "below" else diff > 0)
+def paper_side(spec: ClaimSpec, diff: float) -> bool | None:
+    """Whether model − control = ``diff`` lies on the paper's side of the control: for an above/below rule the
+    rule's own side, for a window rule its ``control_side`` (None where it has none)."""
+    if spec.rule.side == "between":
+        return None if spec.control_side is None else (diff > 0) == (spec.control_side == "later")
+    return diff < 0 if spec.rule.side == "below" else diff > 0
 
 
 def _side(spec: ClaimSpec, diff: float) -> str:
     """Where the model lies relative to its control, in the terms of the rule."""
     if spec.rule.side == "between":
         return "later than its control" if diff > 0 else "earlier than its control"
-    return "beyond its control (the paper's side)" if _paper_side(spec, diff) else "short of its control"
+    return "beyond its control (the paper's side)" if paper_side(spec, diff) else "short of its control"
 
 
 @dataclass
@@ -308,7 +316,7 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
            "control": spec.control, "control_model": control_model, "headline": spec.headline and sized,
            "control_state": "", "control_reason": "", "control_estimate": NAN, "control_ci_low": NAN,
            "control_ci_high": NAN, "paired_diff": NAN, "paired_low": NAN, "paired_high": NAN, "p_value": NAN,
-           "side": "", "control_valid": False, "control_note": "", "discriminates": False}
+           "side": "", "paper_side": None, "control_valid": False, "control_note": "", "discriminates": False}
     if real.state == "not testable":  # nothing to discriminate; the control is still shown where it ran
         row["control_note"] = "the check itself is not testable"
     if spec.seeds:
@@ -346,7 +354,7 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
     if p is None:
         return {**out, "control_note": why}
     return {**out, "paired_diff": p.estimate, "paired_low": p.ci_low, "paired_high": p.ci_high, "control_valid": True,
-            "discriminates": p.excludes_zero,
+            "discriminates": p.excludes_zero, "paper_side": paper_side(spec, p.estimate) if p.excludes_zero else None,
             "side": _side(spec, p.estimate) if p.excludes_zero else "not distinguishable from its control"}
 
 
