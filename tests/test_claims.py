@@ -749,6 +749,10 @@ def test_the_lens_control_is_the_twin_read_by_the_same_lens():
     assert (d.counted_as, d.side) == ("agrees", "later than its control") and d.paper_side is True
     assert (b.state, b.counted_as) == ("agrees", "not discriminating")
     assert c.counted_as == "no valid control" and "saturated" in c.control_note
+    # a twin whose own curve has settled before the search starts: pinned at the first layer searched, it cannot move
+    pinned = lens_units(control_name("m"), {("logit_lens", "top5_overlap"): lambda r: 0.5 + r.normal(0, 0.01, L)})
+    e = report.check("lens", real, ["m"], pinned).set_index("claim_id").loc["lens.logit_overlap_mid"]
+    assert e.counted_as == "no valid control" and "first layer searched" in e.control_note
 
 
 def test_the_kl_level_ignores_the_layers_the_search_skips():

@@ -20,9 +20,9 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec, units_at_ceiling
+from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 from lmdepth.errors import DataError
-from lmdepth.metrics.verdicts import Rule, ratio_of_means
+from lmdepth.metrics.verdicts import Rule, at_bound, ratio_of_means
 
 OVERLAP = 0.2  # top-5 overlap level (arXiv 2512.14064)
 KL_FRACTION = 0.1  # KL below this fraction of its largest value (arXiv 2512.14064)
@@ -59,6 +59,27 @@ def settling_depth(hits: np.ndarray, skip: int) -> float:
     """l / L of the first layer ≥ ``skip`` where ``hits`` [L] is True; 1.0 when none is."""
     idx = np.nonzero(hits[skip:])[0]
     return (skip + int(idx[0])) / len(hits) if len(idx) else 1.0
+
+
+FIRST = "at the first layer searched (their own curve has settled before the search starts)"
+
+
+def settling_saturation(reduce: Callable[[np.ndarray], float], skip: int, extra: int = 0
+                        ) -> Callable[[np.ndarray], tuple[float, str]]:
+    """A ``saturation`` for a settling depth: the larger of the shares of units whose own depth (``reduce`` of their
+    row alone) is pinned at either end of the search — 1.0 (never settles before the output) or ``skip / L`` (has
+    settled at the first layer searched) — with which bound it is. A depth with half or more of its units at either
+    end cannot move; it is the same rule for the model and its control (a twin pinned at the first layer is no valid
+    control). ``extra``: columns after the L layer columns (the bigram baseline)."""
+
+    def saturation(values: np.ndarray) -> tuple[float, str]:
+        v = np.asarray(values, dtype=float)
+        own = np.array([reduce(v[i:i + 1]) if np.isfinite(v[i]).all() else np.nan for i in range(len(v))])
+        first = skip / (v.shape[1] - extra)
+        never, early = at_bound(own, 1.0), at_bound(own, first + 1e-12, upper=False)
+        return (never, NEVER) if not early > never else (early, FIRST)
+
+    return saturation
 
 
 def _overlap_depth(skip: int) -> Callable[[np.ndarray], float]:
@@ -102,6 +123,10 @@ _SATURATION_HISTORY = ("2026-11-27: a settling depth is not testable (saturated)
                        "never settle before the output (was: the depth of the mean curve decided even when it was "
                        "pinned at 1.0; SmolLM2's KL row was 'disagrees' at 1.0 [1.0, 1.0] with 100 % of its problems "
                        "never settling).",)
+_FLOOR_HISTORY = ("2026-11-28: the saturation rule covers both ends of the search: ≥ 50 % of the units settling at the "
+                  "first layer searched also makes a depth not testable, and its control no valid control (was: only "
+                  "'never'); set after the tuned-lens twins' depths were seen pinned at the first layer searched for "
+                  "nearly every problem.",)
 _KL_HISTORY = ("2026-11-26: the KL level is a fraction of the largest KL over the layers searched (from layer 2; "
                "was: over all layers, so a huge layer-0 KL set the bar).",)
 
@@ -112,7 +137,8 @@ CLAIMS: tuple[ClaimSpec, ...] = (
         statistic=f"depth: l / L of the first layer where the mean top-5 overlap with the output exceeds {OVERLAP:g}",
         unit="problem", rule=SETTLES, control_side="later", values=curve("logit_lens", "top5_overlap"),
         reduce=_overlap_depth(EARLY_LAYERS), with_early=_overlap_depth(0), control=TWIN,
-        saturation=units_at_ceiling(_overlap_depth(EARLY_LAYERS), 1.0, NEVER), history=_HISTORY + _SATURATION_HISTORY),
+        saturation=settling_saturation(_overlap_depth(EARLY_LAYERS), EARLY_LAYERS),
+        history=_HISTORY + _SATURATION_HISTORY + _FLOOR_HISTORY),
     ClaimSpec(
         id="lens.logit_kl_mid", chapter="lens", figure="Fig. 4", claim="logit lens: KL first falls below 10 % of its maximum at or after mid-depth",
         statement="The logit lens' KL to the output falls only from mid-depth on.",
@@ -120,8 +146,8 @@ CLAIMS: tuple[ClaimSpec, ...] = (
                   f"{KL_FRACTION:g} × its largest value over layers 2…L−1",
         unit="problem", rule=SETTLES, control_side="later", values=curve("logit_lens", "kl"),
         reduce=_kl_depth(EARLY_LAYERS), with_early=_kl_depth(0), control=TWIN,
-        saturation=units_at_ceiling(_kl_depth(EARLY_LAYERS), 1.0, NEVER),
-        history=_HISTORY + _KL_HISTORY + _SATURATION_HISTORY),
+        saturation=settling_saturation(_kl_depth(EARLY_LAYERS), EARLY_LAYERS),
+        history=_HISTORY + _KL_HISTORY + _SATURATION_HISTORY + _FLOOR_HISTORY),
     ClaimSpec(
         id="lens.tuned_over_bigram_mid", chapter="lens", figure="Fig. 4 (tuned lens)",
         claim="tuned lens: first beats the bigram baseline by 0.2 at or after mid-depth",
@@ -130,10 +156,10 @@ CLAIMS: tuple[ClaimSpec, ...] = (
                   f"{MARGIN:g}",
         unit="problem", rule=SETTLES, control_side="later", values=curve("tuned_lens", "top5_overlap", with_bigram=True),
         reduce=_tuned_over_bigram(EARLY_LAYERS), with_early=_tuned_over_bigram(0), control=TWIN_TUNED,
-        saturation=units_at_ceiling(_tuned_over_bigram(EARLY_LAYERS), 1.0, NEVER),
+        saturation=settling_saturation(_tuned_over_bigram(EARLY_LAYERS), EARLY_LAYERS, extra=1),
         history=_HISTORY[1:] + ("2026-11-23: replaces 'the tuned lens' top-5 overlap first exceeds 0.2 at l/L ≥ 0.5', which could "
                  "not pass: at layer 0 the tuned lens is a bigram model, and a count-bigram table already exceeds "
-                 "0.2.",) + _TUNED_HISTORY + _SATURATION_HISTORY),
+                 "0.2.",) + _TUNED_HISTORY + _SATURATION_HISTORY + _FLOOR_HISTORY),
     ClaimSpec(
         id="lens.tuned_first_half_little", chapter="lens", figure="Fig. 4 (tuned lens)",
         claim="tuned lens: the first half does little",
