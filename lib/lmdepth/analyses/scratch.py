@@ -18,6 +18,7 @@ The chapter's parameters (:class:`ScratchParams`), display tables, prose, claims
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -464,12 +465,21 @@ def comparison_depths(runs: dict[str, TrainedRun], data: MathData, per_example: 
     sample = depth_sample(data, n_per_operations, seed)
     ref_ids = {}
     correct = per_example.groupby(["path", "split", "question"]).correct.first()  # a question may repeat in a split
+    stores = {name: RunStore(results_dir, "dm_math_depth", r.path.parent.name,
+                             {"n_per_operations": n_per_operations, "seed": seed, "weights": r.path.parent.name,
+                              "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS}, "n_sample": len(sample)})
+              for name, r in runs.items()}
+    missing = [n for n, st in stores.items() if not st.complete]
+    if missing:  # say what it costs before computing (the stored runs' own timings, where there are any)
+        timed = [json.loads((st.dir / "meta.json").read_text()).get("wall_time_s", 0.0)
+                 for st in stores.values() if st.complete]
+        each = f"~{np.mean(timed):.0f} s each on the machine that stored the others" if timed else "cost not yet timed"
+        print(f"lmdepth: computing the depth of {len(missing)} of {len(stores)} runs on {len(sample)} problems "
+              f"({each}); each run is stored as it finishes", file=sys.stderr, flush=True)
     frames = []
     for name, r in progress_bar(list(runs.items()), "depth per problem") if progress else runs.items():
         cfg = r.meta.get("train_config", {})
-        store = RunStore(results_dir, "dm_math_depth", r.path.parent.name,
-                         {"n_per_operations": n_per_operations, "seed": seed, "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS},
-                          "weights": r.path.parent.name, "n_sample": len(sample)})
+        store = stores[name]
         done = store.load_verified()
         if done is None:
             if r.path not in ref_ids:
