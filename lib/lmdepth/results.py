@@ -109,7 +109,8 @@ def temp_dir(parent: str | Path, label: str = "") -> Path:
 
 @contextmanager
 def temporary_dir(parent: str | Path, label: str = "") -> Iterator[Path]:
-    """:func:`temp_dir` as a context: removed on leaving it, whatever happened inside."""
+    """:func:`temp_dir` as a context: removed on leaving it, whatever happened inside. (A kill between removing its
+    marker and the folder itself leaves an empty, unmarked folder, which :func:`clean` keeps: it holds nothing.)"""
     d = temp_dir(parent, label)
     try:
         yield d
@@ -377,6 +378,7 @@ def finish_swap(journal: str | Path) -> None:
         except FileNotFoundError:
             continue
     if run.is_dir():
+        unmark(run)  # a kill right after the rename leaves the temporary's marker in the run: harmless, but not its own
         for leftover in (old, new):
             shutil.rmtree(leftover, ignore_errors=True)
         journal.unlink(missing_ok=True)

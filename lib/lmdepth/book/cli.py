@@ -17,6 +17,7 @@ from pathlib import Path
 from lmdepth.book.build import build_book
 from lmdepth.book.chapters import (
     CHAPTERS,
+    check_parameters,
     declared_parameters,
     execute_chapter,
     parse_cli_value,
@@ -81,6 +82,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else results_dir / "notebooks" / f"{args.chapter}-{slug(model)}-{run}.ipynb"
     args.recompute = params.get("use_cache") is False  # for the message on Ctrl-C
     t0 = time.time()
+    check_parameters(args.chapter, params)  # bad input is one line before "running" is said (and before any work)
     print(f"lmdepth: running chapter {args.chapter!r} with {params}", file=sys.stderr)
     os.environ[RUN_ID_ENV] = run  # inherited by the chapter's kernel (lmdepth.claims.report.save)
     try:
