@@ -327,7 +327,6 @@ class RunStore:
             raise
         return RunResult(table, meta, self.dir, units=units)
 
-
     def _swap(self, new: Path) -> None:
         """Replace what stands at the run's name by the finished folder ``new``: a journal naming both is written
         first, then :func:`finish_swap` does the two renames, so a kill at any step is completed by the next
@@ -463,7 +462,8 @@ def mark_root(root: str | Path) -> None:
     marker = Path(root) / ROOT_MARKER
     if not marker.exists():
         atomic_write_text(marker, json.dumps({"lmdepth": "results root", "written_by": "lmdepth.results",
-                                              "clean": "removes only .lmdepth-tmp-* and old <key>.partial"}, indent=1)
+                                              "clean": "removes only marked temporaries and unused marked checkpoints"},
+                                             indent=1)
                           + "\n")
 
 
