@@ -409,6 +409,90 @@ def test_an_interrupt_inside_the_swap_still_lands_the_new_run(step, tmp_path, mo
     assert damage(store.dir) is None and store.load().table.v.iloc[0] in (1.0, 2.0)
 
 
+# ---- the findings are whole or not published ------------------------------------------------------------------------
+
+def _page(book: Path, stem: str = "01_residual_norms") -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(metadata={"lmdepth": {"build_hash": "h", "profile": "default"}})
+    nbformat.write(nb, book / f"{stem}.ipynb")
+    return book / f"{stem}.ipynb"
+
+
+def _one_chapter_build(tmp_path: Path, monkeypatch, execute) -> tuple[object, Path, Path]:
+    """``build`` reduced to chapter norms (hash "h"), with ``execute`` standing in for papermill."""
+    from lmdepth.book import build
+
+    book, root = tmp_path / "book", tmp_path / "results"
+    book.mkdir()
+    monkeypatch.setattr(build, "CHAPTERS", {"norms": "01_residual_norms"})
+    monkeypatch.setattr(build, "build_hash", lambda chapter, profile: "h")
+    monkeypatch.setattr(build, "clean_notebook", lambda out, url=None: [])
+    monkeypatch.setattr(build, "repository_url", lambda: "")
+    monkeypatch.setattr(build, "execute_chapter", execute)
+    return build, book, root
+
+
+def _chapter_writes(verdict: str, interrupt: bool = False):
+    """A chapter execution: its verdicts into the record it is given, then its page (or Ctrl-C before the page)."""
+    from lmdepth.results import BOOK_RECORD_ENV
+
+    def execute(chapter, params, out, **k):
+        record = Path(os.environ[BOOK_RECORD_ENV])
+        (record / "verdicts").mkdir(parents=True)
+        (record / "verdicts" / "smollm2-135m.csv").write_text(verdict)
+        if interrupt:
+            raise KeyboardInterrupt
+        _page(out.parent)
+
+    return execute
+
+
+def test_an_interrupted_chapter_leaves_its_last_page_and_record_in_place(tmp_path, monkeypatch):
+    build, book, root = _one_chapter_build(tmp_path, monkeypatch, _chapter_writes("claim,state\nnorms.a,supported\n"))
+    build._execute_all("default", True, book, root, None)
+    record = root / "book" / "default" / "norms"
+    before, page = _files(record), (book / "01_residual_norms.ipynb").read_bytes()
+    assert "manifest.json" in before and "verdicts/smollm2-135m.csv" in before
+    monkeypatch.setattr(build, "execute_chapter", _chapter_writes("claim,state\n", interrupt=True))
+    with pytest.raises(KeyboardInterrupt):
+        build._execute_all("default", True, book, root, None)
+    assert _files(record) == before and (book / "01_residual_norms.ipynb").read_bytes() == page
+    assert [p.name for p in (root / "book" / "default").iterdir()] == ["norms"]  # the half record is not among them
+    assert build._execute_all("default", False, book, root, None) == {}  # and the page is whole: up to date
+
+
+def test_a_page_whose_record_is_missing_is_executed_again(tmp_path, monkeypatch):
+    """The record of an execution interrupted under the old build (deleted first, never written) made every page
+    report "up to date" while the findings lost the chapter."""
+    executed = []
+
+    def execute(chapter, params, out, **k):
+        executed.append(chapter)
+        _chapter_writes("claim,state\n")(chapter, params, out)
+
+    build, book, root = _one_chapter_build(tmp_path, monkeypatch, execute)
+    _page(book)
+    build._execute_all("default", False, book, root, None)
+    assert executed == ["norms"] and (root / "book" / "default" / "norms" / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("hurt", ["deleted", "edited", "added"])
+def test_the_findings_stop_in_one_line_when_a_verdict_file_is_not_whole(hurt, tmp_path, monkeypatch):
+    build, book, root = _one_chapter_build(tmp_path, monkeypatch, _chapter_writes("claim,state\nnorms.a,supported\n"))
+    build._execute_all("default", True, book, root, None)
+    verdicts = root / "book" / "default" / "norms" / "verdicts"
+    {"deleted": lambda: (verdicts / "smollm2-135m.csv").unlink(),
+     "edited": lambda: (verdicts / "smollm2-135m.csv").write_text("claim,state\nnorms.a,refuted\n"),
+     "added": lambda: (verdicts / "gemma3-270m.csv").write_text("claim,state\n")}[hurt]()
+    with pytest.raises(DataError, match=r"verdicts of chapter norms are not whole: .*(missing|changed|not written)"
+                                        r".*lmdepth book --force --chapters norms") as e:
+        build.write_findings_summary(book, root, "default")
+    assert "\n" not in str(e.value) and not (book / "findings.md").exists()
+    with pytest.raises(DataError, match="chapter norms"):  # the page that shows them is not "up to date" either
+        build._execute_all("default", False, book, root, None)
+
+
 # ---- recompute never destroys before it replaces ------------------------------------------------------------------
 
 def test_an_interrupted_use_cache_false_run_leaves_the_previous_run_byte_identical(tmp_path):
