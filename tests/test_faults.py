@@ -53,41 +53,133 @@ def _compute(calls: list[str], fail_after: int | None = None, scale: float = 1.0
 
 # ---- clean removes only what the library wrote ------------------------------------------------------------------
 
-PLANTED = [".git/HEAD", ".git/objects/ab/cdef", ".venv/bin/python", ".env", ".gitignore", "sub/.env", "notes.txt",
-           ".cache/x", "toy/smollm2-135m/.hidden-by-user"]
+PLANTED = [".venv/bin/python", ".env", ".gitignore", "sub/.env", "notes.txt", ".cache/x",
+           "toy/smollm2-135m/.hidden-by-user",
+           # a user's folders named exactly like the library's temporaries and checkpoints, without their markers
+           "toy/smollm2-135m/0123456789abcdef.partial/mine.npz", "toy/smollm2-135m/.lmdepth-tmp-0123abcd/mine.txt",
+           "toy/smollm2-135m/.0123456789abcdef-abcd_123/mine.txt", ".lmdepth-tmp-x.npz"]
 
 
-def _plant(root: Path) -> list[Path]:
+def _plant(root: Path, planted: list[str] = PLANTED) -> list[Path]:
     out = []
-    for rel in PLANTED:
+    for rel in planted:
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(rel)
         out.append(p)
-    for p in [*out, *(q for q in root.rglob("*") if q.is_dir())]:
-        os.utime(p, (OLD, OLD))
+    _age(root)
     return out
 
 
-def test_clean_leaves_a_planted_repository_alone_and_removes_only_its_own_leftovers(tmp_path):
+def _age(root: Path, when: float = OLD) -> None:
+    """Every file and folder under ``root`` (itself included) last touched at ``when``."""
+    for p in [root, *root.rglob("*")]:
+        os.utime(p, (when, when), follow_symlinks=False)
+
+
+def _leftovers(root: Path) -> tuple[RunStore, list[Path]]:
+    """A finished run plus what killed processes leave: a run's temporary folder, an atomic write's temporary inside
+    the checkpoints, and the marked checkpoint folder of a run that never finished (no finished run uses it)."""
+    from lmdepth.results import temp_dir
+
+    _job(root).execute(_compute([]))
+    store = _job(root).store(_job(root).weights())
+    orphan = RunStore(root, "toy", "smollm2-135m", {"n": 99})
+    orphan.save_item("u0", {"v": np.zeros(1)})
+    return store, [temp_dir(store.dir.parent, f"{store.key}-"), temp_dir(store.partial, "x-"), orphan.partial]
+
+
+def test_clean_removes_only_marked_leftovers_that_no_finished_run_uses(tmp_path):
+    root = tmp_path / "results"
+    store, leftovers = _leftovers(root)
+    planted = _plant(root)
+    before = _files(root)
+    assert set(clean(root, dry_run=True)) == {*leftovers}  # lists …
+    assert _files(root) == before  # … and removes nothing
+    assert set(clean(root)) == {*leftovers}
+    assert all(p.read_text() == str(p.relative_to(root)) for p in planted)  # .venv, .env, look-alikes untouched
+    assert _files(store.dir) == {k[len(f"{store.dir.relative_to(root)}/"):]: v for k, v in before.items()
+                                 if k.startswith(f"{store.dir.relative_to(root)}/")}
+    assert store.partial.is_dir() and store.load_item("u1") is not None  # the checkpoints the finished run uses
+
+
+def test_age_alone_removes_nothing(tmp_path):
+    """A checkpoint folder the finished run uses, and the look-alikes, stay at any age; a fresh temporary stays (a
+    running process may be writing it)."""
+    from lmdepth.results import temp_dir
+
     root = tmp_path / "results"
     _job(root).execute(_compute([]))
-    planted = _plant(root)
-    store = _job(root).store(_job(root).weights())
-    leftovers = [store.dir.parent / ".lmdepth-tmp-0123abcd", store.dir.parent / ".0123456789abcdef-abcd_123",
-                 store.partial / ".lmdepth-tmp-x.npz"]
-    leftovers[0].mkdir()
-    leftovers[1].mkdir()
-    leftovers[2].write_bytes(b"")
-    for p in [*leftovers, store.partial]:
-        os.utime(p, (OLD, OLD))
-    before = _files(store.dir)
-    assert set(clean(root, dry_run=True)) == {*leftovers[:2], store.partial}  # lists …
-    assert all(p.exists() for p in leftovers)  # … and removes nothing
-    removed = clean(root, partial_days=7)
-    assert set(removed) == {*leftovers[:2], store.partial}  # the old partial folder, with its temporary inside
-    assert all(p.read_text() == str(p.relative_to(root)) for p in planted)  # .git, .venv, .env … untouched
-    assert _files(store.dir) == before
+    _plant(root)
+    _age(root, time.time() - 10 * 365 * 86400)
+    fresh = temp_dir(root / "toy", "fresh-")
+    before = _files(root)
+    assert clean(root, partial_days=0) == [] and _files(root) == before and fresh.is_dir()
+
+
+def test_clean_keeps_a_folder_whose_marker_names_another(tmp_path):
+    """A marker copied along with a folder (or a run published with its temporary's marker) names another folder."""
+    import shutil
+
+    from lmdepth.results import temp_dir
+
+    root = tmp_path / "results"
+    mark_root(root)
+    original, copy = temp_dir(root, "a-"), root / ".lmdepth-tmp-copy"
+    shutil.copytree(original, copy)
+    _age(root)
+    assert clean(root) == [original] and copy.is_dir()
+
+
+def test_clean_on_a_year_old_copy_of_the_stored_results_removes_nothing(tmp_path):
+    """The issue's case: every stored run and its shared checkpoints, a year old, outside git."""
+    import shutil
+
+    from lmdepth.runtime import REPO_ROOT
+
+    copy = tmp_path / "results"
+    shutil.copytree(REPO_ROOT / "results", copy, symlinks=True)
+    (copy / "toy" / "0123456789abcdef.partial").mkdir(parents=True)
+    _age(copy, time.time() - 365 * 86400)
+    before = _files(copy)
+    assert len(before) > 1000 and any(".partial/" in k for k in before)
+    assert clean(copy, partial_days=7, temp_hours=0) == [] and _files(copy) == before
+    assert (copy / "toy" / "0123456789abcdef.partial").is_dir()
+
+
+def _git(cwd: Path, *args: str) -> None:
+    import subprocess
+
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                   capture_output=True)
+
+
+def test_clean_never_removes_what_git_tracks(tmp_path):
+    import shutil
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    _git(tmp_path, "init", "-q")
+    root = tmp_path / "results"
+    store, leftovers = _leftovers(root)
+    _git(tmp_path, "add", "-f", str(leftovers[0]), str(leftovers[2]))  # committed: part of the record now
+    _git(tmp_path, "commit", "-q", "-m", "x")
+    _age(root)
+    assert clean(root) == [leftovers[1]]  # only the untracked one
+    assert leftovers[0].is_dir() and leftovers[2].is_dir()
+
+
+def test_clean_removes_nothing_in_a_work_tree_git_cannot_read(tmp_path, capsys):
+    """A ``.git`` above the results and git unable to say what it tracks (not installed, or a broken repository):
+    nothing is removed, and one line says why."""
+    root = tmp_path / "results"
+    _, leftovers = _leftovers(root)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("not a repository")
+    _age(root)
+    assert clean(root) == [] and all(p.exists() for p in leftovers)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "git cannot be asked" in err
 
 
 def test_clean_refuses_a_directory_that_is_not_a_results_root(tmp_path, capsys):
@@ -104,14 +196,16 @@ def test_clean_refuses_a_directory_that_is_not_a_results_root(tmp_path, capsys):
 
 def test_the_cli_dry_run_lists_and_removes_nothing(tmp_path, capsys, monkeypatch):
     from lmdepth.book.cli import main
+    from lmdepth.results import temp_dir
 
     monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path / "cache"))
     mark_root(tmp_path)
-    left = tmp_path / "a" / ".lmdepth-tmp-x"
-    left.mkdir(parents=True)
+    left = temp_dir(tmp_path / "a", "x-")
     os.utime(left, (OLD, OLD))
     assert main(["clean", "--results-dir", str(tmp_path), "--dry-run"]) == 0
     assert f"would remove {left}" in capsys.readouterr().out and left.exists()
+    assert main(["clean", "--results-dir", str(tmp_path)]) == 0
+    assert f"removed {left}" in capsys.readouterr().out and not left.exists()
 
 
 # ---- finished runs verify themselves ----------------------------------------------------------------------------
@@ -133,6 +227,8 @@ DAMAGE = {
     "meta cut in half": ("meta.json", _cut),
     "meta zero bytes": ("meta.json", lambda p: p.write_bytes(b"")),
     "meta not an object": ("meta.json", lambda p: p.write_text("[1, 2]")),
+    # a valid sidecar with one number edited (a sample size that would flow into a page's text)
+    "meta one value edited": ("meta.json", lambda p: p.write_text(p.read_text().replace('"n": 3', '"n": 4', 1))),
 }
 
 
@@ -213,6 +309,187 @@ def test_the_book_build_checks_the_pages_it_keeps(tmp_path, monkeypatch):
     assert build._execute_all("default", False, book, root, None) == {}  # intact: up to date
     (run / "meta.json").unlink()
     with pytest.raises(DataError, match="is missing"):
+        build._execute_all("default", False, book, root, None)
+
+
+def test_the_sidecar_records_its_own_digest(tmp_path):
+    from lmdepth.results import META_DIGEST, meta_digest
+
+    run = _job(tmp_path / "results").execute(_compute([])).path
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta[META_DIGEST] == meta_digest(meta) and '"n": 3' in (run / "meta.json").read_text()
+    (run / "meta.json").write_text(json.dumps({**meta, "parameters": {"n": 4}}, indent=2))
+    assert "meta.json was changed" in damage(run)
+
+
+# ---- publishing a run is one swap ----------------------------------------------------------------------------------
+
+_STEPS = ("rename", "replace", "unlink", "rmdir")
+
+
+def _killed_at(step: int, publish) -> int:
+    """Run ``publish()`` in a child process that dies (``os._exit``, no handler runs) at its ``step``-th filesystem
+    rename or removal; returns the child's exit status (0: it finished before that step)."""
+    pid = os.fork()
+    if pid == 0:  # the child: count the steps, die at the chosen one
+        calls = [0]
+
+        def dying(real):
+            def step(*a, **k):
+                calls[0] += 1
+                if calls[0] == step_no:
+                    os._exit(9)
+                return real(*a, **k)
+            return step
+
+        step_no = step
+        for name in _STEPS:
+            setattr(os, name, dying(getattr(os, name)))
+        try:
+            publish()
+        finally:
+            os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _table(v: float) -> pd.DataFrame:
+    return pd.DataFrame({"v": [v, v]})
+
+
+def test_a_kill_at_any_step_of_replacing_a_run_leaves_the_old_or_the_new_run_whole(tmp_path):
+    """``use_cache=False``'s replace of a finished run: killed at each step in turn, then opened again, the run's
+    name holds the old or the new run, whole, and nothing is left beside it that `clean` does not recognise (but an
+    empty folder, from a kill between removing a temporary's marker and the temporary)."""
+    import shutil
+
+    old_root = tmp_path / "old"
+    RunStore(old_root, "a", "m", {"x": 1}).finalize(_table(1.0), {"p": 1})
+    seen, step = set(), 1
+    while True:
+        root = tmp_path / f"r{step}"
+        shutil.copytree(old_root, root)
+        code = _killed_at(step, lambda: RunStore(root, "a", "m", {"x": 1}).finalize(_table(2.0), {"p": 2},
+                                                                                    replace=True))
+        store = RunStore(root, "a", "m", {"x": 1})  # the next start: completes an interrupted swap
+        result = store.load_verified()
+        assert result is not None and damage(store.dir) is None, step
+        seen.add(result.table.v.iloc[0])
+        clean(root, temp_hours=0)  # a temporary of a kill before the swap began is marked: `clean` knows it
+        rest = [p for p in store.dir.parent.iterdir() if p != store.dir]
+        assert all(p.is_dir() and not any(p.iterdir()) for p in rest), (step, rest)  # at most an empty folder
+        if code == 0:
+            break
+        assert code == 9
+        step += 1
+    assert step > 4 and seen == {1.0, 2.0}  # several steps were cut, and both outcomes occurred
+    assert result.table.v.iloc[0] == 2.0  # the last (not killed) publication landed
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 4, 5])
+def test_an_interrupt_inside_the_swap_still_lands_the_new_run(step, tmp_path, monkeypatch):
+    """Ctrl-C (an exception, so handlers run) at a step of the swap: the run's name holds a whole run when the
+    exception arrives, without waiting for a next start."""
+    store = RunStore(tmp_path, "a", "m", {"x": 1})
+    store.finalize(_table(1.0), {"p": 1})
+    calls = [0]
+    real = os.rename
+
+    def interrupted(*a, **k):
+        calls[0] += 1
+        if calls[0] == step:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(os, "rename", interrupted)
+    try:
+        store.finalize(_table(2.0), {"p": 2}, replace=True)
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.setattr(os, "rename", real)
+    assert damage(store.dir) is None and store.load().table.v.iloc[0] in (1.0, 2.0)
+
+
+# ---- the findings are whole or not published ------------------------------------------------------------------------
+
+def _page(book: Path, stem: str = "01_residual_norms") -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(metadata={"lmdepth": {"build_hash": "h", "profile": "default"}})
+    nbformat.write(nb, book / f"{stem}.ipynb")
+    return book / f"{stem}.ipynb"
+
+
+def _one_chapter_build(tmp_path: Path, monkeypatch, execute) -> tuple[object, Path, Path]:
+    """``build`` reduced to chapter norms (hash "h"), with ``execute`` standing in for papermill."""
+    from lmdepth.book import build
+
+    book, root = tmp_path / "book", tmp_path / "results"
+    book.mkdir()
+    monkeypatch.setattr(build, "CHAPTERS", {"norms": "01_residual_norms"})
+    monkeypatch.setattr(build, "build_hash", lambda chapter, profile: "h")
+    monkeypatch.setattr(build, "clean_notebook", lambda out, url=None: [])
+    monkeypatch.setattr(build, "repository_url", lambda: "")
+    monkeypatch.setattr(build, "execute_chapter", execute)
+    return build, book, root
+
+
+def _chapter_writes(verdict: str, interrupt: bool = False):
+    """A chapter execution: its verdicts into the record it is given, then its page (or Ctrl-C before the page)."""
+    from lmdepth.results import BOOK_RECORD_ENV
+
+    def execute(chapter, params, out, **k):
+        record = Path(os.environ[BOOK_RECORD_ENV])
+        (record / "verdicts").mkdir(parents=True)
+        (record / "verdicts" / "smollm2-135m.csv").write_text(verdict)
+        if interrupt:
+            raise KeyboardInterrupt
+        _page(out.parent)
+
+    return execute
+
+
+def test_an_interrupted_chapter_leaves_its_last_page_and_record_in_place(tmp_path, monkeypatch):
+    build, book, root = _one_chapter_build(tmp_path, monkeypatch, _chapter_writes("claim,state\nnorms.a,supported\n"))
+    build._execute_all("default", True, book, root, None)
+    record = root / "book" / "default" / "norms"
+    before, page = _files(record), (book / "01_residual_norms.ipynb").read_bytes()
+    assert "manifest.json" in before and "verdicts/smollm2-135m.csv" in before
+    monkeypatch.setattr(build, "execute_chapter", _chapter_writes("claim,state\n", interrupt=True))
+    with pytest.raises(KeyboardInterrupt):
+        build._execute_all("default", True, book, root, None)
+    assert _files(record) == before and (book / "01_residual_norms.ipynb").read_bytes() == page
+    assert [p.name for p in (root / "book" / "default").iterdir()] == ["norms"]  # the half record is not among them
+    assert build._execute_all("default", False, book, root, None) == {}  # and the page is whole: up to date
+
+
+def test_a_page_whose_record_is_missing_is_executed_again(tmp_path, monkeypatch):
+    """The record of an execution interrupted under the old build (deleted first, never written) made every page
+    report "up to date" while the findings lost the chapter."""
+    executed = []
+
+    def execute(chapter, params, out, **k):
+        executed.append(chapter)
+        _chapter_writes("claim,state\n")(chapter, params, out)
+
+    build, book, root = _one_chapter_build(tmp_path, monkeypatch, execute)
+    _page(book)
+    build._execute_all("default", False, book, root, None)
+    assert executed == ["norms"] and (root / "book" / "default" / "norms" / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("hurt", ["deleted", "edited", "added"])
+def test_the_findings_stop_in_one_line_when_a_verdict_file_is_not_whole(hurt, tmp_path, monkeypatch):
+    build, book, root = _one_chapter_build(tmp_path, monkeypatch, _chapter_writes("claim,state\nnorms.a,supported\n"))
+    build._execute_all("default", True, book, root, None)
+    verdicts = root / "book" / "default" / "norms" / "verdicts"
+    {"deleted": lambda: (verdicts / "smollm2-135m.csv").unlink(),
+     "edited": lambda: (verdicts / "smollm2-135m.csv").write_text("claim,state\nnorms.a,refuted\n"),
+     "added": lambda: (verdicts / "gemma3-270m.csv").write_text("claim,state\n")}[hurt]()
+    with pytest.raises(DataError, match=r"verdicts of chapter norms are not whole: .*(missing|changed|not written)"
+                                        r".*lmdepth book --force --chapters norms") as e:
+        build.write_findings_summary(book, root, "default")
+    assert "\n" not in str(e.value) and not (book / "findings.md").exists()
+    with pytest.raises(DataError, match="chapter norms"):  # the page that shows them is not "up to date" either
         build._execute_all("default", False, book, root, None)
 
 
@@ -338,6 +615,7 @@ def test_string_parameters_are_taken_as_typed(value, tmp_path, monkeypatch):
     from lmdepth.book import cli
 
     seen = {}
+    monkeypatch.setattr(cli, "check_parameters", lambda chapter, params: params)  # the files need not exist here
     monkeypatch.setattr(cli, "execute_chapter", lambda chapter, params, out, **k: seen.update(params))
     assert cli.main(["run", "norms", "-p", "dataset", value, "--results-dir", str(tmp_path)]) == 0
     assert seen["dataset"] == (value[1:-1] if value.startswith("'") else value)
@@ -388,6 +666,122 @@ def test_a_training_run_that_finishes_outside_the_book_re_executes_chapter_07_on
     assert [c for c in keys if after[c] != before[c]] == ["moeut"]
 
 
+# ---- one line, then nothing lost -----------------------------------------------------------------------------------
+
+def _run_refused(tmp_path, monkeypatch, capsys, *argv: str, results: Path | None = None) -> str:
+    """``lmdepth run norms ARGV`` must stop with exit 2 and one line before a kernel starts and before anything is
+    written to its results folder; returns that line."""
+    from lmdepth.book import chapters, cli
+
+    monkeypatch.setattr(chapters, "require_kernel", lambda: pytest.fail("a kernel was about to start"))
+    results = results or tmp_path / "res"
+    args = ["run", "norms", *argv]
+    if "--results-dir" not in argv:
+        args += ["--results-dir", str(results)]
+    capsys.readouterr()
+    assert cli.main(args) == 2
+    lines = capsys.readouterr().err.splitlines()
+    errors = [line for line in lines if line.startswith("lmdepth: error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0] and not any("Traceback" in x for x in lines), lines
+    assert not any(x.startswith("lmdepth: running") for x in lines)
+    err = errors[0] + "\n"
+    assert not results.exists()
+    return err
+
+
+def test_a_lone_surrogate_in_a_prompt_is_one_line_naming_file_and_line(tmp_path, monkeypatch, capsys):
+    data = tmp_path / "mine.jsonl"
+    data.write_text('{"text": "fine"}\n{"text": "half a pair: \\ud83d here"}\n')
+    err = _run_refused(tmp_path, monkeypatch, capsys, "-p", "dataset", str(data))
+    assert f"{data}:2" in err and "\\ud83d" in err and "fix or delete" in err
+
+
+def test_a_lone_surrogate_never_reaches_the_tokenizer():
+    from types import SimpleNamespace
+
+    from lmdepth.model.registry import LoadedModel
+
+    lm = SimpleNamespace(tokenizer=lambda *a, **k: pytest.fail("tokenized"))
+    with pytest.raises(DataError, match=r"problem gsm8k/3 holds \\udc80, half of a UTF-16"):
+        LoadedModel.encode(lm, "ok \udc80", label="problem gsm8k/3")
+
+
+def test_a_pipe_as_data_file_is_one_line(tmp_path, monkeypatch, capsys):
+    """``-p dataset <(cat f.jsonl)``: the shell passes /dev/fd/N, a pipe (it said "is a directory" before)."""
+    r, w = os.pipe()
+    try:
+        err = _run_refused(tmp_path, monkeypatch, capsys, "-p", "dataset", f"/dev/fd/{r}")
+    finally:
+        os.close(r)
+        os.close(w)
+    assert f"/dev/fd/{r} is a pipe" in err and "Write it to a file first" in err and "directory" not in err
+
+
+def test_an_unwritable_model_cache_names_lmdepth_cache(tmp_path, monkeypatch, capsys):
+    """A read-only home on a first run (simulated by a home under a file: the tests may run as root, whom a
+    read-only mode does not stop)."""
+    (tmp_path / "home").write_text("a file")
+    monkeypatch.delenv("LMDEPTH_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home" / "me"))
+    err = _run_refused(tmp_path, monkeypatch, capsys)
+    assert f"{tmp_path / 'home' / 'me' / '.cache' / 'lmdepth'} cannot be written" in err and "LMDEPTH_CACHE" in err
+
+
+def test_a_cut_weights_file_is_named(tmp_path, monkeypatch, capsys):
+    from lmdepth.model.registry import load_model
+    from lmdepth.testing import save_tiny_model
+
+    monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path / "cache"))
+    model = save_tiny_model("llama", tmp_path / "model")
+    weights = model / "model.safetensors"
+    _cut(weights)
+    err = _run_refused(tmp_path, monkeypatch, capsys, "--model", str(model))
+    assert f"{weights} cannot be read" in err and "Copy it again" in err
+    with pytest.raises(DataError, match="model.safetensors cannot be read"):
+        load_model(str(model))
+
+
+def test_a_cut_source_record_in_the_model_cache_is_converted_again(tmp_path, monkeypatch, capsys):
+    """``lmdepth_source.json`` cut in the converted copy of a packaged model (a JSONDecodeError on every run before,
+    until the folder was deleted by hand): one line naming it, and the copy is made again."""
+    from lmdepth.model import registry
+
+    monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path / "cache"))
+    spec = registry.PACKAGED["smollm2-135m"]
+    target = tmp_path / "cache" / "models" / f"{spec.name}-{spec.sha256[:12]}"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    (target / registry.SOURCE_FILE).write_text('{"name": "smollm2-135m", "gguf_sha')  # cut
+
+    def convert(spec, target):  # what a conversion leaves: the files and their record
+        target.mkdir()
+        (target / "config.json").write_text("{}")
+        (target / registry.SOURCE_FILE).write_text(json.dumps({"fingerprint": registry.dir_fingerprint(target)}))
+
+    monkeypatch.setattr(registry, "_convert_gguf", convert)
+    assert registry._packaged_dir(spec) == target
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{target / registry.SOURCE_FILE} cannot be read" in err
+    assert json.loads((target / registry.SOURCE_FILE).read_text())["fingerprint"]
+    assert registry._packaged_dir(spec) == target and capsys.readouterr().err == ""  # verified from then on
+
+
+@pytest.mark.parametrize("where", ["/", "home", "repository", "link to /"])
+def test_a_results_folder_that_is_root_home_or_the_repository_is_refused(where, tmp_path, monkeypatch, capsys):
+    from lmdepth.runtime import REPO_ROOT
+
+    monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "me"))
+    (tmp_path / "me").mkdir()
+    path = {"/": Path("/"), "home": tmp_path / "me", "repository": REPO_ROOT, "link to /": tmp_path / "link"}[where]
+    if where == "link to /":
+        path.symlink_to("/")
+    before = sorted(p.name for p in path.iterdir())
+    err = _run_refused(tmp_path, monkeypatch, capsys, "--results-dir", str(path), results=tmp_path / "none")
+    assert "Parameter 'results_dir'" in err and "a folder of their own" in err
+    assert sorted(p.name for p in path.iterdir()) == before  # nothing written there
+
+
 # ---- the count on the Reproducibility page ------------------------------------------------------------------------
 
 def test_the_page_counts_the_cases_pytest_collects():
@@ -402,5 +796,5 @@ def test_the_page_counts_the_cases_pytest_collects():
     collected = sum(1 for line in out.splitlines() if "::" in line)
     cases = fault_cases(__file__)
     assert collected > 30 and sum(cases.values()) == collected
-    assert cases["finished runs verify themselves"] == len(DAMAGE) + 4
+    assert cases["finished runs verify themselves"] == len(DAMAGE) + 5
     assert f"{collected} cases" in fault_summary(__file__)

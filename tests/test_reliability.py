@@ -174,20 +174,22 @@ def test_two_processes_finishing_the_same_run(tmp_path):
 
 @pytest.mark.unit
 def test_clean_removes_leftovers_and_keeps_results(tmp_path):
+    """A marked temporary goes; the checkpoints the finished run uses and an unmarked look-alike stay, at any age."""
     import time as _time
 
-    from lmdepth.results import RunStore, clean
+    from lmdepth.results import RunStore, clean, temp_dir
 
     store = RunStore(tmp_path, "a", "m", {"x": 1}, item_params={"y": 2})
     store.save_item("u", {"v": np.zeros(1)})
     store.finalize(pd.DataFrame({"v": [1.0]}), {})
-    leftover = store.dir.parent / ".lmdepth-tmp-xyz"
-    leftover.mkdir()
+    leftover = temp_dir(store.dir.parent, "xyz-")
+    lookalike = store.dir.parent / ".lmdepth-tmp-mine"
+    lookalike.mkdir()
     old = _time.time() - 30 * 86400
-    for p in (leftover, store.partial):
+    for p in (leftover, lookalike, store.partial):
         os.utime(p, (old, old))
     removed = clean(tmp_path, partial_days=7)
-    assert set(removed) == {leftover, store.partial} and store.complete
+    assert removed == [leftover] and store.complete and store.load_item("u") is not None and lookalike.is_dir()
 
 
 @pytest.mark.unit

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from lmdepth.errors import ParameterError
+from lmdepth.runtime import REPO_ROOT
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "a list"}
@@ -194,8 +195,16 @@ def check_remote(model_name: str, remote: bool | str) -> None:
 
 
 def check_results_dir(results_dir: str | Path) -> None:
-    """The results directory is a directory (or can be made one) and writable."""
+    """The results directory is a directory (or can be made one) and writable, and not a folder whose other contents
+    runs and ``clean`` would share: the filesystem root, the home folder or the repository's root (links resolved)."""
     path = Path(results_dir).expanduser()
+    real = path.resolve()
+    for name, where in (("the filesystem root", Path("/")), ("your home folder", Path.home()),
+                        ("the repository's root", REPO_ROOT)):
+        if real == where.resolve():
+            shown = str(path) if real == path.absolute() else f"{path} (which resolves to {real})"
+            raise ParameterError(f"Parameter 'results_dir' is {shown}, {name}: results go into a folder of their own. "
+                                 "Choose one such as ./lmdepth-results.")
     existing = next((q for q in (path, *path.parents) if q.exists()), None)
     if path.exists() and not path.is_dir():
         raise ParameterError(f"Parameter 'results_dir' is {str(path)!r}, which is a file, not a directory. Choose a "

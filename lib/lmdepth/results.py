@@ -17,12 +17,15 @@ reused by the next run (and by larger runs) with the same per-item parameters.
 
 Results defend themselves:
 
-* every temporary name the library writes starts with :data:`TMP_PREFIX`, and a results root carries the file
-  :data:`ROOT_MARKER`; :func:`clean` removes only such temporaries (and old ``<key>.partial`` checkpoints) inside a
-  marked root, so a ``.git``, ``.venv`` or ``.env`` can never match;
-* the sidecar records each file's sha256 and row count (``meta["files"]``); a finished run is served only when its
-  files still match (:meth:`RunStore.load_verified`), otherwise it is moved aside as ``<key>.damaged-<time>`` (kept
-  for inspection) and recomputed;
+* every temporary folder the library writes is made by :func:`temp_dir`: its name starts with :data:`TMP_PREFIX` and
+  it holds the file :data:`TEMP_MARKER`, which names it; a results root carries the file :data:`ROOT_MARKER`.
+  :func:`clean` removes only what it can prove is its own and not part of the record: marked temporaries, and marked
+  checkpoint folders that no finished run uses, never a path git tracks, never because of age alone;
+* the sidecar records each file's sha256 and row count (``meta["files"]``) and its own digest (:data:`META_DIGEST`);
+  a finished run is served only when both still match (:meth:`RunStore.load_verified`), otherwise it is moved aside
+  as ``<key>.damaged-<time>`` (kept for inspection) and recomputed;
+* replacing a finished run is journaled (:func:`finish_swap`): a process killed at any step leaves the old or the
+  new run whole under its name, and the next :class:`RunStore` of that run completes the swap;
 * ``use_cache=False`` computes into a temporary checkpoint folder and replaces the finished run only when the new
   one is complete (:meth:`RunStore.begin_recompute`), so an interrupt leaves the previous run as it was.
 """
@@ -34,11 +37,13 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,13 +54,21 @@ import pandas as pd
 from lmdepth import COMPUTE_VERSION
 from lmdepth.errors import DataError, ParameterError
 
-#: Every temporary file or folder the library writes starts with this; :func:`clean` removes nothing else.
+#: Every temporary folder the library writes starts with this (and holds :data:`TEMP_MARKER`).
 TMP_PREFIX = ".lmdepth-tmp-"
 #: The file that marks a directory as a results root (written by the first run saved there).
 ROOT_MARKER = "lmdepth-results.json"
-#: Temporaries of versions before :data:`TMP_PREFIX`: ``.<key>-XXXXXXXX`` run folders and their ``-stale-`` copies,
-#: ``.<item>-XXXXXXXX.npz`` checkpoints (``<key>`` and ``<item>``: 16 hex digits).
-_LEGACY_TMP = re.compile(r"^\.[0-9a-f]{16}-(?:stale-\d+-\d+|[a-z0-9_]{8}(?:\.npz)?)$")
+#: The file inside each temporary folder the library makes (:func:`temp_dir`), naming that folder: :func:`clean`
+#: removes a folder only where it finds this file naming it, since a name alone proves nothing (a user may name a
+#: folder anything).
+TEMP_MARKER = ".lmdepth-temporary"
+#: The file inside each per-unit checkpoint folder the library creates, naming it: :func:`clean` may remove such a
+#: folder when no finished run uses it; folders without it (older ones, the stored results', a user's) are kept.
+CHECKPOINT_MARKER = ".lmdepth-checkpoints"
+#: The key of a sidecar's own digest: sha256 of the sidecar's other keys (:func:`meta_digest`).
+META_DIGEST = "meta_sha256"
+#: Swap journals (:func:`finish_swap`): ``.lmdepth-swap-<key>-<pid>-<ns>.json`` beside the run they replace.
+SWAP_PREFIX = ".lmdepth-swap-"
 _PARTIAL = re.compile(r"^[0-9a-f]{16}\.partial$")
 
 
@@ -82,24 +95,65 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
-    """The one atomic file write: ``write(tmp)`` fills a temporary file beside ``path`` (same suffix, so writers
-    such as ``np.savez`` keep the name), which is flushed to disk and moved into place with ``os.replace``.
-    Readers never see half a file, and a crash leaves the old file or none."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.stem}-", suffix=path.suffix)
-    os.close(fd)
-    tmp = Path(name)
+def temp_dir(parent: str | Path, label: str = "") -> Path:
+    """A new, empty temporary folder in ``parent`` (created if missing), marked as the library's own: its name starts
+    with :data:`TMP_PREFIX` and it holds :data:`TEMP_MARKER`, which records that name, so :func:`clean` can tell it
+    from a user's folder of the same name. The caller removes it (or renames it into place, see :func:`unmark`)."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(dir=parent, prefix=f"{TMP_PREFIX}{label}"))
+    (d / TEMP_MARKER).write_text(json.dumps({"lmdepth": "temporary", "name": d.name, "pid": os.getpid()}) + "\n",
+                                 encoding="utf-8")
+    return d
+
+
+@contextmanager
+def temporary_dir(parent: str | Path, label: str = "") -> Iterator[Path]:
+    """:func:`temp_dir` as a context: removed on leaving it, whatever happened inside. (A kill between removing its
+    marker and the folder itself leaves an empty, unmarked folder, which :func:`clean` keeps: it holds nothing.)"""
+    d = temp_dir(parent, label)
     try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def unmark(folder: str | Path) -> None:
+    """Drop a temporary's marker once it is in place under its real name (the marker names the temporary, so even a
+    left-over one never makes the folder look temporary)."""
+    (Path(folder) / TEMP_MARKER).unlink(missing_ok=True)
+
+
+def is_temporary(path: str | Path) -> bool:
+    """Whether ``path`` is a temporary folder the library made (:func:`temp_dir`): a real folder (not a link) named
+    with :data:`TMP_PREFIX` holding a :data:`TEMP_MARKER` that names it."""
+    return _marked(Path(path), TEMP_MARKER) and Path(path).name.startswith(TMP_PREFIX)
+
+
+def _marked(path: Path, marker: str) -> bool:
+    """``path`` is a real folder holding the file ``marker`` (not a link) whose recorded name is the folder's own."""
+    m = path / marker
+    try:
+        if path.is_symlink() or not path.is_dir() or m.is_symlink() or not m.is_file():
+            return False
+        return json.loads(m.read_text(encoding="utf-8")).get("name") == path.name
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
+    """The one atomic file write: ``write(tmp)`` fills a file of the same name in a marked temporary folder beside
+    ``path`` (:func:`temp_dir`; same suffix, so writers such as ``np.savez`` keep the name), which is flushed to disk
+    and moved into place with ``os.replace``. Readers never see half a file, and a crash leaves the old file or none
+    (and a temporary folder that :func:`clean` recognises)."""
+    path = Path(path)
+    with temporary_dir(path.parent, f"{path.stem[:40]}-") as d:
+        tmp = d / path.name
+        tmp.touch()
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600: give the file ordinary permissions
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _umask() -> int:
@@ -143,6 +197,9 @@ class RunStore:
         self.partial = self.dir.with_name(item_key + ".partial")
         self._kept_partial: Path | None = None  # the shared checkpoints while recomputing (begin_recompute)
         self.unit_seconds: list[float | None] = []  # per unit of this execution: its compute seconds (None: unknown)
+        if self.dir.parent.is_dir():  # a swap of this run that a killed process left half done: complete it
+            for journal in sorted(self.dir.parent.glob(f"{SWAP_PREFIX}{self.key}-*.json")):
+                finish_swap(journal)
 
     @property
     def complete(self) -> bool:
@@ -191,6 +248,7 @@ class RunStore:
 
     def save_item(self, item: str, arrays: dict[str, np.ndarray]) -> None:
         mark_root(self.root)
+        _checkpoint_dir(self.partial)
         atomic_write(self._item_path(item), lambda tmp: np.savez(tmp, **arrays))
 
     # ---- recomputing without destroying -------------------------------------------------------------------
@@ -198,9 +256,8 @@ class RunStore:
         """``use_cache=False``: read no checkpoint and write new ones into a temporary folder, so that until
         :meth:`finalize` replaces it the previous finished run and its checkpoints stay exactly as they were."""
         mark_root(self.root)
-        self.dir.parent.mkdir(parents=True, exist_ok=True)
         self._kept_partial = self.partial
-        self.partial = Path(tempfile.mkdtemp(dir=self.dir.parent, prefix=f"{TMP_PREFIX}{self.key}-recompute-"))
+        self.partial = temp_dir(self.dir.parent, f"{self.key}-recompute-")
 
     def end_recompute(self, finished: bool) -> None:
         """After :meth:`begin_recompute`: a finished run's new checkpoints replace the old ones of the same units
@@ -210,7 +267,7 @@ class RunStore:
         fresh, self.partial, self._kept_partial = self.partial, self._kept_partial, None
         new = sorted(fresh.glob("*.npz"))
         if finished and new:  # a run without units (the tuned lens) leaves no empty checkpoint folder
-            self.partial.mkdir(parents=True, exist_ok=True)
+            _checkpoint_dir(self.partial)
             for f in new:
                 os.replace(f, self.partial / f.name)
         shutil.rmtree(fresh, ignore_errors=True)
@@ -229,49 +286,132 @@ class RunStore:
         (a recomputation) swaps a finished run for the new one instead.
         """
         mark_root(self.root)
-        self.dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=self.dir.parent, prefix=f"{TMP_PREFIX}{self.key}-"))
+        tmp = temp_dir(self.dir.parent, f"{self.key}-")
         files = {"table.csv": table.to_csv(index=False)}
         if units is not None:
             files["units.csv"] = units.to_csv(index=False)
         artifacts = artifacts or {}
         meta = {**meta, "cache_key": self.key, "compute_version": COMPUTE_VERSION,
+                # the checkpoint folder this run's units came from: `clean` keeps the folders a finished run uses
+                "checkpoints": (self._kept_partial or self.partial).name,
                 "files": {name: _file_record(text.encode("utf-8")) for name, text in files.items()},
                 **({"artifacts": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
                                   for name, data in artifacts.items()}} if artifacts else {})}
-        asides: list[Path] = []  # what stood at self.dir: removed only once the new run is in place
+        meta = json.loads(json.dumps(meta, default=str))  # as it will be read back, so the digest is of that
+        meta[META_DIGEST] = meta_digest(meta)
         try:
             for name, text in files.items():
                 _write_synced(tmp / name, text)
             for name, data in artifacts.items():
                 _write_synced(tmp / name, data)
-            _write_synced(tmp / "meta.json", json.dumps(meta, indent=2, default=str))
+            _write_synced(tmp / "meta.json", json.dumps(meta, indent=2))
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700: give the result ordinary permissions
             while True:
                 try:
-                    os.replace(tmp, self.dir)
+                    os.replace(tmp, self.dir)  # the one step, when nothing stands at the run's name
+                    unmark(self.dir)
                     break
+                except FileNotFoundError:
+                    raise
                 except OSError:  # the target exists and is not empty
                     if self.complete and not replace:  # another process finished the same run first: keep theirs
                         shutil.rmtree(tmp, ignore_errors=True)
                         break
-                    # an incomplete leftover, or the run being recomputed: move it aside, then retry
-                    aside = self.dir.with_name(f"{TMP_PREFIX}{self.key}-replaced-{os.getpid()}-{time.monotonic_ns()}")
-                    try:
-                        os.rename(self.dir, aside)
-                    except FileNotFoundError:
+                    if not self.dir.exists():  # it went away in between: try the one step again
                         continue
-                    asides.append(aside)
-                    replace = False  # once: a run that lands between the two renames is this same run
+                    # an incomplete leftover, or the run being recomputed: swap it for the new one, journaled
+                    self._swap(tmp)
+                    break
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-            if asides and not self.dir.exists():  # interrupted between the two renames: put the old run back
-                os.rename(asides.pop(), self.dir)
             raise
-        finally:
-            for aside in asides:
-                shutil.rmtree(aside, ignore_errors=True)
         return RunResult(table, meta, self.dir, units=units)
+
+    def _swap(self, new: Path) -> None:
+        """Replace what stands at the run's name by the finished folder ``new``: a journal naming both is written
+        first, then :func:`finish_swap` does the two renames, so a kill at any step is completed by the next
+        :class:`RunStore` of this run (or by the next call here)."""
+        stamp = f"{self.key}-{os.getpid()}-{time.monotonic_ns()}"
+        journal = self.dir.parent / f"{SWAP_PREFIX}{stamp}.json"
+        atomic_write_text(journal, json.dumps({"run": self.dir.name, "new": new.name,
+                                               "old": f"{TMP_PREFIX}{stamp}-replaced"}) + "\n")
+        try:
+            finish_swap(journal)
+        except BaseException:  # an interrupt between the renames: complete the swap (the new run is whole) first
+            with suppress(Exception):
+                finish_swap(journal)
+            raise
+
+
+def finish_swap(journal: str | Path) -> None:
+    """Complete the swap a journal records (:meth:`RunStore._swap`): the whole new run goes to the run's name, the
+    old one is removed, then the journal. Every step may be repeated, so a swap killed at any point is completed by
+    calling this again; a new run that is not whole (it was damaged after it was written) is dropped and the old
+    one put back instead. Nothing is ever left without a whole run under its name, except while one rename runs."""
+    journal = Path(journal)
+    try:
+        rec = json.loads(journal.read_text(encoding="utf-8"))
+        run, new, old = (journal.parent / Path(rec[k]).name for k in ("run", "new", "old"))
+    except FileNotFoundError:
+        return  # another process completed it
+    except (OSError, ValueError, KeyError, TypeError) as e:  # written atomically: this is not a cut journal
+        print(f"lmdepth: cannot read the swap journal {journal} ({type(e).__name__}); left as it is",
+              file=sys.stderr, flush=True)
+        return
+    for _ in range(3):  # another process may take a step at the same time: look again
+        try:
+            if new.is_dir() and damage(new) is None:
+                if run.exists() and not old.exists():
+                    os.rename(run, old)
+                try:
+                    os.rename(new, run)
+                except OSError:
+                    if not run.is_dir():
+                        raise
+                    # another process's copy of the run landed in the emptied name first: it stays, ours goes
+                else:
+                    unmark(run)
+            elif not run.exists() and old.is_dir():
+                os.rename(old, run)
+            break
+        except FileNotFoundError:
+            continue
+    if run.is_dir():
+        unmark(run)  # a kill right after the rename leaves the temporary's marker in the run: harmless, but not its own
+        for leftover in (old, new):
+            shutil.rmtree(leftover, ignore_errors=True)
+        journal.unlink(missing_ok=True)
+
+
+def swap_journaled(folder: str | Path) -> set[str]:
+    """The names that swap journals in ``folder`` are about (the run, its old and its new copy): :func:`clean` keeps
+    them (the next :class:`RunStore` of that run completes the swap)."""
+    out = set()
+    for journal in Path(folder).glob(f"{SWAP_PREFIX}*.json"):
+        out.add(journal.name)
+        try:
+            rec = json.loads(journal.read_text(encoding="utf-8"))
+            out |= {Path(str(rec[k])).name for k in ("run", "new", "old") if k in rec}
+        except (OSError, ValueError, TypeError):
+            out.add("*")  # unreadable: it could name anything here, so nothing here is removed
+    return out
+
+
+def _checkpoint_dir(path: Path) -> None:
+    """Create a per-unit checkpoint folder, marked as the library's own (:data:`CHECKPOINT_MARKER`); an existing
+    folder is left as it is (the stored results' folders stay unmarked: `clean` never removes them)."""
+    try:
+        path.mkdir(parents=True)
+    except FileExistsError:
+        return
+    atomic_write_text(path / CHECKPOINT_MARKER, json.dumps({"lmdepth": "checkpoints", "name": path.name}) + "\n")
+
+
+def meta_digest(meta: dict[str, Any]) -> str:
+    """sha256 of a sidecar's content apart from its own digest (:data:`META_DIGEST`): canonical JSON, so reading and
+    writing it again gives the same digest."""
+    body = {k: v for k, v in meta.items() if k != META_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _file_record(data: bytes) -> dict[str, Any]:
@@ -292,6 +432,8 @@ def damage(run_dir: str | Path) -> str | None:
         return f"meta.json cannot be read: {type(e).__name__}"
     if not isinstance(meta, dict):
         return "meta.json is not a JSON object"
+    if META_DIGEST in meta and meta_digest(meta) != meta[META_DIGEST]:  # sidecars written before it have none
+        return "meta.json was changed after the run was written (its digest does not match)"
     if not (run_dir / "table.csv").exists():
         return "table.csv is missing"
     for name, want in (meta.get("files") or {}).items():
@@ -320,7 +462,8 @@ def mark_root(root: str | Path) -> None:
     marker = Path(root) / ROOT_MARKER
     if not marker.exists():
         atomic_write_text(marker, json.dumps({"lmdepth": "results root", "written_by": "lmdepth.results",
-                                              "clean": "removes only .lmdepth-tmp-* and old <key>.partial"}, indent=1)
+                                              "clean": "removes only marked temporaries and unused marked checkpoints"},
+                                             indent=1)
                           + "\n")
 
 
@@ -462,13 +605,23 @@ def is_results_root(path: str | Path) -> bool:
     return (Path(path) / ROOT_MARKER).is_file()
 
 
-def clean(results_dir: str | Path, partial_days: float = 7.0, temp_hours: float = 1.0,
+def clean(results_dir: str | Path, partial_days: float | None = 7.0, temp_hours: float = 1.0,
           dry_run: bool = False) -> list[Path]:
-    """Remove what interrupted runs left behind under a results root: the library's own temporaries
-    (:data:`TMP_PREFIX`, and the older ``.<key>-XXXXXXXX`` names) older than ``temp_hours``, and per-unit
-    checkpoint folders (``<key>.partial``) not touched for ``partial_days``. Nothing else is touched: not finished
-    runs, not damaged runs moved aside, not any other file or folder (``.git``, ``.venv``, ``.env`` …), and no hidden
-    folder is entered. ``dry_run``: only list them. Returns what was (or would be) removed.
+    """Remove what interrupted runs left behind under a results root, and only what can be proven to be the
+    library's own and not part of the record:
+
+    * temporary folders the library made (:func:`is_temporary`: named with :data:`TMP_PREFIX` *and* holding the
+      marker that names them) untouched for ``temp_hours`` (a running process may still be writing a younger one);
+    * per-unit checkpoint folders that the library created (they hold :data:`CHECKPOINT_MARKER`), that no finished
+      run beside them uses (each records its folder, ``meta["checkpoints"]``; where one does not, all are kept) and
+      that are untouched for ``partial_days`` (None: never).
+
+    Never a path git tracks, or a folder holding one (git is asked when ``results_dir`` is inside a work tree; where it
+    cannot be asked there, nothing is removed), never a finished run, a damaged run moved aside or what a swap journal
+    names, never a folder by its name or age alone; no hidden folder is entered. ``dry_run``: only list them.
+
+    Returns:
+        What was (or would be) removed.
 
     Raises:
         ParameterError: ``results_dir`` is not a results root (it has no :data:`ROOT_MARKER`).
@@ -478,20 +631,64 @@ def clean(results_dir: str | Path, partial_days: float = 7.0, temp_hours: float 
         raise ParameterError(
             f"{root} is not an lmdepth results root (it has no {ROOT_MARKER}, which the first run saved there writes), "
             "so `clean` removes nothing there. Give the --results-dir your runs were saved to.")
+    tracked = git_tracked(root)
+    if tracked is None:
+        print(f"lmdepth: {root} is inside a git work tree but git cannot be asked which files are committed there, so "
+              "`clean` removes nothing; run it where `git ls-files` works.", file=sys.stderr, flush=True)
+        return []
     now, found = time.time(), []
-    for dirpath, dirnames, filenames in os.walk(root):  # symlinks are not followed
+    for dirpath, dirnames, _ in os.walk(root):  # symlinks are not followed
         here = Path(dirpath)
-        for name in sorted(dirnames + filenames):
+        journaled = swap_journaled(here)
+        used: set[str] | None = None if "*" in journaled else _used_checkpoints(here)
+        for name in sorted(dirnames):
             p = here / name
+            if name in journaled or p.relative_to(root).as_posix() in tracked:
+                continue
             try:
                 age = now - p.lstat().st_mtime
             except FileNotFoundError:
                 continue
-            temp = name.startswith(TMP_PREFIX) or bool(_LEGACY_TMP.match(name))
-            old_partial = name in dirnames and bool(_PARTIAL.match(name)) and age > partial_days * 86400
-            if (temp and age > temp_hours * 3600) or old_partial:
+            if is_temporary(p):
+                if age > temp_hours * 3600:
+                    found.append(p)
+            elif (partial_days is not None and used is not None and _PARTIAL.match(name) and name not in used
+                  and _marked(p, CHECKPOINT_MARKER) and age > partial_days * 86400):
                 found.append(p)
         dirnames[:] = [d for d in dirnames if not d.startswith(".") and here / d not in found]
     for p in found if not dry_run else []:
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+        shutil.rmtree(p, ignore_errors=True)
     return found
+
+
+def _used_checkpoints(folder: Path) -> set[str] | None:
+    """The checkpoint folders that the finished runs in ``folder`` (one model's runs of one analysis) record; None
+    when a finished run there records none (written before runs recorded it) or cannot be read: all are kept then."""
+    used = set()
+    for meta in folder.glob("*/meta.json"):
+        try:
+            rec = json.loads(meta.read_text(encoding="utf-8"))
+            used.add(str(rec["checkpoints"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return used
+
+
+def git_tracked(folder: str | Path) -> set[str] | None:
+    """The paths under ``folder`` (relative, with ``/``) that git tracks, and every folder holding one; an empty set
+    outside a git work tree; None when ``folder`` is inside one (a ``.git`` above it) but git cannot be asked (not
+    installed, or it refuses the repository)."""
+    folder = Path(folder).resolve()
+    try:
+        out = subprocess.run(["git", "-C", str(folder), "ls-files", "-z"], capture_output=True, timeout=120)
+        ok = out.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    if not ok:
+        in_tree = any((q / ".git").exists() for q in (folder, *folder.parents))
+        return None if in_tree else set()
+    tracked: set[str] = set()
+    for rel in out.stdout.decode("utf-8", "surrogateescape").split("\0"):
+        parts = rel.split("/") if rel else []
+        tracked |= {"/".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return tracked

@@ -31,7 +31,6 @@ the speed section.
 from __future__ import annotations
 
 import gc
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +56,7 @@ from lmdepth.metrics.ridge import (
 )
 from lmdepth.model.registry import ModelRef, load_model
 from lmdepth.params import ModelParams, check_remote, param
-from lmdepth.results import TMP_PREFIX, RunResult, RunStore
+from lmdepth.results import RunResult, RunStore, temporary_dir
 from lmdepth.runtime import load_average, progress, resolve_device
 from lmdepth.traces.boundary_residuals import boundary_residuals_at
 from lmdepth.traces.residual_metrics import TapPaths
@@ -337,9 +336,8 @@ def _compute(p: MapsParams, refs: dict[str, ModelRef], specs: list[MapSpec], mod
     needed = {m for s in specs if any(l not in fits for l in s.labels) for m in (s.source, s.target)}
     # Residuals go to files beside the results and are read memory-mapped: the default set (three models, 36k
     # positions) is 7.6 GB, which with the statistics would not fit a 12 GB Colab runtime in RAM. Removed at the end
-    # (and by `lmdepth clean` if the process dies: a dot-named temporary).
-    Path(p.results_dir).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}residuals-", dir=p.results_dir) as spool:
+    # (and by `lmdepth clean` if the process dies: a marked temporary).
+    with temporary_dir(p.results_dir, "residuals-") as spool:
         for i, m in enumerate(models):
             t1 = time.perf_counter()
             lm = load_model(refs[m], device=p.device, dtype=p.dtype)

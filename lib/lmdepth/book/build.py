@@ -19,10 +19,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 
 import nbformat
 
+from lmdepth.analyses.atlas import RECORDED_CHAPTERS
 from lmdepth.book.chapters import (
     CHAPTERS,
     chapter_source,
@@ -32,8 +34,8 @@ from lmdepth.book.chapters import (
     profiles_dir,
 )
 from lmdepth.claims.findings_claims import intro_summary, saved_verdicts
-from lmdepth.errors import ParameterError
-from lmdepth.results import BOOK_RECORD_ENV, atomic_write_text, check_recorded
+from lmdepth.errors import DataError, ParameterError
+from lmdepth.results import BOOK_RECORD_ENV, atomic_write_text, check_recorded, sha256_file
 from lmdepth.runtime import REPO_ROOT
 
 BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/method.md", "book/references.md")
@@ -43,6 +45,66 @@ SUMMARY_PAGES = {"atlas", "reproducibility"}  # read the other pages' results an
 def book_record_root(results_dir: str | Path, profile: str) -> Path:
     """Where the book build records, per chapter, the runs it used and the claims it checked."""
     return Path(results_dir) / "book" / Path(profile).stem
+
+
+#: The file of a chapter's book record that lists its verdict files and their sha256 (:func:`check_verdicts`).
+RECORD_MANIFEST = "manifest.json"
+
+
+def _staging(record_root: Path, chapter: str) -> Path:
+    """Where a chapter being executed records its runs and verdicts until it has finished: beside the profile's
+    record, not inside it (readers never see a half record), at the same depth (recorded paths stay relative to the
+    results root)."""
+    return record_root.parent / f".executing-{record_root.name}" / chapter
+
+
+def _publish_record(staging: Path, record: Path) -> None:
+    """Put a finished execution's record in place of the last one, with its manifest of verdict files. A kill between
+    the renames leaves no record, which makes the page stale (:func:`_execute_all` re-executes it)."""
+    verdicts = sorted((staging / "verdicts").glob("*.csv"))
+    # written even where the chapter recorded nothing: a record with its manifest is a finished execution's
+    atomic_write_text(staging / RECORD_MANIFEST, json.dumps(
+        {"verdicts": {f.name: sha256_file(f) for f in verdicts}}, indent=1) + "\n")
+    aside = staging.with_name(staging.name + ".replaced")
+    shutil.rmtree(aside, ignore_errors=True)
+    if record.exists():
+        os.rename(record, aside)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(staging, record)
+    shutil.rmtree(aside, ignore_errors=True)
+    with suppress(OSError):  # the staging folder, once empty
+        staging.parent.rmdir()
+
+
+def check_verdicts(record_root: str | Path, chapters: Sequence[str] | None = None) -> None:
+    """Stop, in one line, when a chapter's recorded verdict files (for ``chapters``, default all) no longer match the
+    manifest its execution wrote: the findings would otherwise lose rows, or show edited ones, with no check failing.
+    Records written before manifests have none and are not checked.
+
+    Raises:
+        DataError: naming the first such file, its chapter and the commands that restore it.
+    """
+    record_root = Path(record_root)
+    for manifest in sorted(record_root.glob(f"*/{RECORD_MANIFEST}")):
+        chapter = manifest.parent.name
+        if chapters is not None and chapter not in chapters:
+            continue
+        try:
+            want = json.loads(manifest.read_text(encoding="utf-8"))["verdicts"]
+        except (OSError, ValueError, KeyError, TypeError):
+            want, problem = {}, f"{manifest} cannot be read"
+        else:
+            have = {f.name for f in (manifest.parent / "verdicts").glob("*.csv")}
+            problem = next((f"{manifest.parent / 'verdicts' / n} is missing" for n in sorted(set(want) - have)), None)
+            problem = problem or next((f"{manifest.parent / 'verdicts' / n} was not written by its execution"
+                                       for n in sorted(have - set(want))), None)
+            problem = problem or next((f"{manifest.parent / 'verdicts' / n} was changed after its execution"
+                                       for n in sorted(want) if sha256_file(manifest.parent / "verdicts" / n)
+                                       != want[n]), None)
+        if problem:
+            raise DataError(f"The book's verdicts of chapter {chapter} are not whole: {problem}. Restore it with "
+                            f"`git checkout -- {manifest.parent}` if it is committed, or recompute it with "
+                            f"`lmdepth book --force --chapters {chapter}`; the findings are not published without it.")
 
 
 #: Inputs of a chapter beyond the library and its profile, as globs under the repository: chapter 07 reads every
@@ -158,6 +220,7 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
         record_root = book_record_root(results_dir, profile)
         if only and chapter not in only and not (chapter in SUMMARY_PAGES and times):
             check_recorded(record_root, [chapter])  # its page stays, and the summary pages read its runs
+            check_verdicts(record_root, [chapter])
             print(f"[{i}/{len(CHAPTERS)}] {chapter}: not selected (kept as it is)", flush=True)
             continue
         digest = build_hash(chapter, profile)
@@ -165,11 +228,18 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
         stale_summary = chapter in SUMMARY_PAGES and bool(times)
         if out.exists() and not force and not stale_summary:
             meta = nbformat.read(out, as_version=4).metadata.get("lmdepth", {})
-            if meta.get("build_hash") == digest and meta.get("profile") == profile:
+            recorded = chapter not in RECORDED_CHAPTERS or (record_root / chapter).is_dir()
+            if meta.get("build_hash") == digest and meta.get("profile") == profile and recorded:
                 check_recorded(record_root, [chapter])  # a page is up to date only if the runs it shows are intact
+                check_verdicts(record_root, [chapter])  # … and its verdicts are the ones it wrote
                 print(f"[{i}/{len(CHAPTERS)}] {chapter}: up to date", flush=True)
                 clean_notebook(out, repository_url())  # a changed repository.url needs no re-execution
                 continue
+            if not recorded:  # an execution interrupted before its record landed: the page is not whole
+                print(f"[{i}/{len(CHAPTERS)}] {chapter}: its book record is missing (an interrupted build?)",
+                      flush=True)
+        if chapter in SUMMARY_PAGES:  # the summary pages read every chapter's verdicts: whole, or no page
+            check_verdicts(record_root)
         print(f"[{i}/{len(CHAPTERS)}] {chapter}: executing ({profile} profile) …", flush=True)
         t0 = time.time()
         # Relative to the repository (the kernel's cwd), so the published notebook names no local path.
@@ -178,9 +248,11 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
         for name, path in (("results_dir", results_dir), ("book_dir", book_dir)):
             if name in declared:  # pages that read results or the other executed notebooks
                 params[name] = os.path.relpath(path, REPO_ROOT)
-        record = record_root / chapter
-        shutil.rmtree(record, ignore_errors=True)  # this execution's runs and claims replace the last one's
-        os.environ[BOOK_RECORD_ENV] = str(record.resolve())
+        # this execution's runs and claims replace the last one's only once it has finished (an interrupt leaves
+        # the last page and its record as they were)
+        staging = _staging(record_root, chapter)
+        shutil.rmtree(staging, ignore_errors=True)  # an interrupted execution's
+        os.environ[BOOK_RECORD_ENV] = str(staging.resolve())
         try:
             execute_chapter(chapter, params, out, cwd=REPO_ROOT)
         finally:
@@ -189,6 +261,8 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
         if errors:
             out.rename(out.with_suffix(".failed.ipynb"))
             raise RuntimeError(f"{chapter}: executed notebook has error outputs: {errors}")
+        # the page landed without its build hash (written below), so a kill from here on leaves it stale
+        _publish_record(staging, record_root / chapter)
         nb = nbformat.read(out, as_version=4)
         # The results path is machine-specific; the book shows it relative to the repository.
         times[chapter] = time.time() - t0
@@ -202,7 +276,8 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
 
 def write_findings_summary(book_dir: Path, results_dir: Path, profile: str) -> Path:
     """``<book_dir>/findings.md``: the introduction's paragraph on what this build found (included by intro.md),
-    from the verdicts the chapters recorded for ``profile``."""
+    from the verdicts the chapters recorded for ``profile``; stops (:func:`check_verdicts`) where they are not whole."""
+    check_verdicts(book_record_root(results_dir, profile))
     text = intro_summary(saved_verdicts(results_dir, profile), Path(profile).stem)
     out = book_dir / "findings.md"
     atomic_write_text(out, text + "\n")

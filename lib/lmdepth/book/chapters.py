@@ -25,10 +25,10 @@ from lmdepth.analyses.maps import MapsParams
 from lmdepth.analyses.residual import ResidualParams
 from lmdepth.analyses.scratch import ScratchParams
 from lmdepth.analyses.skipping import SkipParams
-from lmdepth.data.datasets import NAMED_DATASETS, check_data_file
+from lmdepth.data.datasets import NAMED_DATASETS, user_examples
 from lmdepth.errors import MissingPackageError, ParameterError
 from lmdepth.model.ndif import preflight
-from lmdepth.model.registry import current_weights_id
+from lmdepth.model.registry import check_weight_files, current_weights_id
 from lmdepth.params import CommonParams, Params, check_device, check_remote, check_results_dir, check_type
 from lmdepth.runtime import REPO_ROOT
 from lmdepth.traces.remote import NOT_REMOTE
@@ -205,13 +205,15 @@ def check_parameters(chapter: str, params: dict[str, Any]) -> dict[str, Any]:
         if out.get("remote") is True:
             preflight(model)  # an API key, the network, the model hosted, matching versions: before a kernel starts
         for m in [model, *out.get("compare_models", [])]:  # a typo in the last model stops here, not after hours
+            if isinstance(m, str) and Path(m).expanduser().is_dir():
+                check_weight_files(m)  # a cut weights file, named before a kernel starts (and before it is hashed)
             current_weights_id(m, remote=out.get("remote", False))
     if "results_dir" in out:
         check_results_dir(out["results_dir"])
     dataset = out.get("dataset")
     if isinstance(dataset, str) and dataset not in NAMED_DATASETS and (dataset.endswith((".jsonl", ".json"))
                                                                        or "/" in dataset):
-        check_data_file(Path(dataset).expanduser())  # a missing file or a directory: one line, no kernel
+        user_examples(Path(dataset).expanduser())  # missing, not a file, or a bad line: one line, no kernel
     return out
 
 

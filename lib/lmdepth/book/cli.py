@@ -17,6 +17,7 @@ from pathlib import Path
 from lmdepth.book.build import build_book
 from lmdepth.book.chapters import (
     CHAPTERS,
+    check_parameters,
     declared_parameters,
     execute_chapter,
     parse_cli_value,
@@ -24,7 +25,8 @@ from lmdepth.book.chapters import (
 )
 from lmdepth.errors import LmDepthError, ParameterError
 from lmdepth.model.families import supported_model_types
-from lmdepth.model.registry import PACKAGED, cache_dir
+from lmdepth.model.registry import PACKAGED, cache_dir, check_cache_writable
+from lmdepth.params import check_results_dir
 from lmdepth.results import RUN_ID_ENV, cache_key, clean, is_results_root, slug
 from lmdepth.runtime import resolve_device
 from lmdepth.scratch.training import ARCHS, OBJECTIVES, run_config, run_dir, train_run
@@ -68,6 +70,8 @@ def _run(args: argparse.Namespace) -> int:
             Path(str(named)).resolve() != Path(args.results_dir).resolve():
         raise ParameterError(f"-p results_dir {named} and --results-dir {args.results_dir} disagree: give one of them.")
     results_dir = Path(args.results_dir or named or "lmdepth-results").resolve()
+    check_results_dir(results_dir)  # not /, the home folder or the repository: before anything is written there
+    check_cache_writable()  # a read-only home on a first run: say LMDEPTH_CACHE now, not in a kernel's traceback
     args.results_dir = str(results_dir)  # for the message on Ctrl-C
     if "results_dir" in declared:  # the explorer and the reproducibility page have none
         params["results_dir"] = str(results_dir)
@@ -78,6 +82,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else results_dir / "notebooks" / f"{args.chapter}-{slug(model)}-{run}.ipynb"
     args.recompute = params.get("use_cache") is False  # for the message on Ctrl-C
     t0 = time.time()
+    check_parameters(args.chapter, params)  # bad input is one line before "running" is said (and before any work)
     print(f"lmdepth: running chapter {args.chapter!r} with {params}", file=sys.stderr)
     os.environ[RUN_ID_ENV] = run  # inherited by the chapter's kernel (lmdepth.claims.report.save)
     try:
@@ -110,13 +115,15 @@ def _book(args: argparse.Namespace) -> int:
 
 
 def _clean(args: argparse.Namespace) -> int:
+    check_results_dir(args.results_dir)
     found = clean(args.results_dir, partial_days=args.days, dry_run=args.dry_run)
     models = cache_dir() / "models"  # the converted packaged models' folder, where the library marked it as its own
     found += clean(models, partial_days=float("inf"), dry_run=args.dry_run) if is_results_root(models) else []
     for p in found:
         print(f"{'would remove' if args.dry_run else 'removed'} {p}")
     print(f"lmdepth: {'would remove' if args.dry_run else 'removed'} {len(found)} leftover(s) of interrupted runs "
-          "(only the library's own temporaries and old checkpoints); finished results are kept.")
+          "(only the library's own marked temporaries, and marked checkpoint folders no finished run uses); finished "
+          "runs, their checkpoints and every file git tracks are kept.")
     return 0
 
 
@@ -180,9 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="auto", help="auto, cpu, cuda")
     t.add_argument("--threads", type=int, help="torch CPU threads (e.g. 1 per run when running two side by side)")
     t.set_defaults(fn=_train)
-    c = sub.add_parser("clean", help="remove what interrupted runs left behind (temporaries, old checkpoints)")
+    c = sub.add_parser("clean", help="remove what interrupted runs left behind (the library's marked temporaries, "
+                                     "unused checkpoint folders); never a finished run or a file git tracks")
     c.add_argument("--results-dir", default="lmdepth-results", help="results root (default: ./lmdepth-results)")
-    c.add_argument("--days", type=float, default=7.0, help="remove per-unit checkpoints untouched this long")
+    c.add_argument("--days", type=float, default=7.0,
+                   help="remove checkpoint folders that no finished run uses only once untouched this long")
     c.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
     c.set_defaults(fn=_clean)
     return p

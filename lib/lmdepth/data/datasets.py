@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,13 +112,21 @@ def math_example(row: dict[str, Any], idx: int, split: str) -> Example:
     )
 
 
+#: A lone UTF-16 surrogate: JSON's ``\ud83d`` without its pair decodes to one, which UTF-8 cannot encode.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
 def check_data_file(path: Path) -> None:
     """A user's data file exists and is a file (a directory named ``x.jsonl`` gets this line, not an OSError)."""
     if not path.exists():
         raise DataError(f"Data file {path} does not exist. Pass a named data set ({', '.join(NAMED_DATASETS)}) or a path.")
-    if not path.is_file():
+    if path.is_dir():
         raise DataError(f"Data file {path} is a directory, not a file: pass the path of a .jsonl file (one JSON object "
                         "per line), or a named data set.")
+    if not path.is_file():  # a pipe (`<(cat f.jsonl)`), a socket, a device: read once, and not by the chapter's kernel
+        raise DataError(f"Data file {path} is a pipe or other special file, not a regular file (a `<(...)` process "
+                        "substitution is one): a run reads its data more than once and from another process. Write it "
+                        "to a file first, e.g. `cat f.jsonl > /tmp/mine.jsonl`, and pass that path.")
 
 
 def user_examples(path: Path) -> list[Example]:
@@ -125,6 +134,11 @@ def user_examples(path: Path) -> list[Example]:
     check_data_file(path)
     out = []
     for lineno, row in _read_jsonl(path):
+        for k in ("text", "prompt", "answer"):
+            if isinstance(row.get(k), str) and (half := _SURROGATE.search(row[k])):
+                raise DataError(f"{path}:{lineno}: {k!r} holds the escape \\u{ord(half.group()):04x}, half of a UTF-16 "
+                                "surrogate pair without its other half, which is no character and which no tokenizer "
+                                "can encode: fix or delete that escape on that line.")
         extra = {k: v for k, v in row.items() if k not in ("text", "prompt", "answer")}
         if isinstance(row.get("text"), str) and row["text"]:
             out.append(Example(f"{path.name}:{lineno}", row["text"], "", extra))

@@ -15,7 +15,6 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -29,7 +28,7 @@ from lmdepth.model import random_init
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.ndif import preflight
 from lmdepth.model.taps import check_additivity
-from lmdepth.results import TMP_PREFIX, atomic_write_text, clean, mark_root, sha256_file
+from lmdepth.results import atomic_write_text, clean, mark_root, sha256_file, temporary_dir
 from lmdepth.runtime import DTYPES, resolve_device
 
 SOURCE_FILE = "lmdepth_source.json"  # written into a converted copy: what it was made from, and its fingerprint
@@ -38,6 +37,42 @@ SOURCE_FILE = "lmdepth_source.json"  # written into a converted copy: what it wa
 def cache_dir() -> Path:
     """Root of the converted-model and data caches (``LMDEPTH_CACHE`` or ``~/.cache/lmdepth``)."""
     return Path(os.environ.get("LMDEPTH_CACHE", Path.home() / ".cache" / "lmdepth"))
+
+
+def check_cache_writable() -> Path:
+    """The model cache can be created and written (checked without writing anything): its nearest existing folder is a
+    writable folder. Returns the cache folder.
+
+    Raises:
+        DataError: it cannot (a read-only home on a first run), naming the folder and ``LMDEPTH_CACHE``.
+    """
+    d = cache_dir()
+    existing = next((q for q in (d, *d.parents) if q.exists()), None)
+    problem = ("nothing of its path exists" if existing is None else
+               f"{existing} is a file, not a folder" if not existing.is_dir() else
+               f"{existing} is not writable" if not os.access(existing, os.W_OK | os.X_OK) else None)
+    if problem:
+        raise DataError(f"The model cache {d} cannot be written ({problem}): set LMDEPTH_CACHE to a folder you can "
+                        "write to, e.g. `export LMDEPTH_CACHE=/tmp/lmdepth-cache`.")
+    return d
+
+
+def check_weight_files(path: str | Path) -> None:
+    """Every ``*.safetensors`` file of a model directory opens (its header is whole and the file as long as it says),
+    so a cut copy is named before loading, not by a deserialising error without a file name.
+
+    Raises:
+        DataError: naming the first file that does not open.
+    """
+    from safetensors import safe_open
+
+    for f in sorted(Path(path).expanduser().glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "pt"):
+                pass
+        except Exception as e:  # safetensors' own error class is not importable by a stable name
+            raise DataError(f"{f} cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__}): the file "
+                            "is cut or damaged. Copy it again (or `save_pretrained` the model again).") from None
 
 
 def _fingerprint_cache() -> Path:
@@ -224,6 +259,11 @@ class LoadedModel:
         Raises:
             DataError: the text is longer than the model's context.
         """
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate (half of a UTF-16 pair): tokenizers fail without a word
+            raise DataError(f"{label} holds \\u{ord(text[e.start]):04x}, half of a UTF-16 surrogate pair, at "
+                            f"character {e.start}; no tokenizer can encode it. Fix or delete it in the data.") from None
         ids = self.tokenizer(text, return_tensors="pt").input_ids
         if self.max_tokens and ids.shape[1] > self.max_tokens:
             raise DataError(
@@ -266,8 +306,7 @@ def _convert_gguf(spec: PackagedModel, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"lmdepth: converting the packaged {spec.name} once to a plain copy in {target} (up to a minute)",
           file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=TMP_PREFIX) as tmp:
-        tmp = Path(tmp)
+    with temporary_dir(target.parent) as tmp:
         gguf = spec.locate(tmp)
         digest = sha256_file(gguf)
         if digest != spec.sha256:
@@ -305,8 +344,18 @@ def _packaged_dir(spec: PackagedModel) -> Path:
     files no longer match the fingerprint recorded at conversion is converted again."""
     target = cache_dir() / "models" / f"{spec.name}-{spec.sha256[:12]}"
     record = target / SOURCE_FILE
+    info = None
     if record.exists():
-        info = json.loads(record.read_text())
+        try:
+            info = json.loads(record.read_text(encoding="utf-8"))
+            if not isinstance(info, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as e:  # cut or edited: the copy cannot be verified, so it is made again
+            print(f"lmdepth: {record} cannot be read ({type(e).__name__}), so the converted copy of {spec.name} cannot "
+                  "be verified; converting it again", file=sys.stderr, flush=True)
+            shutil.rmtree(target)
+            info = None
+    if info is not None:
         now = dir_fingerprint(target)
         if "fingerprint" not in info:  # converted by an older version: remember what is there now
             info["fingerprint"] = now
@@ -316,6 +365,7 @@ def _packaged_dir(spec: PackagedModel) -> Path:
         print(f"lmdepth: the converted copy of {spec.name} in {target} was modified; converting it again",
               file=sys.stderr, flush=True)
         shutil.rmtree(target)
+    check_cache_writable()
     mark_root(target.parent)  # the library's own folder: `clean` may remove its temporaries
     clean(target.parent, partial_days=float("inf"))  # half-written conversions of killed processes (over an hour old)
     _convert_gguf(spec, target)
@@ -467,6 +517,8 @@ def load_model(
     path = ref.location()
     if ref.source == "hub":
         check_hub_access(name)
+    if ref.source == "local":
+        check_weight_files(path)
     device = resolve_device(device)
     try:
         tok = AutoTokenizer.from_pretrained(path)
