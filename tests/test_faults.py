@@ -782,6 +782,26 @@ def test_a_results_folder_that_is_root_home_or_the_repository_is_refused(where, 
     assert sorted(p.name for p in path.iterdir()) == before  # nothing written there
 
 
+def test_a_disk_filling_while_the_notebook_is_written_is_one_line_and_keeps_no_cut_notebook(tmp_path, monkeypatch,
+                                                                                             capsys):
+    import errno
+
+    import papermill
+
+    from lmdepth.book import cli
+
+    def fill(src, out, **kw):  # papermill writes the notebook as it executes: the disk fills half way
+        Path(out).write_text('{"cells": [')
+        raise OSError(errno.ENOSPC, "No space left on device", out)
+
+    monkeypatch.setattr(papermill, "execute_notebook", fill)
+    capsys.readouterr()
+    assert cli.main(["run", "norms", "-p", "n_examples", "1", "--results-dir", str(tmp_path / "res")]) == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("lmdepth: error: ")]
+    assert len(lines) == 1 and "The disk filled while the executed notebook" in lines[0] and "free space" in lines[0]
+    assert not list((tmp_path / "res").rglob("*.ipynb"))  # neither a cut notebook nor a finished-looking one
+
+
 # ---- the count on the Reproducibility page ------------------------------------------------------------------------
 
 def test_the_page_counts_the_cases_pytest_collects():

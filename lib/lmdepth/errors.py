@@ -29,6 +29,10 @@ class DataError(LmDepthError, ValueError):
     """A data file is empty, malformed, or a prompt does not fit the model."""
 
 
+class StorageFull(LmDepthError):
+    """The disk (or quota) filled while the library wrote a file: nothing partial is kept under the file's name."""
+
+
 class TrainingDiverged(LmDepthError):
     """A from-scratch run kept producing non-finite gradients; its last checkpoint is kept."""
 

@@ -6,6 +6,7 @@ against the notebook's own ``parameters`` cell (names and types), and only then 
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -26,7 +27,7 @@ from lmdepth.analyses.residual import ResidualParams
 from lmdepth.analyses.scratch import ScratchParams
 from lmdepth.analyses.skipping import SkipParams
 from lmdepth.data.datasets import NAMED_DATASETS, user_examples
-from lmdepth.errors import MissingPackageError, ParameterError
+from lmdepth.errors import MissingPackageError, ParameterError, StorageFull
 from lmdepth.model.ndif import preflight
 from lmdepth.model.registry import check_weight_files, current_weights_id
 from lmdepth.params import CommonParams, Params, check_device, check_remote, check_results_dir, check_type
@@ -317,8 +318,16 @@ def execute_chapter(
         src = Path(tmp) / f"{CHAPTERS[chapter]}.ipynb"
         nbformat.write(nb, src)
         partial = output.with_name(output.stem + ".failed.ipynb")
-        papermill.execute_notebook(str(src), str(partial), parameters=params, cwd=str(cwd or REPO_ROOT),
-                                   kernel_name="python3", log_output=log_output, progress_bar=progress_bar,
-                                   kernel_manager_class=QuietKernelManager)
+        try:
+            papermill.execute_notebook(str(src), str(partial), parameters=params, cwd=str(cwd or REPO_ROOT),
+                                       kernel_name="python3", log_output=log_output, progress_bar=progress_bar,
+                                       kernel_manager_class=QuietKernelManager)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            partial.unlink(missing_ok=True)  # a cut notebook is not a failed run to inspect
+            raise StorageFull(f"The disk filled while the executed notebook {partial} was written ({e.strerror}): "
+                              f"free space under {output.parent} (or pass another results folder) and run the same "
+                              "command again; every finished unit of the computation is checkpointed.") from None
         os.replace(partial, output)
     return output
