@@ -358,6 +358,14 @@ page.check_results(runs, summary, erasure_table, depth.levels)
 # - **Erasure rows.** Depth steps of the whole model (block applications); the authors' script uses the same rows.
 # - **Depth score against operations, intervals, solved/unsolved and the answer loss** are additions, not in the
 #   paper.
+# - **The depth questions** (section "Does depth grow with the problem?"). The paper reads its §5 depth claims off
+#   erasure maps and depth scores of 244M-parameter runs; here they are registered claims with a statistic, decided
+#   on the twelve ~1M-parameter comparison runs at the level of training seeds (three seeds cannot reach p ≤ 0.05,
+#   so these rows can read at most *inconclusive (3 seeds)* until two more seeds per compared run are trained).
+#   The paper fine-tunes all weights of Llama-3.2-3B on DM math; here SmolLM2-135M is fine-tuned with LoRA adapters
+#   (rank 8, every linear map of every layer, merged before any measurement), on this chapter's problems, because a
+#   run spans several sessions of a 2-core CPU and its resume checkpoint must be committed between them (29 MB for
+#   the adapters and their optimiser; 1.6 GB for the full model's).
 #
 # ## Reproducibility
 #

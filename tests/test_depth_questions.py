@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lmdepth.analyses.finetuned import finetune_states, over_training
+from lmdepth.book.pages import scratch_page
 from lmdepth.claims import REGISTRY, report
 from lmdepth.claims import scratch_claims as sc
 from lmdepth.claims.spec import per_seed_statistics
@@ -114,7 +115,11 @@ def test_the_depth_over_training_is_read_from_the_stored_snapshots(tmp_path):
     curve = over_training(tmp_path, [cfg]).set_index("step")
     assert curve.loc[0, "rise"] == pytest.approx(0.0) and curve.loc[100, "rise"] > 0.05
     assert (curve.loc[0, "interpolate"], curve.loc[100, "interpolate"]) == (0.0, 1.0)
-    assert finetune_states(tmp_path, [cfg]).iloc[0].snapshots == 2
+    states = finetune_states(tmp_path, [cfg])
+    assert states.iloc[0].snapshots == 2 and states.iloc[0].state == "not trained"
+    text = scratch_page.over_training_md(over_training(tmp_path, [cfg]), states)
+    assert "at step 0 the rise is +0.0000 per operation with 0% interpolation" in text
+    assert "at step 100, +" in text and "with 100%" in text
 
 
 @pytest.mark.integration

@@ -171,7 +171,8 @@ def over_training_chart(curve: pd.DataFrame, height: int = 160):
         tooltip=["seed:N", "step:Q", alt.Tooltip("rise:Q", format=".4f"), alt.Tooltip("depth:Q", format=".3f")])
     zero = alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color="gray").encode(y="y:Q")
     em = alt.Chart(d).transform_fold(["interpolate", "extrapolate"], as_=["split", "exact match"]).mark_line(
-        point=True).encode(x=x, y=alt.Y("exact match:Q", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        point=True).encode(x=x, y=alt.Y("exact match:Q", title="Exact match", axis=alt.Axis(format="%"),
+                                              scale=alt.Scale(domain=[0, 1])),
                            color=color, strokeDash=alt.StrokeDash("split:N", title="Split",
                                                                   legend=alt.Legend(orient="bottom")),
                            tooltip=["seed:N", "step:Q", "split:N", alt.Tooltip("exact match:Q", format=".1%")])

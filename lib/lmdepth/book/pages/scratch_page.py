@@ -362,10 +362,10 @@ def over_training_md(curve: pd.DataFrame, states: pd.DataFrame) -> str:
                 "every 10 % of training).")
     parts = []
     for seed, g in curve.sort_values("step").groupby("seed"):
-        a, b = g.iloc[0], g.iloc[-1]
+        a, b = g.iloc[0].to_dict(), g.iloc[-1].to_dict()  # (a row's .step would be the Series method)
         state = states.set_index("seed").state.get(seed, "")
-        parts.append(f"seed {seed} ({state}): at step {a.step:,} the rise is {a.rise:+.4f} per operation with "
-                     f"{a.interpolate:.0%} interpolation exact match; at step {b.step:,}, {b.rise:+.4f} with "
-                     f"{b.interpolate:.0%}")
+        parts.append(f"seed {seed} ({state}): at step {int(a['step']):,} the rise is {a['rise']:+.4f} per operation with "
+                     f"{a['interpolate']:.0%} interpolation exact match; at step {int(b['step']):,}, {b['rise']:+.4f} "
+                     f"with {b['interpolate']:.0%}")
     return ("**Depth over fine-tuning** (the figure above; every problem of the depth sample, solved or not — the "
             "first snapshots solve none). " + "; ".join(parts) + ".")
