@@ -60,7 +60,7 @@ COLAB_RUNTIME = ("ipywidgets", "pip", "setuptools")
 FROM_STORED_S = 600
 #: Chapter 07 on the book's trained runs, small samples (the runs are the point here, not the sizes).
 MOEUT_SHIPPED = {"profile": "default", "train": False, "checkpoint_dir": "checkpoints/dm_math", "n_per_operations": 1,
-                 "n_boot": 50}
+                 "n_depth_per_operations": 1, "n_boot": 50}
 
 
 def colab_cell(stem: str) -> str:
@@ -231,10 +231,11 @@ def test_every_chapter_runs_from_an_empty_directory(colab_env, smoke_book, tmp_p
     assert failures == [], "\n\n".join(failures)
     assert not any(p.name == "checkpoints" for p in work.iterdir())  # nothing trained into the working directory
     # every seeded run was read from the copy: none computed (a new key), recomputed or moved aside as damaged;
-    # chapter 04's runs were computed here, and chapter 07 generated its (unseeded) evaluation data here
+    # chapter 04's runs were computed here, and chapter 07 generated its (unseeded) evaluation data and the depth of
+    # the shipped comparison runs here (the smoke book has no comparison runs to seed them from)
     after = _finished_runs(work / "results")
     new = sorted(set(after) - set(seeded))
-    assert [k for k in new if Path(k).parts[0] not in (*COMPUTED_IN_COLAB, "dm_math_data")] == [], \
+    assert [k for k in new if Path(k).parts[0] not in (*COMPUTED_IN_COLAB, "dm_math_data", "dm_math_depth")] == [], \
         "computed in the Colab run instead of reading the smoke book's"
     assert set(COMPUTED_IN_COLAB) <= {Path(k).parts[0] for k in new}, new
     assert [k for k in seeded if after.get(k) != seeded[k]] == []

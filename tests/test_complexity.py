@@ -520,7 +520,7 @@ def test_grid_summaries_and_notes():
                                          {"model": "m2", "source": "vars", "solved": 4, "unsolved": 4}]
     verdicts = pd.DataFrame({"counted_as": ["agrees", "not testable", "agrees"], "headline": True})
     assert cx_page.summary_note(verdicts, results) == (
-        "Verdicts (claim × model): 2 agrees, 0 disagrees, 0 inconclusive, 1 not testable, 0 no valid control, 0 not discriminating. "
+        "Verdicts (claim × model): 2 agrees, 0 disagrees, 0 inconclusive, 1 not testable, 0 no valid control, 0 not discriminating, 0 explained by its control. "
         "Results: `/r/depth_complexity`.")
 
 
