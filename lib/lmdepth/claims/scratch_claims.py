@@ -268,10 +268,12 @@ def within_split_slope(v: np.ndarray) -> float:
     return partial_slope(v[:, 0], v[:, 1], covariate=v[:, 2])
 
 
-def pair_values(metric: str, runs: tuple[str, str] = ("moeut-answer_only", "transformer-answer_only"),
+def pair_values(metric: str, runs: tuple[str, str] | None = None,
                 with_facts: bool = False) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
     """Per problem: ``metric`` of each of ``runs`` per seed (and, ``with_facts``, the number of operations and the
     split), on the problems every seed of both runs solves."""
+
+    runs = runs or PAIR
 
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
         if metric not in units or not units.run.isin(runs).any():
@@ -328,52 +330,66 @@ _RISE = ("the within-split slope of the per-problem relative depth score (layer 
          "operations, the split held fixed; each problem's depth the mean over the recipe's training seeds; "
          "problems every seed solves, numbers of operations with ≥ 5 of them")
 
+#: The compared pair of the MoEUT − Transformer depth rows.
+PAIR = ("moeut-answer_only", "transformer-answer_only")
+
+
+def _mean_difference(v: np.ndarray) -> float:
+    return float(np.mean(v[:, 0] - v[:, 1]))
+
+
+def _depth_claim(**fields) -> ClaimSpec:
+    """A depth claim: chapter 07's, per problem, the paper's side above its threshold unless ``rule`` says otherwise,
+    decided over training seeds against :data:`SEED_CONTROL` on competent comparison runs (the row's recipe, or
+    :data:`PAIR`)."""
+    shared = dict(chapter="moeut", unit="problem", rule=Rule(0.0, "above"), control=SEED_CONTROL, control_of=None,
+                  seeds=True, history=_DEPTH_HISTORY, precondition=competent_seeds(PAIR))
+    return ClaimSpec(**(shared | fields))
+
+
 DEPTH_CLAIMS: tuple[ClaimSpec, ...] = (
-    ClaimSpec(
-        id="moeut.depth_grows", chapter="moeut", figure="§5, Figs. 9–10",
+    _depth_claim(
+        id="moeut.depth_grows", figure="§5, Figs. 9–10",
         claim="depth grows with the number of operations",
         statement="Models trained from scratch all use more depth for problems with more computational steps.",
-        statistic=f"rise per operation: {_RISE}", unit="problem", rule=Rule(0.0, "above"),
-        values=growth_values("depth_layer"), reduce=within_split_slope, precondition=competent_seeds(),
-        control=SEED_CONTROL, control_of=None, seeds=True, history=_DEPTH_HISTORY),
-    ClaimSpec(
-        id="moeut.deeper_than_transformer", chapter="moeut", figure="§5, Fig. 9",
+        statistic=f"rise per operation: {_RISE}", values=growth_values("depth_layer"), reduce=within_split_slope,
+        precondition=competent_seeds(),
+    ),
+    _depth_claim(
+        id="moeut.deeper_than_transformer", figure="§5, Fig. 9",
         claim="MoEUT uses deeper layers than the Transformer (depth score)",
         statement="MoEUT trained without modelling the question significantly utilises deeper layers.",
         statistic="difference: relative depth score (layer effect) of MoEUT − Transformer, both with the question "
                   "not modelled, per problem both solve in every seed (each the mean over seeds; seed s of one "
                   "paired with seed s of the other, which saw the same batches)",
-        unit="problem", rule=Rule(0.0, "above"), values=pair_values("depth_layer"),
-        reduce=lambda v: float(np.mean(v[:, 0] - v[:, 1])),
-        precondition=competent_seeds(("moeut-answer_only", "transformer-answer_only")), control=SEED_CONTROL,
-        control_of=None, seeds=True, history=_DEPTH_HISTORY),
-    ClaimSpec(
-        id="moeut.deeper_erasure", chapter="moeut", figure="§5, Fig. 9",
+        values=pair_values("depth_layer"),
+        reduce=_mean_difference,
+    ),
+    _depth_claim(
+        id="moeut.deeper_erasure", figure="§5, Fig. 9",
         claim="… and the question is read deeper (erasure depth)",
         statement="Erasing the question still changes MoEUT's answer at deeper layers than the Transformer's.",
         statistic="difference: relative erasure depth (where erasing a question token still changes the answer) of "
                   "MoEUT − Transformer, question not modelled, paired by problem and seed as above",
-        unit="problem", rule=Rule(0.0, "above"), values=pair_values("erasure_depth"),
-        reduce=lambda v: float(np.mean(v[:, 0] - v[:, 1])),
-        precondition=competent_seeds(("moeut-answer_only", "transformer-answer_only")), control=SEED_CONTROL,
-        control_of=None, seeds=True, history=_DEPTH_HISTORY),
-    ClaimSpec(
-        id="moeut.input_dependent", chapter="moeut", figure="§5, Fig. 9",
+        values=pair_values("erasure_depth"),
+        reduce=_mean_difference,
+    ),
+    _depth_claim(
+        id="moeut.input_dependent", figure="§5, Fig. 9",
         claim="MoEUT's depth use is more input-dependent",
         statement="MoEUT's use of depth depends more on the input than the Transformer's.",
         statistic="difference: the spread (pooled standard deviation) of the per-problem relative depth score at a "
                   "fixed number of operations, MoEUT − Transformer, question not modelled, paired as above",
-        unit="problem", rule=Rule(0.0, "above"), values=pair_values("depth_layer", with_facts=True),
+        values=pair_values("depth_layer", with_facts=True),
         reduce=_spread_difference,
-        precondition=competent_seeds(("moeut-answer_only", "transformer-answer_only")), control=SEED_CONTROL,
-        control_of=None, seeds=True, history=_DEPTH_HISTORY),
-    ClaimSpec(
-        id="moeut.finetuned_flat", chapter="moeut", figure="§5, appendix",
+    ),
+    _depth_claim(
+        id="moeut.finetuned_flat", figure="§5, appendix",
         claim="fine-tuning does not make depth grow",
         statement="Fine-tuning a pretrained model does not make its depth grow with the number of operations.",
-        statistic=f"rise per operation: {_RISE}", unit="problem", rule=Rule(FT_MARGIN, "below"),
+        statistic=f"rise per operation: {_RISE}", rule=Rule(FT_MARGIN, "below"),
         values=growth_values("depth_layer"), reduce=within_split_slope, precondition=competent_seeds(),
-        control=SEED_CONTROL, control_of=None, seeds=True, history=_DEPTH_HISTORY),
+    ),
 )
 #: Which depth claim each kind of row is asked: the from-scratch recipes, the pair, the fine-tuned model.
 RECIPE_CLAIMS = ("moeut.depth_grows",)
