@@ -74,7 +74,7 @@ def test_the_comparison_runs_share_one_rate_three_seeds_and_moeuts_seed_0_is_the
     configs = tr.matched_configs("default")
     assert {c.lr for c in configs} == {tr.MATCHED_LR}
     assert sorted((c.arch, c.objective, c.seed) for c in configs) == sorted(
-        (a, o, s) for a in tr.ARCHS for o in tr.OBJECTIVES for s in tr.MATCHED_SEEDS)
+        (a, o, s) for a in tr.ARCHS for o in tr.OBJECTIVES for s in tr.SEEDS_OF[o])
     for objective in tr.OBJECTIVES:  # the chapter's text: "MoEUT's seed-0 runs are the runs above"
         own = tr.run_dir(tr.run_config("default", "moeut", objective), "x").name
         assert own in {tr.run_dir(c, "x").name for c in configs}

@@ -216,15 +216,19 @@ def run_config(profile: str, arch: str, objective: str, **overrides: Any) -> Tra
 #: one lucky seed.
 MATCHED_LR = 1e-3
 MATCHED_SEEDS = (0, 1, 2)
+#: The question-not-modelled runs get two more seeds: chapter 07's MoEUT − Transformer depth rows are decided by a
+#: sign-flip test over seeds, whose p-value cannot go below 1/8 with three seeds (1/32 with five).
+PAIR_SEEDS = MATCHED_SEEDS + (3, 4)
+SEEDS_OF = {"answer_only": PAIR_SEEDS, "lm": MATCHED_SEEDS}
 
 
 def matched_configs(profile: str = "default") -> list[TrainConfig]:
     """Chapter 07's comparison runs of ``profile``, in training order: answer-only first (the objective of the
-    chapter's headline rows), then seed by seed, the Transformer before MoEUT. In the ``default`` profile MoEUT's
-    seed-0 runs are the chapter's own runs. Trained by ``scripts/train_matched_runs.py`` (hours on a CPU), never by
-    the book."""
+    chapter's headline rows), then seed by seed (:data:`SEEDS_OF`), the Transformer before MoEUT. In the ``default``
+    profile MoEUT's seed-0 runs are the chapter's own runs. Trained by ``scripts/train_matched_runs.py`` (hours on a
+    CPU), never by the book."""
     return [run_config(profile, arch, objective, lr=MATCHED_LR, seed=seed, threads=1)
-            for objective in ("answer_only", "lm") for seed in MATCHED_SEEDS for arch in ("transformer", "moeut")]
+            for objective in ("answer_only", "lm") for seed in SEEDS_OF[objective] for arch in ("transformer", "moeut")]
 
 
 # ---- data ------------------------------------------------------------------------------------------------------
