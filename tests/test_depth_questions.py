@@ -97,6 +97,19 @@ def test_the_fine_tuned_row_waits_for_its_runs_and_the_pair_rows_read_both_archi
 
 
 @pytest.mark.unit
+def test_the_fine_tuned_row_is_gated_on_the_level_reached_and_a_from_scratch_recipe_on_95_per_cent():
+    """A seed at 40 % interpolation exact match keeps a from-scratch recipe's row not testable (it may still be
+    learning its task), but not the fine-tuned model's, whose gate is the level a CPU fine-tune reaches: its row
+    reads the problems every seed solves."""
+    weak = depth_table(lambda run, sd, ops, rng: 0.4 + rng.normal(0, 0.002)).assign(interpolation_em=0.4)
+    assert growth_row(weak).state == "not testable" and "below 95%" in growth_row(weak).reason
+    ft = weak.assign(run=sc.FINETUNED_RUN, model=sc.FINETUNED)
+    ft.loc[ft.n_operations == 6, "solved"] = False  # the longest problems unsolved: read the others
+    row = report.check("moeut", ft, [sc.FINETUNED], only=list(sc.FINETUNED_CLAIMS)).iloc[0]
+    assert row.state != "not testable" and row.n == 12 * 4 and abs(row.estimate) < 0.002
+
+
+@pytest.mark.unit
 def test_the_depth_over_training_is_read_from_the_stored_snapshots(tmp_path):
     cfg = FinetuneConfig(seed=0)
     rd = finetune_dir(cfg, tmp_path)

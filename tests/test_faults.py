@@ -664,6 +664,13 @@ def test_a_training_run_that_finishes_outside_the_book_re_executes_chapter_07_on
     (run / "meta.json").write_text('{"steps": 16000}')
     after = {c: build.build_hash(c, "default") for c in keys}
     assert [c for c in keys if after[c] != before[c]] == ["moeut"]
+    # a fine-tuning run's snapshot (its depth over training, drawn by the chapter) does the same; its checkpoint not
+    ft = tmp_path / "checkpoints" / "dm_math_ft" / "smollm2-135m-ft-0123456789ab"
+    ft.mkdir(parents=True)
+    (ft / "ckpt.pt").write_bytes(b"step 100")
+    assert build.build_hash("moeut", "default") == after["moeut"]
+    (ft / "snapshot-00100.npz").write_bytes(b"snapshot")
+    assert [c for c in keys if build.build_hash(c, "default") != after[c]] == ["moeut"]
 
 
 # ---- one line, then nothing lost -----------------------------------------------------------------------------------

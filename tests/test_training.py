@@ -148,6 +148,27 @@ def test_question_tokens_get_no_gradient_under_answer_only(objective):
 # ---- training: resume, cache, learning ----------------------------------------------------------------------------
 
 @pytest.mark.integration
+def test_a_finished_run_keeps_a_resume_checkpoint_that_git_tracks(data_dir, tmp_path):
+    """A checkpoint committed to carry a run across sessions belongs to the repository: finishing the run leaves it
+    (an untracked one is removed, as in the test below)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    c = cfg("transformer", "answer_only", steps=4)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    assert tr.train_run(c, tmp_path / "ck", data_dir=data_dir, stop_after=2, progress=False) is None
+    ckpt = tr.run_dir(c, tmp_path / "ck") / "ckpt.pt"
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-f", str(ckpt)], cwd=tmp_path,
+                   check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "x"], cwd=tmp_path,
+                   check=True)
+    assert tr.train_run(c, tmp_path / "ck", data_dir=data_dir, progress=False) is not None
+    assert ckpt.is_file()
+
+
+@pytest.mark.integration
 def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     c = cfg("moeut", "answer_only", steps=6)
     straight = tr.train_run(c, tmp_path / "a", data_dir=data_dir, progress=False)

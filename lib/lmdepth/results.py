@@ -692,3 +692,15 @@ def git_tracked(folder: str | Path) -> set[str] | None:
         parts = rel.split("/") if rel else []
         tracked |= {"/".join(parts[:i]) for i in range(1, len(parts) + 1)}
     return tracked
+
+
+def discard(path: str | Path) -> bool:
+    """Remove a file the library wrote and no longer needs (a finished run's resume checkpoint) — unless git tracks
+    it or cannot be asked: a checkpoint committed to carry a run across sessions is the repository's, and only its
+    owner removes it (``git rm``). True when the file was removed."""
+    path = Path(path)
+    tracked = git_tracked(path.parent)
+    if tracked is None or path.name in tracked:
+        return False
+    path.unlink(missing_ok=True)
+    return True

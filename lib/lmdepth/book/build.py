@@ -109,7 +109,10 @@ def check_verdicts(record_root: str | Path, chapters: Sequence[str] | None = Non
 
 #: Inputs of a chapter beyond the library and its profile, as globs under the repository: chapter 07 reads every
 #: finished training run (its comparison runs are trained outside the book, so a run that finishes must re-execute it).
-CHAPTER_INPUTS = {"moeut": ("checkpoints/dm_math/*/meta.json",)}
+#: Files beyond the library that a chapter reads: a finished run (its meta.json) or a fine-tuning snapshot
+#: (snapshot-*.npz, written every 10 % of training) makes the chapter stale. A resume checkpoint alone does not.
+CHAPTER_INPUTS = {"moeut": ("checkpoints/dm_math/*/meta.json", "checkpoints/dm_math_ft/*/meta.json",
+                            "checkpoints/dm_math_ft/*/snapshot-*.npz")}
 
 
 def build_hash(chapter: str, profile: str) -> str:

@@ -37,7 +37,7 @@ from lmdepth.data.dm_math import MathData, load_or_generate, small_module_settin
 from lmdepth.data.dm_tokens import PretrainedTokenizer, collate
 from lmdepth.errors import MissingPackageError, TrainingDiverged
 from lmdepth.model.registry import load_model
-from lmdepth.results import atomic_write, atomic_write_text, slug
+from lmdepth.results import atomic_write, atomic_write_text, discard, slug
 from lmdepth.runtime import environment
 from lmdepth.scratch.training import (
     _progress_bar,
@@ -241,7 +241,7 @@ def finetune_run(cfg: FinetuneConfig, out_dir: str | Path, data_dir: str | Path,
     atomic_write(final, lambda tmp: torch.save({"adapters": _adapter_state(model), "history": history, "meta": meta},
                                                tmp))
     atomic_write_text(rd / "meta.json", json.dumps(meta, indent=2, default=str))
-    ckpt.unlink(missing_ok=True)
+    discard(ckpt)  # unless git tracks it
     return final
 
 

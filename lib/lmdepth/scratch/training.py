@@ -51,7 +51,7 @@ from lmdepth.data.dm_math import (
 )
 from lmdepth.data.dm_tokens import CharTokenizer, collate
 from lmdepth.errors import DataError, ParameterError, TrainingDiverged
-from lmdepth.results import atomic_write, atomic_write_text
+from lmdepth.results import atomic_write, atomic_write_text, discard
 from lmdepth.runtime import environment
 from lmdepth.scratch.evaluate import exact_match
 from lmdepth.scratch.models import (
@@ -441,7 +441,7 @@ def train_run(
                "history": history, "curve": curve, "meta": meta}
     atomic_write(final, lambda tmp: torch.save(trained, tmp))
     atomic_write_text(rd / "meta.json", json.dumps(meta, indent=2, default=str))
-    ckpt.unlink(missing_ok=True)
+    discard(ckpt)  # unless git tracks it
     return final
 
 

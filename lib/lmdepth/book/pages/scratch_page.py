@@ -322,9 +322,18 @@ def page_md(verdicts: pd.DataFrame, runs: dict[str, TrainedRun], started: float)
 
 # ---- the depth questions (section "Does depth grow with the problem?") -------------------------------------------
 
-def finetune_table(states: pd.DataFrame) -> pd.DataFrame:
-    """Where each fine-tuned run stands: seed, state, steps and stored snapshots."""
-    return states.rename(columns={"snapshots": "snapshots stored"})
+def finetune_table(states: pd.DataFrame, curve: pd.DataFrame) -> pd.DataFrame:
+    """Where each fine-tuned run stands: seed, state, steps, stored snapshots, and the level it reached — the exact
+    match of its last snapshot (``curve``: :func:`~lmdepth.analyses.finetuned.over_training`) on each split's
+    learning-curve problems; the fine-tuned row is gated on this level, not on 95 % (its precondition)."""
+    out = states.rename(columns={"snapshots": "snapshots stored"})
+    if curve.empty:
+        return out
+    last = curve.sort_values("step").groupby("seed").last()
+    for split in ("interpolate", "extrapolate"):
+        out[f"{split} exact match (last snapshot)"] = out.seed.map(last[split]).map(
+            lambda v: "" if pd.isna(v) else f"{v:.1%}")
+    return out
 
 
 def _depth_row(r) -> str:
