@@ -164,11 +164,15 @@ show_table(pd.DataFrame([{"chapter": c, "here (CPU, GPU)": "yes",
 # %% [markdown]
 # ### What a prompt costs on NDIF
 #
-# Per chapter, for Llama 3.1 70B (80 layers, the paper's model) with the `paper` profile's parameters: the requests
-# (one nnsight trace or session each, a round trip to the server), the forward passes of the model (a batched pass
-# counts once) and the rows of a batched pass. Counted from the traces' structure and the code's batching defaults,
-# not measured (the tests hold the counts to the forward passes the traces make); the third column says where the
-# profile itself runs the chapter.
+# Per chapter, for Llama 3.1 70B (80 layers of width 8,192, the paper's model) with the `paper` profile's parameters:
+# the requests (one nnsight trace or session each, a round trip to the server), the forward passes of the model (a
+# batched pass counts once), the rows of a batched pass, the tensors a request ships besides its code (the block and
+# the kernels, a few kB) and what it brings back (only the saved values). Counted from the traces' structure and the
+# code's batching defaults, not measured (the tests hold the counts to the forward passes the traces make and the
+# sizes to what the strict offline server records); the third column says where the profile itself runs the chapter.
+# NDIF documents no cap on either; the project sets its own, 1 GB shipped and 50 MB returned per request (the second
+# is the strict server's bound): chapter 06's residual collection splits its batches to stay under it, and a tuned
+# lens whose translators exceed the first is refused in one line before anything is sent.
 
 # %% tags=["hide-input"]
 show_table(remote_cost("paper", PAPER_LAYERS))

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from lmdepth.kernels.residual_kernels import relative_norm
 from lmdepth.metrics.bootstrap import TAILS, draws, percentile_interval, replicate_means, resample, tails
 from lmdepth.metrics.layer_curves import half_layers, half_means
-from lmdepth.metrics.residual_stats import relative_norm
 
 pytestmark = pytest.mark.unit
 

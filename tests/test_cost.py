@@ -102,3 +102,38 @@ def test_the_erasure_sessions_forward_count_is_what_the_cost_table_says(n_tokens
     erasure_effects(TransformersModel(model, tokenizer=tiny_tokenizer()), TapPaths.of(adapter), ids, n_tokens - 3,
                     torch.zeros(adapter.n_layers + 1, adapter.d_model), batch_size=batch)
     assert len(calls) == erasure_forwards(adapter.n_layers, n_tokens, batch)
+
+
+@pytest.mark.integration
+def test_the_cost_tables_request_sizes_are_what_the_strict_server_records():
+    """The sizes the NDIF cost table states per request (formulas in L and d) against the requests the strict server
+    serves on a tiny model: the residual metrics and a skip session bring back what the table says, and nothing
+    else; for Llama 3.1 70B the maps' collection stays under the server's result bound and the tuned lens is
+    refused."""
+    from nnsight.modeling.transformers import TransformersModel
+
+    from lmdepth.book.cost import remote_cost, size
+    from lmdepth.model.families import ModelAdapter
+    from lmdepth.testing import tiny_model, tiny_tokenizer
+    from lmdepth.traces import server
+    from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
+    from lmdepth.traces.skip_effects import skip_effects
+
+    model = tiny_model("llama")
+    nn_model, paths = TransformersModel(model, tokenizer=tiny_tokenizer()), TapPaths.of(ModelAdapter.for_model(model))
+    ids = tiny_tokenizer()("12 + 7 = 19, and 3 + 4 = 7.", return_tensors="pt").input_ids
+    L, T, B = paths.n_layers, ids.shape[1], 4
+    before = len(server.REQUESTS)
+    residual_metrics(nn_model, paths, ids, remote="local")
+    skip_effects(nn_model, paths, ids, config=model.config, remote="local")  # 3 parts + local, no robust means
+    norms_req, skip_req = server.REQUESTS[before:]
+    overhead = 2_000  # torch.save's framing, per saved tensor
+    assert 4 * L * 11 * T <= norms_req.result_bytes <= 4 * L * 11 * T + overhead
+    assert 4 * B * L * (L + 1) <= skip_req.result_bytes <= 4 * B * L * (L + 1) + 2 * overhead
+    t = remote_cost("paper").set_index("measurement")
+    assert t.loc["residual norms and contributions", "returns / request"] == f"L x 11 x T floats: {size(80 * 11)} per token"
+    assert "<= 47.7 MB" in t.loc["residual collection", "returns / request"]  # 50 MB: the strict server's bound
+    tuned = remote_cost("default", n_layers=80, d_model=8192).set_index("measurement")
+    assert "refused" in tuned.loc["logit lens and tuned lens", "ships / request"]  # 21 GB of translators
+    assert "refused" not in remote_cost("default", n_layers=30, d_model=576).set_index("measurement").loc[
+        "logit lens and tuned lens", "ships / request"]  # SmolLM2-135M's 40 MB travel

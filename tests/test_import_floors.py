@@ -21,7 +21,7 @@ LIB = ROOT / "lib"
 
 #: The floors, bottom up. ``ground`` holds the top-level modules (and the package itself); every other floor is the
 #: sub-package of the same name.
-FLOORS = ("ground", "metrics", "data", "model", "hooks", "traces", "scratch", "claims", "analyses", "charts", "book")
+FLOORS = ("ground", "kernels", "metrics", "data", "model", "hooks", "traces", "scratch", "claims", "analyses", "charts", "book")
 #: The modules of the ground floor: exceptions, parameters, runtime, results; ``testing`` builds the tests' tiny
 #: models from transformers alone.
 GROUND = ("errors", "params", "runtime", "results", "testing")
@@ -168,6 +168,24 @@ def test_imports_run_down_and_never_in_a_circle():
     if problems:
         pytest.fail(f"{len(upward)} import(s) from a higher floor, {len(cycles)} import cycle(s) "
                     f"(floors, bottom up: {' → '.join(FLOORS)}):\n" + "\n".join(problems), pytrace=False)
+
+
+def test_the_kernels_import_torch_and_the_standard_library_only():
+    """The kernels travel by value with a remote request (``nnsight.register``): an import from the rest of the
+    library would have to travel too, or fail on the server."""
+    import sys
+
+    kernels = [m for m in MODULES if floor_of(m) == "kernels"]
+    assert kernels, "lmdepth.kernels is gone"
+    bad = []
+    for module in kernels:
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or "."] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{where(module, node.lineno)}: {n}" for n in names
+                    if n.split(".")[0] not in {"torch", "__future__"} | set(sys.stdlib_module_names)
+                    and not n.startswith("lmdepth.kernels")]
+    assert not bad, "the kernels may import torch, the standard library and each other only:\n" + "\n".join(bad)
 
 
 def test_known_exceptions_are_still_needed():

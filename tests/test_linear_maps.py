@@ -395,3 +395,28 @@ def test_packaged_tokenizers_align_on_english_and_word_problems():
     plan = plan_corpus(toks, docs, {"train": 1000, "val": 200, "test": 1000})
     cov = plan.coverage()
     assert all(0.8 < c <= 1.0 for c in cov.values()), cov
+
+
+@pytest.mark.integration
+def test_collection_requests_stay_under_the_result_bound_and_give_the_same_residuals(tiny_dirs):
+    """One request brings back at most ``max_result_bytes`` of residuals (the strict server's bound; ~18 aligned
+    tokens of a 70B model): a text with more aligned positions is run once per share, with the same values."""
+    from lmdepth.data.corpus import CorpusPlan
+    from lmdepth.model.registry import load_model
+
+    lm = load_model(str(tiny_dirs["llama"]))
+    texts = ["The cat sat on the mat.", "A dog ran under the box and then it was warm.", "12 plus 7 is 19."]
+    ids = [[lm.tokenizer(t).input_ids] for t in texts]
+    positions = [[np.arange(1, len(i[0]))] for i in ids]
+    n = sum(len(p[0]) for p in positions)
+    plan = CorpusPlan(["llama"], [], ids, positions, {"test": slice(0, n)}, {"test": 3}, [n])
+    row_bytes = 4 * (lm.n_layers + 1) * lm.adapter.d_model
+    whole = lmaps.collect(lm, plan, 0)
+    for rows in (1, 5, 17):
+        batches = lmaps.request_batches(plan, 0, 2048, rows)
+        counts = [sum(len(plan.positions[k][0][share]) for k, share in b) for b in batches]
+        assert max(counts) <= rows and sum(counts) == n and len(batches) >= n / rows
+        assert [(k, i) for b in batches for k, s in b for i in plan.positions[k][0][s]] == [
+            (k, i) for k in range(3) for i in plan.positions[k][0]]  # every position once, in row order
+        got = lmaps.collect(lm, plan, 0, max_result_bytes=rows * row_bytes)  # other batches: other padding
+        np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-6)

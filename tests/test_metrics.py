@@ -2,12 +2,11 @@ import numpy as np
 import pytest
 import torch
 
+from lmdepth.kernels.residual_kernels import cosine, relative_norm
 from lmdepth.metrics.residual_stats import (
     RESIDUAL_METRICS,
     DatasetStats,
     PromptStats,
-    cosine,
-    relative_norm,
     residual_token_metrics,
 )
 

@@ -59,3 +59,60 @@ def save_tiny_model(family: str, path: str | Path, seed: int = 0, **kwargs) -> P
     tiny_model(family, seed, **kwargs).save_pretrained(path)
     tiny_tokenizer(kwargs.get("max_positions", 1024)).save_pretrained(path)
     return path
+
+
+# ---- a device proxy: the placement of a GPU (or of several), on a CPU ------------------------------------------------
+
+class MetaValues(torch.overrides.TorchFunctionMode):
+    """Reading the values of a ``meta`` tensor gives zeros (``.cpu()``, ``.to("cpu")``, ``.tolist()``, ``.item()``,
+    ``int()``) or True (``bool()``), so a trace over a model on ``meta`` runs to its end. Every other op keeps
+    torch's own device checks, which on ``meta`` are CUDA's: a CPU tensor meeting a ``meta`` activation fails."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        t = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if t is not None and t.device.type == "meta":
+            to_cpu = func is torch.Tensor.to and any(a in ("cpu", torch.device("cpu")) for a in (*args[1:2],
+                                                                                             kwargs.get("device")))
+            if func is torch.Tensor.cpu or to_cpu:
+                return torch.zeros(t.shape, dtype=t.dtype)
+            if func is torch.Tensor.tolist:
+                return torch.zeros(t.shape, dtype=t.dtype).tolist()
+            if func in (torch.Tensor.item, torch.Tensor.__float__):
+                return 0.0
+            if func in (torch.Tensor.__int__, torch.Tensor.__index__):
+                return 0
+            if func is torch.Tensor.__bool__:  # e.g. "no padding" in transformers' mask code
+                return True
+        return func(*args, **kwargs)
+
+
+def _moved(x, device: torch.device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_moved(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: _moved(v, device) for k, v in x.items()}
+    return x
+
+
+def place_on_meta(model: torch.nn.Module, first_layer: int = 0) -> None:
+    """Move a loaded model's weights to ``meta`` in place, as a device map would place them on a GPU.
+
+    ``first_layer=0``: the whole model (one GPU: feed it ids on ``meta``). ``0 < first_layer < L``: the embedding
+    and decoder layers ``< first_layer`` stay on the CPU, the rest (with the final norm and the head) go to
+    ``meta``, and each moved module moves its tensor inputs there first, as accelerate's hooks do between GPUs (two
+    GPUs: a per-layer value combined with another layer's without a move fails). Wrap the model with nnsight
+    before moving it (the wrapper copies weights), and run the trace under :class:`MetaValues`.
+    """
+    if first_layer == 0:
+        model.to("meta")
+        return
+    decoder, meta = model.get_decoder(), torch.device("meta")  # transformers' own accessors: no family table
+    if not 0 < first_layer < len(decoder.layers):
+        raise ValueError(f"first_layer must be in 0..{len(decoder.layers) - 1}, got {first_layer}")
+    for module in (*decoder.layers[first_layer:], decoder.norm, model.get_output_embeddings()):
+        module.to(meta)
+        module.register_forward_pre_hook(lambda m, args, kwargs: (_moved(args, meta), _moved(kwargs, meta)),
+                                         with_kwargs=True)

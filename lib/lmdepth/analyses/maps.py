@@ -60,21 +60,25 @@ from lmdepth.results import RunResult, RunStore, temporary_dir
 from lmdepth.runtime import load_average, progress, resolve_device
 from lmdepth.traces.boundary_residuals import boundary_residuals_at
 from lmdepth.traces.residual_metrics import TapPaths
+from lmdepth.traces.server import MAX_RESULT
 
 ANALYSIS = "linear_maps"
 
 
 @torch.no_grad()
 def collect(lm: Any, plan: CorpusPlan, model_index: int, batch_tokens: int = 2048, desc: str = "",
-            spool: Path | None = None) -> np.ndarray:
+            spool: Path | None = None, max_result_bytes: int = MAX_RESULT) -> np.ndarray:
     """Residuals h_0..h_L of one model at the plan's aligned positions, in row order.
 
     With ``spool`` (a ``.npy`` path) they are written to that file and returned memory-mapped: the same float32
     values, held by the operating system's page cache instead of the process (which may evict them under memory
     pressure, e.g. on a 12 GB Colab runtime).
 
-    Consecutive texts are batched (right-padded, up to ``batch_tokens`` padded tokens per batch; see
-    causal attention never lets a position see a later one, so padding changes nothing before it): fewer, larger matrix products, which suits a GPU.
+    Consecutive texts are batched (right-padded, up to ``batch_tokens`` padded tokens per batch; causal attention
+    never lets a position see a later one, so padding changes nothing before it): fewer, larger matrix products,
+    which suits a GPU. One batch is one request on NDIF, and what comes back is (L + 1) · d · 4 bytes per aligned
+    position, so a batch also holds at most ``max_result_bytes`` of them (the strict server's bound, 50 MB: 18
+    positions of Llama 3.1 70B); a text with more positions than that is run once per share of them.
 
     Returns:
         [rows, L + 1, d_model] float32.
@@ -83,21 +87,14 @@ def collect(lm: Any, plan: CorpusPlan, model_index: int, batch_tokens: int = 204
     out = (np.lib.format.open_memmap(spool, mode="w+", dtype=np.float32, shape=shape) if spool is not None
            else np.empty(shape, dtype=np.float32))
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    batches, cur = [], []
-    for k, ids in enumerate(plan.ids):
-        longest = max([len(plan.ids[j][model_index]) for j in cur] + [len(ids[model_index])])
-        if cur and longest * (len(cur) + 1) > batch_tokens:
-            batches.append(cur)
-            cur = []
-        cur.append(k)
-    batches.append(cur)
     r, paths = 0, TapPaths.of(lm.adapter)
-    for batch in progress(batches, desc=desc or f"{lm.name}: residuals"):
-        seqs = [plan.ids[k][model_index] for k in batch]
+    for batch in progress(request_batches(plan, model_index, batch_tokens, max_result_bytes // (4 * shape[1] * shape[2])),
+                          desc=desc or f"{lm.name}: residuals"):
+        seqs = [plan.ids[k][model_index] for k, _ in batch]
         width = max(len(q) for q in seqs)
         ids = torch.tensor([q + [pad] * (width - len(q)) for q in seqs])
         ids = ids if lm.remote else ids.to(lm.device)
-        pos = [torch.as_tensor(plan.positions[k][model_index], dtype=torch.long) for k in batch]
+        pos = [torch.as_tensor(plan.positions[k][model_index][share], dtype=torch.long) for k, share in batch]
         rows = torch.cat([torch.full((len(p),), b, dtype=torch.long) for b, p in enumerate(pos)])
         h = boundary_residuals_at(lm.nn, paths, ids, rows, torch.cat(pos), remote=lm.remote_mode)  # [L+1, R, d]
         out[r : r + h.shape[1]] = h.transpose(0, 1).numpy()
@@ -106,6 +103,24 @@ def collect(lm: Any, plan: CorpusPlan, model_index: int, batch_tokens: int = 204
     if spool is not None:
         out.flush()
     return out
+
+
+def request_batches(plan: CorpusPlan, model_index: int, batch_tokens: int, max_rows: int) -> list[list[tuple[int, slice]]]:
+    """The collection's requests, in row order: each a list of (text index, share of its aligned positions), at most
+    ``batch_tokens`` padded tokens (a text alone may exceed it) and at most ``max_rows`` positions (≥ 1) each."""
+    max_rows = max(1, int(max_rows))
+    units = [(k, slice(i, i + max_rows)) for k in range(len(plan.ids))
+             for i in range(0, max(1, len(plan.positions[k][model_index])), max_rows)]
+    batches, cur, n_rows = [], [], 0
+    for k, share in units:
+        n = len(range(*share.indices(len(plan.positions[k][model_index]))))
+        longest = max([len(plan.ids[j][model_index]) for j, _ in cur] + [len(plan.ids[k][model_index])])
+        if cur and (longest * (len(cur) + 1) > batch_tokens or n_rows + n > max_rows):
+            batches.append(cur)
+            cur, n_rows = [], 0
+        cur.append((k, share))
+        n_rows += n
+    return batches + [cur]
 
 
 # ---- summaries -------------------------------------------------------------------------------------------------

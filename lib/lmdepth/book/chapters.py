@@ -176,23 +176,7 @@ def check_parameters(chapter: str, params: dict[str, Any]) -> dict[str, Any]:
     """Reject unknown names, wrong types, ranges and choices before a kernel starts, by the chapter's declared types
     and its parameters classes (:data:`CHAPTER_PARAMS`). Returns the (possibly coerced) params."""
     spec = declared_parameters(chapter)
-    out = {}
-    for name, value in params.items():
-        if name == "remote" and name not in spec and chapter in NOT_REMOTE:
-            raise ParameterError(f"Chapter {chapter!r} does not run on NDIF: {NOT_REMOTE[chapter]} (it takes no "
-                                 "'remote' parameter).")
-        if name not in spec:
-            raise ParameterError(f"Chapter {chapter!r} has no parameter {name!r}. Parameters: {', '.join(spec)}.")
-        declared = _DECLARED_TYPES.get(spec[name].type_name)
-        if declared is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = str(value)  # "-p dataset 123" arrives as a number from YAML parsing
-        if declared is str and isinstance(value, (dict, list)):
-            raise ParameterError(f"Parameter {name!r} of chapter {chapter!r} must be a string, but the value was read "
-                                 f"as YAML {type(value).__name__} {value!r}. Quote it for YAML, e.g. "
-                                 f"-p {name} \"'Answer: 42'\".")
-        if declared is not None:
-            check_type(name, value, declared)
-        out[name] = value
+    out = {name: _typed(chapter, spec, name, value) for name, value in params.items()}
     # ranges and choices, by the analyses' own parameters classes (the shared vocabulary for the other pages)
     owner = {n: cls for cls in reversed(CHAPTER_PARAMS.get(chapter, (CommonParams,))) for n in cls.names()}
     for name, value in out.items():
@@ -202,13 +186,7 @@ def check_parameters(chapter: str, params: dict[str, Any]) -> dict[str, Any]:
         check_device(out["device"])  # before a kernel starts and a model loads
     model = out.get("model_name", spec["model_name"].default.strip("'\"") if "model_name" in spec else None)
     if model is not None:
-        check_remote(model, out.get("remote", False))
-        if out.get("remote") is True:
-            preflight(model)  # an API key, the network, the model hosted, matching versions: before a kernel starts
-        for m in [model, *out.get("compare_models", [])]:  # a typo in the last model stops here, not after hours
-            if isinstance(m, str) and Path(m).expanduser().is_dir():
-                check_weight_files(m)  # a cut weights file, named before a kernel starts (and before it is hashed)
-            current_weights_id(m, remote=out.get("remote", False))
+        _check_models(model, out)
     if "results_dir" in out:
         check_results_dir(out["results_dir"])
     dataset = out.get("dataset")
@@ -216,6 +194,37 @@ def check_parameters(chapter: str, params: dict[str, Any]) -> dict[str, Any]:
                                                                        or "/" in dataset):
         user_examples(Path(dataset).expanduser())  # missing, not a file, or a bad line: one line, no kernel
     return out
+
+
+def _typed(chapter: str, spec: dict[str, Any], name: str, value: Any) -> Any:
+    """One parameter checked against the chapter's declared names and types (a number given for a string becomes
+    the string); one line naming the fix otherwise."""
+    if name == "remote" and name not in spec and chapter in NOT_REMOTE:
+        raise ParameterError(f"Chapter {chapter!r} does not run on NDIF: {NOT_REMOTE[chapter]} (it takes no "
+                             "'remote' parameter).")
+    if name not in spec:
+        raise ParameterError(f"Chapter {chapter!r} has no parameter {name!r}. Parameters: {', '.join(spec)}.")
+    declared = _DECLARED_TYPES.get(spec[name].type_name)
+    if declared is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)  # "-p dataset 123" arrives as a number from YAML parsing
+    if declared is str and isinstance(value, (dict, list)):
+        raise ParameterError(f"Parameter {name!r} of chapter {chapter!r} must be a string, but the value was read "
+                             f"as YAML {type(value).__name__} {value!r}. Quote it for YAML, e.g. "
+                             f"-p {name} \"'Answer: 42'\".")
+    if declared is not None:
+        check_type(name, value, declared)
+    return value
+
+
+def _check_models(model: str, out: dict[str, Any]) -> None:
+    """The model (and the models compared with it) exist, fit the route asked for and have whole weight files."""
+    check_remote(model, out.get("remote", False))
+    if out.get("remote") is True:
+        preflight(model)  # an API key, the network, the model hosted, matching versions: before a kernel starts
+    for m in [model, *out.get("compare_models", [])]:  # a typo in the last model stops here, not after hours
+        if isinstance(m, str) and Path(m).expanduser().is_dir():
+            check_weight_files(m)  # a cut weights file, named before a kernel starts (and before it is hashed)
+        current_weights_id(m, remote=out.get("remote", False))
 
 
 def parse_cli_value(raw: str, as_string: bool = False) -> Any:

@@ -144,8 +144,18 @@ def announce_cost(chapter: str, params: Mapping[str, Any], profile: str = "defau
 #: same 80 layers for the 70B model).
 PAPER_MODEL = "meta-llama/Llama-3.1-70B"
 PAPER_LAYERS = 80
+PAPER_D_MODEL = 8192  # its hidden_size (the same sources)
 REMOTE_COLUMNS = ["chapter", "measurement", "the profile runs it", "requests / prompt", "forwards / prompt",
-                  "rows / forward", "notes"]
+                  "rows / forward", "ships / request", "returns / request", "notes"]
+
+
+def size(n_floats: float) -> str:
+    """``n_floats`` fp32 numbers as bytes, in the unit that reads best ("2.6 MB")."""
+    n = 4 * n_floats
+    for unit, f in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if n >= f:
+            return f"{n / f:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 def chapter_settings(chapter: str, profile: str) -> dict[str, Any]:
@@ -169,11 +179,13 @@ def erasure_forwards(n_layers: int, n_tokens: int, batch_size: int) -> int:
     return 1 + (n_layers + 1) * math.ceil(n_tokens / (batch_size - 1))
 
 
-def remote_cost(profile: str = "paper", n_layers: int = PAPER_LAYERS) -> pd.DataFrame:
+def remote_cost(profile: str = "paper", n_layers: int = PAPER_LAYERS, d_model: int = PAPER_D_MODEL) -> pd.DataFrame:
     """What one prompt of each chapter costs on NDIF for a model of ``n_layers`` layers (default: Llama 3.1 70B),
     with ``profile``'s parameters: requests (one nnsight trace or session each), forward passes (a batched pass
-    counts once) and the rows of a batched pass. Counted from the traces' structure and the code's batching
-    defaults, not measured; ``tests/test_cost.py`` holds the counts to the forward passes the traces make.
+    counts once), the rows of a batched pass, the tensors a request ships besides the block and the kernels (a few
+    kB of source) and the saved values it brings back, for a model of ``d_model`` too. Counted from the traces'
+    structure and the code's batching defaults, not measured; ``tests/test_cost.py`` holds the counts to the
+    forward passes the traces make and the sizes to what the strict server records.
 
     The "the profile runs it" column says where ``profile`` runs the chapter (``remote``) and on which model: the
     counts are those of ``n_layers`` layers whatever model the profile names.
@@ -183,55 +195,70 @@ def remote_cost(profile: str = "paper", n_layers: int = PAPER_LAYERS) -> pd.Data
     from lmdepth.book.chapters import CHAPTERS
     from lmdepth.traces.generation import greedy_texts
     from lmdepth.traces.remote import NOT_REMOTE, REMOTE_READY
+    from lmdepth.traces.server import MAX_RESULT, MAX_SHIPPED
     from lmdepth.traces.skip_effects import session_forwards
 
-    L = n_layers
+    L, d = n_layers, d_model
     rows: list[dict[str, Any]] = []
 
-    def add(chapter: str, measurement: str, requests: Any, forwards: Any, batch: Any, notes: str) -> None:
+    def add(chapter: str, measurement: str, requests: Any, forwards: Any, batch: Any, notes: str, ships: str = "—",
+            returns: str = "—") -> None:
         s = chapter_settings(chapter, profile)
         where = {True: "NDIF", False: "here (CPU/GPU)", "local": "the offline simulation"}.get(s.get("remote"), "—")
         rows.append({"chapter": chapter, "measurement": measurement,
                      "the profile runs it": f"{where}: {s['model_name']}" if "model_name" in s else where,
                      "requests / prompt": requests, "forwards / prompt": forwards, "rows / forward": batch,
-                     "notes": notes})
+                     "ships / request": ships, "returns / request": returns, "notes": notes})
 
     def norms() -> None:
         add("norms", "residual norms and contributions", 1, 1, 1,
-            f"{chapter_settings('norms', profile)['n_examples']} problems")
+            f"{chapter_settings('norms', profile)['n_examples']} problems", "nothing",
+            f"L x 11 x T floats: {size(L * 11)} per token")
 
     def cosine() -> None:
-        add("cosine", "cosines", 1, 1, 1, "the norms run itself (computed once for both chapters)")
+        add("cosine", "cosines", 1, 1, 1, "the norms run itself (computed once for both chapters)", "nothing",
+            "(the norms' request)")
 
     def skipping() -> None:
         s = chapter_settings("skipping", profile)
         variants = len(s["parts"]) + bool(s["local"])
+        effects = f"B x L x (L + 1) floats: {size(variants * L * (L + 1))} (B = {variants}; twice with the robust statistics)"
         add("skipping", "all tokens (every layer skipped)", 1, session_forwards(L, 0, True), variants,
             f"{s['n_examples_current']} problems; one session: the clean pass + one pass per skipped layer, the "
-            f"variants ({', '.join(s['parts'])}{', local' if s['local'] else ''}) as rows")
+            f"variants ({', '.join(s['parts'])}{', local' if s['local'] else ''}) as rows", "nothing", effects)
         add("skipping", "future tokens", 1, session_forwards(L, s["n_cuts"], False), variants,
-            f"{s['n_examples']} problems x {s['n_cuts']} cut points; one pass per (skipped layer, cut point)")
+            f"{s['n_examples']} problems x {s['n_cuts']} cut points; one pass per (skipped layer, cut point)",
+            "nothing", effects)
         add("skipping", "all tokens, nudge control", 1, session_forwards(L, 0, True), 1,
             f"{s['n_examples_current']} problems (per comparison model {s['n_examples_compare']}); the output change's "
-            "control: the clean pass + one pass per nudged layer")
+            "control: the clean pass + one pass per nudged layer", f"the directions, L x d floats: {size(L * d)}",
+            f"L x (L + 1) floats: {size(L * (L + 1))}; twice with the robust statistics")
 
     def lens() -> None:
         s = chapter_settings("lens", profile)
         tuned = ("tuned lens off" if not s["tuned_lens"] else "tuned lens applied in the same pass (its "
                  "translators, trained here, travel with every request: L x d^2 floats)")
+        translators = L * d * d + L * d + L
+        ships = ("nothing" if not s["tuned_lens"] else f"the translators, L x d^2 floats: {size(translators)}"
+                 + (f" — over the {size(MAX_SHIPPED / 4)} bound: refused, run tuned_lens false"
+                    if 4 * translators > MAX_SHIPPED else ""))
         add("lens", "logit lens" + (" and tuned lens" if s["tuned_lens"] else ""), 1, 1, 1,
             f"{s['n_examples']} problems, " + ("every position" if not s["positions_per_example"] else
-                                              f"{s['positions_per_example']} positions each") + f"; {tuned}")
+                                              f"{s['positions_per_example']} positions each") + f"; {tuned}",
+            ships, f"{1 + bool(s['tuned_lens'])} x 3 x L x P floats: {size(3 * L * (1 + bool(s['tuned_lens'])))} per "
+                   "position")
 
     def complexity() -> None:
         s = chapter_settings("complexity", profile)
         add("complexity", "depth score", 1,
             f"{session_forwards(L, s['n_cuts'], False)} (MATH, GSM8K: {s['n_cuts']} cut points) or "
-            f"{session_forwards(L, 1, False)} (synthetic: 1 cut)", 1, "one session per item")
+            f"{session_forwards(L, 1, False)} (synthetic: 1 cut)", 1, "one session per item", "nothing",
+            f"L x (L + 1) floats: {size(L * (L + 1))}")
         gen_batch = _default(greedy_texts, "batch_size")
         add("complexity", "correctness check", f"1 (synthetic) or 1/{gen_batch} (MATH, GSM8K)",
             f"1 (synthetic) or <= {s['gen_tokens']} (MATH, GSM8K: greedy generation)",
-            f"1 or {gen_batch}", f"MATH and GSM8K items generate in batches of {gen_batch}, one request each")
+            f"1 or {gen_batch}", f"MATH and GSM8K items generate in batches of {gen_batch}, one request each",
+            "nothing", "the answer's match (synthetic) or the generated token ids")
         b = ErasureParams().erasure_batch
         ig = s["ig_steps"] and s["n_ig_prompts"]
         add("complexity", "residual erasure", 1,
@@ -239,17 +266,20 @@ def remote_cost(profile: str = "paper", n_layers: int = PAPER_LAYERS) -> pd.Data
             f"{s['n_case_studies']} case studies; once per model {s['n_mean_examples']} requests of 1 pass (the mean "
             "residual); integrated gradients run here only (ig_steps 0 on NDIF)"
             + (f". This profile sets remote true with ig_steps {s['ig_steps']}: the chapter refuses before it starts "
-               "(set remote false on a GPU, or ig_steps 0)" if s.get("remote") is True and ig else ""))
+               "(set remote false on a GPU, or ig_steps 0)" if s.get("remote") is True and ig else ""),
+            f"the means, (L + 1) x d floats: {size((L + 1) * d)}", f"(L + 1) x T floats: {size(L + 1)} per token")
 
     def maps() -> None:
         tokens = _default(collect, "batch_tokens")
-        add("maps", "residual collection", f"1 per batch of <= {tokens} tokens", "1 (a row of its batch)",
-            f"texts of <= {tokens} padded tokens", "the maps are fitted here")
+        per_request = MAX_RESULT // (4 * (L + 1) * d)
+        add("maps", "residual collection", f"1 per batch of <= {tokens} tokens and <= {per_request} aligned tokens",
+            "1 (a row of its batch)", f"texts of <= {tokens} padded tokens", "the maps are fitted here", "nothing",
+            f"(L + 1) x d floats per aligned token ({size((L + 1) * d)}): <= {size(MAX_RESULT / 4)}")
 
     def explorer() -> None:
         add("explorer", "contributions, logit-lens tokens, one layer skipped", 1, session_forwards(1, 0, True), 1,
             "per explore: the skip session of the chosen layer alone, whose clean pass also reads the contributions "
-            "and the logit-lens tokens")
+            "and the logit-lens tokens", "nothing", f"L x 3 x T floats: {size(3 * L)} per token, and a few KB")
 
     counted = {"norms": norms, "cosine": cosine, "skipping": skipping, "lens": lens, "complexity": complexity,
                "maps": maps, "explorer": explorer}
@@ -259,9 +289,10 @@ def remote_cost(profile: str = "paper", n_layers: int = PAPER_LAYERS) -> pd.Data
         else:
             rows.append({"chapter": chapter, "measurement": "—", "the profile runs it": "here",
                          "requests / prompt": "—", "forwards / prompt": "—", "rows / forward": "—",
+                         "ships / request": "—", "returns / request": "—",
                          "notes": f"not on NDIF: {NOT_REMOTE[chapter]}"})
     return pd.DataFrame(rows, columns=REMOTE_COLUMNS)
 
 
-__all__ = ["NOTICE_MINUTES", "PAPER_LAYERS", "PAPER_MODEL", "announce_cost", "chapter_minutes", "chapter_settings",
+__all__ = ["NOTICE_MINUTES", "PAPER_D_MODEL", "PAPER_LAYERS", "PAPER_MODEL", "size", "announce_cost", "chapter_minutes", "chapter_settings",
            "cost_notice", "cost_table", "erasure_forwards", "remote_cost", "stored_difference"]

@@ -34,14 +34,13 @@ from functools import cached_property
 
 import torch
 
-from lmdepth.metrics.residual_stats import REL_EPS, relative_norm
+from lmdepth.kernels.residual_kernels import REL_EPS, relative_norm
+from lmdepth.kernels.skip_kernels import LOGIT_CHUNK, PARTS
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.paths import resolve, take
 from lmdepth.model.taps import forward_hooks, layer_output
 
-PARTS = ("layer", "attention", "mlp")
 NUDGE = "nudge"  # the control variant: a random direction of the skip's size (not a part of the layer)
-LOGIT_CHUNK = 64  # positions unembedded at once: bounds memory at chunk × vocab floats
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from lmdepth.kernels.residual_kernels import COS_EPS, REL_EPS, token_metrics
 from lmdepth.metrics.bootstrap import draws, percentile_interval, tails
-
-REL_EPS = 1e-6
-COS_EPS = 1e-8
 
 #: Rows of :func:`residual_token_metrics`, as (metric, component) pairs of the tidy results table.
 RESIDUAL_METRICS: tuple[tuple[str, str], ...] = (
@@ -35,50 +32,10 @@ RESIDUAL_METRICS: tuple[tuple[str, str], ...] = (
 )
 
 
-def relative_norm(x: torch.Tensor, ref: torch.Tensor, eps: float = REL_EPS) -> torch.Tensor:
-    """||x|| / max(||ref||, eps) over the last dimension, in fp32. [..., d] → [...].
-
-    The library's one relative change: a skip effect is ``relative_norm(new − ref, ref)`` (fp32 operands: the
-    difference is taken in fp32), the additivity check ``relative_norm(residual error, h_{l+1})``. The nnsight
-    traces (:mod:`lmdepth.traces`) write the same formula inline: no library code runs inside a trace."""
-    return x.float().norm(dim=-1) / ref.float().norm(dim=-1).clamp_min(eps)
-
-
-def cosine(x: torch.Tensor, y: torch.Tensor, eps: float = COS_EPS) -> torch.Tensor:
-    """Cosine similarity over the last dimension, in fp32. [..., d] → [...]."""
-    return F.cosine_similarity(x.float(), y.float(), dim=-1, eps=eps)
-
-
 def residual_token_metrics(h: torch.Tensor, a: torch.Tensor, m: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    """All per-token residual metrics of one layer (rows in :data:`RESIDUAL_METRICS` order).
-
-    Args:
-        h: [..., d] residual entering the layer, h_l.
-        a: [..., d] attention contribution a_l.
-        m: [..., d] MLP contribution m_l.
-        o: [..., d] residual leaving the layer, h_{l+1}.
-
-    Returns:
-        [11, ...] fp32 metrics per token.
-    """
-    h, a, m, o = h.float(), a.float(), m.float(), o.float()
-    mid = h + a
-    delta = a + m
-    return torch.stack(
-        [
-            relative_norm(a, h),
-            relative_norm(m, mid),
-            relative_norm(delta, h),
-            cosine(a, h),
-            cosine(m, mid),
-            cosine(delta, h),
-            cosine(o, h),
-            h.norm(dim=-1),
-            a.norm(dim=-1),
-            m.norm(dim=-1),
-            delta.norm(dim=-1),
-        ]
-    )
+    """All per-token residual metrics of one layer (rows in :data:`RESIDUAL_METRICS` order): [..., d] each →
+    [11, ...] fp32 (the kernel the traces run, :func:`lmdepth.kernels.residual_kernels.token_metrics`)."""
+    return token_metrics(h, a, m, o, REL_EPS, COS_EPS)
 
 
 @dataclass

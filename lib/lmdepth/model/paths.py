@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmdepth.kernels.outputs import unwrap
+
 
 def resolve(root: Any, path: str) -> Any:
     """Follow a dotted path (digits index into lists) on a module or an nnsight envoy."""
@@ -15,6 +17,4 @@ def resolve(root: Any, path: str) -> Any:
 
 def take(output: Any, index: int | None) -> Any:
     """Select ``output[index]`` when a module returns a tuple (e.g. ``self_attn`` returns (out, weights))."""
-    if index is None:
-        return output
-    return output[index] if isinstance(output, (tuple, list)) else output
+    return output if index is None else unwrap(output, index)

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from lmdepth.errors import UnsupportedArchitectureError
-from lmdepth.metrics.residual_stats import relative_norm
+from lmdepth.kernels.outputs import unwrap
+from lmdepth.kernels.residual_kernels import relative_norm
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.paths import resolve, take
 
@@ -23,7 +24,7 @@ TAPS = ("resid_pre", "attn_out", "mlp_out", "resid_post")
 def layer_output(output: Any) -> torch.Tensor:
     """The hidden state [B, T, D] in a decoder layer's output (the tensor, or a tuple's [0])."""
     # transformers v5 decoder layers return a tensor; older ones a tuple whose [0] is the hidden state.
-    return output[0] if isinstance(output, (tuple, list)) else output
+    return unwrap(output)
 
 
 @contextmanager

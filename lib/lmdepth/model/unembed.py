@@ -15,18 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmdepth.kernels.logits import softcap, softcap_
 from lmdepth.metrics.distributions import Scratch
 from lmdepth.model.paths import resolve
 from lmdepth.runtime import DTYPES
 
 # fp32: bf16 (the paper's models) is fast on GPUs but several times slower than fp32 on CPUs without bf16 units
 DEFAULT_LENS_DTYPE = "float32"
-
-
-def softcap(z: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """The logit soft-capping of Gemma 2/3 (``cap·tanh(z/cap)``), in fp32; identity when ``cap`` is None or 0."""
-    z = z.float()
-    return torch.tanh(z / cap) * cap if cap else z
 
 
 @dataclass
@@ -113,6 +108,4 @@ class Unembedding:
             z.copy_(scratch.z_mm[:n])
         if self.bias is not None:
             z.add_(self.bias)
-        if self.softcap:  # in place: the same operations as softcap(), without a second [tokens, vocab] buffer
-            z.div_(self.softcap).tanh_().mul_(self.softcap)
-        return z
+        return softcap_(z, self.softcap)  # in place: no second [tokens, vocab] buffer

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -35,7 +34,7 @@ import torch.nn.functional as F
 from lmdepth import COMPUTE_VERSION
 from lmdepth.data.dm_math import MathData, load_or_generate, small_module_settings
 from lmdepth.data.dm_tokens import PretrainedTokenizer, collate
-from lmdepth.errors import MissingPackageError, TrainingDiverged
+from lmdepth.errors import MissingPackageError
 from lmdepth.model.registry import load_model
 from lmdepth.results import atomic_write, atomic_write_text, discard, slug
 from lmdepth.runtime import environment
@@ -43,7 +42,9 @@ from lmdepth.scratch.training import (
     _progress_bar,
     _rng_state,
     _set_rng_state,
+    _tick,
     batch_indices,
+    guarded_step,
     lr_at,
     safe_load,
 )
@@ -210,19 +211,10 @@ def finetune_run(cfg: FinetuneConfig, out_dir: str | Path, data_dir: str | Path,
             loss = answer_loss(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or math.inf)
-            if torch.isfinite(norm):
-                opt.step()
-            else:
-                skipped.append(step)
-                if len(skipped) >= 20 and skipped[-20:] == list(range(step - 19, step + 1)):
-                    raise TrainingDiverged(f"{cfg.name}: 20 non-finite gradients in a row up to step {step}; the last "
-                                           f"checkpoint ({ckpt}) is kept. Lower the learning rate.")
+            guarded_step(opt, trainable, cfg.grad_clip, step, skipped, cfg.name, ckpt)
             step += 1
             history.append((step, loss.item()))
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+            _tick(bar, loss.item())
             if step % cfg.ckpt_every == 0 or step == end:
                 wall, cpu = wall + time.time() - t0, cpu + time.process_time() - c0
                 if step % cfg.ckpt_every == 0 or step == cfg.steps:

@@ -320,6 +320,29 @@ def _progress_bar(total: int, initial: int, desc: str):
     return tqdm(total=total, initial=initial, desc=desc, file=sys.stderr, mininterval=2.0, dynamic_ncols=True)
 
 
+def _tick(bar: Any, loss: float | None) -> None:
+    """One step on the progress bar (None: no bar), with the running loss beside it."""
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix(loss="nan" if loss is None else f"{loss:.3f}", refresh=False)
+
+
+def guarded_step(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], grad_clip: float | None, step: int,
+                 skipped: list[int], name: str, ckpt: Path) -> None:
+    """Clip the gradient (``grad_clip`` None or 0: not at all) and step the optimiser — unless the gradient's norm
+    is not finite (a NaN/inf loss or gradient): one poisoned update would make every later weight NaN, so the step
+    is recorded in ``skipped`` instead, and :data:`MAX_CONSECUTIVE_SKIPS` in a row end the run with
+    :class:`TrainingDiverged` (its last checkpoint, ``ckpt``, kept)."""
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf)  # max_norm inf: the gradient as it is
+    if torch.isfinite(norm):
+        opt.step()
+        return
+    skipped.append(step)
+    if skipped[-MAX_CONSECUTIVE_SKIPS:] == list(range(step - MAX_CONSECUTIVE_SKIPS + 1, step + 1)):
+        raise TrainingDiverged(f"{name}: {MAX_CONSECUTIVE_SKIPS} non-finite gradients in a row up to step {step}; the "
+                               f"last checkpoint ({ckpt}) is kept. Lower the learning rate (`lr`) or raise `warmup`.")
+
+
 def train_run(
     cfg: TrainConfig,
     out_dir: str | Path,
@@ -400,24 +423,13 @@ def train_run(
             task, aux = lm_loss(model, batch, cfg.objective)
             opt.zero_grad(set_to_none=True)
             (task + aux).backward()
-            # max_norm inf leaves the gradient as it is; a NaN or inf norm means a NaN/inf loss or gradient
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
-            if torch.isfinite(norm):
-                opt.step()
-            else:  # one poisoned update would make every later weight NaN
-                skipped.append(step)
-                if skipped[-MAX_CONSECUTIVE_SKIPS:] == list(range(step - MAX_CONSECUTIVE_SKIPS + 1, step + 1)):
-                    raise TrainingDiverged(f"{cfg.name}: {MAX_CONSECUTIVE_SKIPS} non-finite gradients in a row up to "
-                                           f"step {step}; the last checkpoint ({ckpt}) is kept. Lower the learning "
-                                           "rate (`lr`) or raise `warmup`.")
+            guarded_step(opt, list(model.parameters()), cfg.grad_clip, step, skipped, cfg.name, ckpt)
             step += 1
             value = task.item()
             if math.isfinite(value):
                 running = value if running is None else 0.98 * running + 0.02 * value
             history.append((step, value))
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{running:.3f}", refresh=False)
+            _tick(bar, running)
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                 lap()
                 curve_point()

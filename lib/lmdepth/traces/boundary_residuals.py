@@ -2,8 +2,8 @@
 
 Boundary b = 0 is the input of layer 0 (the embeddings), b ≥ 1 the output of layer b − 1 (b = L: the final
 residual, before the final norm). Only the requested (sequence, position) rows leave the trace — [L + 1, rows, d]
-— here, under the strict simulation (``remote="local"``) and on NDIF. The block reads only torch, the model's
-envoys and plain data. Its reference twin is :func:`lmdepth.hooks.stack.boundary_residuals` (plain hooks, every
+— here, under the strict simulation (``remote="local"``) and on NDIF. The block reads only torch, the kernels
+(:mod:`lmdepth.kernels`), the model's envoys and plain data. Its reference twin is :func:`lmdepth.hooks.stack.boundary_residuals` (plain hooks, every
 position), which the tests hold it to.
 
 :func:`token_residuals` is the same trace for one sequence and every position, laid out as the tuned lens' training
@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from lmdepth.kernels.outputs import unwrap
 from lmdepth.traces.remote import trace_kwargs
 from lmdepth.traces.residual_metrics import TapPaths
 
@@ -41,10 +42,9 @@ def boundary_residuals_at(nn_model: Any, paths: TapPaths, input_ids: torch.Tenso
         kept = []
         for l in range(n_layers):
             kept.append(layers[l].input[rows, positions].float())
-        last = layers[n_layers - 1].output
-        last = last[0] if isinstance(last, (tuple, list)) else last
-        kept.append(last[rows, positions].float())
-        values = torch.stack(kept).cpu().save()  # a gather copies: no view of the whole activation ships
+        kept.append(unwrap(layers[n_layers - 1].output)[rows, positions].float())
+        # a gather copies: no view of the whole activation ships; each is on its layer's device until moved
+        values = torch.stack([k.cpu() for k in kept]).save()
     return values
 
 

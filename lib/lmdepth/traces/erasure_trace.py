@@ -5,8 +5,8 @@ The session holds one clean trace (the residual at every boundary stays where th
 and group of erased positions one batched trace: row 0 the clean residual, each other row the clean residual with
 one position replaced by the mean μ_b; layers before b return that residual without computing (b = 0: it replaces
 the embeddings). The effect ``max_p ||P_p − P'_p||₂`` over the answer-predicting positions is reduced inside, so
-only [L + 1, T] numbers leave it. The block reads only torch, the model's envoys (resolved before it) and plain data
-(the means are a [L + 1, d] tensor). Its reference twin is :func:`lmdepth.hooks.stack.erasure_map` (plain hooks),
+only [L + 1, T] numbers leave it. The block reads only torch, the kernels (:mod:`lmdepth.kernels`), the model's
+envoys (resolved before it) and plain data (the means are a [L + 1, d] tensor). Its reference twin is :func:`lmdepth.hooks.stack.erasure_map` (plain hooks),
 which the tests hold it to; :func:`boundary_sums` (divided by the token count) is that of
 :func:`lmdepth.hooks.stack.mean_residuals`.
 """
@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from lmdepth.kernels.logits import unembed
+from lmdepth.kernels.outputs import unwrap
 from lmdepth.traces.remote import trace_kwargs
 from lmdepth.traces.residual_metrics import TapPaths
 
@@ -35,9 +37,9 @@ def boundary_sums(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, remot
                                          **trace_kwargs(nn_model, remote)):
         kept = [layers[0].input]
         for l in range(n_layers):
-            o = layers[l].output
-            kept.append(o[0] if isinstance(o, (tuple, list)) else o)
-        sums = torch.stack(kept).float().sum(dim=(1, 2)).cpu().save()  # [L+1, B, T, d] → [L+1, d]
+            kept.append(unwrap(layers[l].output))
+        # [B, T, d] each, on its layer's device → [L+1, d]
+        sums = torch.stack([k.float().sum(dim=(0, 1)).cpu() for k in kept]).save()
     return sums
 
 
@@ -71,26 +73,19 @@ def erasure_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, a_s
         with nn_model.trace(input_ids, use_cache=False, logits_to_keep=1):
             kept = [layers[0].input[0].clone()]
             for l in range(L):
-                o = layers[l].output
-                kept.append((o[0] if isinstance(o, (tuple, list)) else o)[0].clone())
-        clean = torch.stack(kept)  # [L+1, T, d]
-        mu = means.to(clean.device)
-        for b in range(L + 1):
+                kept.append(unwrap(layers[l].output)[0].clone())
+        for b in range(L + 1):  # kept[b]: [T, d] on its layer's device
             for ts in groups:
                 B = len(ts) + 1
-                h = clean[b].unsqueeze(0).repeat(B, 1, 1)
-                h[torch.arange(1, B), torch.tensor(ts)] = mu[b].to(h.dtype)
+                h = kept[b].unsqueeze(0).repeat(B, 1, 1)
+                h[torch.arange(1, B), torch.tensor(ts)] = means[b].to(h.device, h.dtype)
                 with nn_model.trace(input_ids.expand(B, -1), use_cache=False, logits_to_keep=1):
                     if b == 0:
                         layers[0].input = h
                     for j in range(b):  # they return h without computing: only the last one's value is used
                         layers[j].skip(h)
-                    last = layers[L - 1].output
-                    final = last[0] if isinstance(last, (tuple, list)) else last
-                    z = head(norm(final[:, pred])).float()  # [B, n_pred, V]
-                    if softcap:
-                        z = torch.tanh(z / softcap) * softcap
-                    p = z.softmax(-1)
+                    final = unwrap(layers[L - 1].output)
+                    p = unembed(head, norm, final[:, pred], softcap).softmax(-1)  # [B, n_pred, V]
                     effects[b, ts] = (p[1:] - p[:1]).norm(dim=-1).amax(-1).cpu()
         effects.save()
     return effects

@@ -40,7 +40,7 @@ def greedy_matches(nn_model: Any, input_ids: torch.Tensor, a_start: int, remote:
     target = input_ids[0, a_start:]
     with torch.no_grad(), nn_model.trace(input_ids, logits_to_keep=n + 1, **trace_kwargs(nn_model, remote)):
         logits = nn_model.output.logits[0, :-1]  # [n, V]: the predictions of the answer tokens
-        match = (logits.argmax(-1).cpu() == target).all().save()
+        match = (logits.argmax(-1) == target.to(logits.device)).all().cpu().save()
     return bool(match)
 
 

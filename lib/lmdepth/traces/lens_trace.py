@@ -1,14 +1,14 @@
 """The lens trace of chapter 04: the logit lens and the tuned lens (its translators applied) of one problem, reduced
 inside one nnsight trace so that only [lenses × metrics × layers × positions] numbers leave it (here or on NDIF).
 
-The block reads only torch, the model's envoys (:meth:`~lmdepth.traces.residual_metrics.TapPaths.envoys`) and plain
-data: the lens dtype's name, the soft-cap as a float, and the translators as three tensors (``A`` [L, d, d], ``b``
+The block reads only torch, the kernels (:mod:`lmdepth.kernels`), the model's envoys
+(:meth:`~lmdepth.traces.residual_metrics.TapPaths.envoys`) and plain data: the lens dtype's name, the soft-cap as a float, and the translators as three tensors (``A`` [L, d, d], ``b``
 [L, d], ``scale`` [L]). The translators are trained here (:func:`lmdepth.model.translators.train_translators`,
 fitted as its own cached job by :mod:`lmdepth.analyses.tuned_lens`) and travel with the request: L·d² floats (40 MB
 for SmolLM2-135M, ~21 GB for a 70B model, too large for a request), so on NDIF a large model runs the logit lens
 alone. The metrics are those of :func:`lmdepth.metrics.distributions.lens_metrics` on the unembedding of
 :class:`lmdepth.model.unembed.Unembedding` with the same block sizes and buffers, written out with torch inside the
-block; :func:`lmdepth.hooks.lens_hooks.prompt_lens` is the reference twin the tests hold it to.
+block (it reads the head's weight to multiply into reused buffers: fine on a GPU, not on a server that hides weights); :func:`lmdepth.hooks.lens_hooks.prompt_lens` is the reference twin the tests hold it to.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from typing import Any
 
 import torch
 
+from lmdepth.kernels.logits import softcap as softcap_of
+from lmdepth.kernels.logits import softcap_ as softcap_in_place
+from lmdepth.kernels.outputs import unwrap
 from lmdepth.traces.remote import trace_kwargs
 from lmdepth.traces.residual_metrics import TapPaths
 
@@ -59,7 +62,7 @@ def lens_readings(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, posit
                                          **trace_kwargs(nn_model, remote, extra_payload=extra)):
         hs = [layers[l].input[0, positions] for l in range(n_layers)]  # a gather copies: [P, d] each
         last = layers[n_layers - 1].output
-        h_last = (last[0] if isinstance(last, (tuple, list)) else last)[0]  # [T, d]
+        h_last = unwrap(last)[0]  # [T, d]
         hs.append(h_last[positions])
         model_logits = head.output[0, -1:].float()  # [1, V]: logits_to_keep=1
         mm_dtype = getattr(torch, lens_dtype)
@@ -73,13 +76,12 @@ def lens_readings(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, posit
 
         def logits_of(x):
             # [n, d] raw residuals → [n, V] fp32 logits: final norm in the residual's dtype, matmul in the lens dtype
-            z = torch.nn.functional.linear(norm(x).to(weight.dtype), weight).float()
-            z = z + bias if bias is not None else z
-            return torch.tanh(z / softcap) * softcap if softcap else z
+            z = torch.nn.functional.linear(norm(x).to(weight.device, weight.dtype), weight).float()
+            return softcap_of(z + bias if bias is not None else z, softcap)
 
         # the self-check: the lens at h_L against the model's own (soft-capped) output at the last position
         lens_last = torch.log_softmax(logits_of(h_last[-1:]), -1)
-        model_last = torch.log_softmax(torch.tanh(model_logits / softcap) * softcap if softcap else model_logits, -1)
+        model_last = torch.log_softmax(softcap_of(model_logits, softcap), -1)
         check = (lens_last.exp() * (lens_last - model_last)).nansum(-1).max().cpu().save()
 
         readings = [(l, i) for l in range(n_layers) for i in range(n_lens)]  # (layer, lens)
@@ -102,20 +104,19 @@ def lens_readings(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, posit
                 # [G, P', d]: the residuals themselves (logit lens) or translated (tuned lens)
                 xs = []
                 for l, i in block:
-                    h = hs[l][rows].float()
+                    h = hs[l][rows].to(weight.device).float()  # from its layer's device to the head's
                     xs.append(h if i == 0 else h + h @ A[l].T + scale[l] * b[l])
                 x = torch.stack(xs)
                 G, P = x.shape[0], x.shape[1]
                 n = G * P
                 normed = norm(x.flatten(0, 1))
-                torch.matmul(normed.to(mm_dtype), weight.T, out=zmm_buf[:n])
+                torch.matmul(normed.to(weight.device, mm_dtype), weight.T, out=zmm_buf[:n])
                 z = z_buf[:n]
                 if zmm_buf is not z_buf:
                     z.copy_(zmm_buf[:n])
                 if bias is not None:
                     z.add_(bias)
-                if softcap:
-                    z.div_(softcap).tanh_().mul_(softcap)
+                softcap_in_place(z, softcap)
                 z = z.view(G, P, vocab)
                 logp, p, diff = (t[:n].view(G, P, vocab) for t in (logp_buf, p_buf, diff_buf))
                 torch.sub(z, torch.logsumexp(z, dim=-1, keepdim=True), out=logp)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmdepth.errors import ParameterError
 from lmdepth.params import check_remote_mode
 
 #: The chapters whose model-running analysis is a remote-ready trace today, and which trace; what cannot go remote
@@ -38,15 +39,23 @@ def trace_kwargs(nn_model: Any, remote: bool | str, extra_payload: int = 0) -> d
     goes to :data:`lmdepth.traces.server.REQUESTS`).
 
     ``extra_payload``: bytes of client-side tensors the trace ships on purpose (the tuned lens' translators); the
-    simulation's payload bound grows by that much and no more, so anything else shipped by mistake still fails."""
+    simulation's payload bound grows by that much and no more, so anything else shipped by mistake still fails.
+    Over :data:`~lmdepth.traces.server.MAX_SHIPPED` a remote trace is refused in one line, before it is sent."""
     check_remote_mode(remote)
+    if remote is False:
+        return {}
+    import nnsight
+
+    from lmdepth.traces.server import KERNELS, MAX_PAYLOAD, MAX_SHIPPED, StrictServer
+
+    if extra_payload > MAX_SHIPPED:
+        raise ParameterError(f"this trace would ship {extra_payload / 2**30:.1f} GB of tensors with every request "
+                             f"(bound {MAX_SHIPPED / 2**30:.0f} GB): the tuned lens' translators of a model this large "
+                             "do not travel; run it with tuned_lens=false remotely (the logit lens), or here on a GPU.")
+    nnsight.register(KERNELS)  # the kernels the blocks call travel with the request, by value
     if remote is True:
         return {"remote": True}
-    if remote == "local":
-        from lmdepth.traces.server import MAX_PAYLOAD, StrictServer
-
-        return {"backend": StrictServer(nn_model, max_payload=MAX_PAYLOAD + extra_payload)}
-    return {}
+    return {"backend": StrictServer(nn_model, max_payload=MAX_PAYLOAD + extra_payload)}
 
 
 __all__ = ["REMOTE_READY", "NOT_REMOTE", "trace_kwargs"]

@@ -1,12 +1,12 @@
 """The residual-stream trace of chapters 01–02: every layer's per-token norms, relative contributions and cosines,
 reduced inside one nnsight trace so that only [layers × metrics × tokens] numbers leave it (here or on NDIF).
 
-The block reads only torch, the model's envoys (resolved before it by :meth:`TapPaths.envoys`, as in every trace)
-and plain data (indices as ints) — no library function or object — and creates and saves its result inside, so
-the same code runs locally, under the strict simulation (``remote="local"``) and on NDIF. Its metrics are those of
-:func:`lmdepth.metrics.residual_stats.residual_token_metrics` (rows in :data:`~lmdepth.metrics.residual_stats.RESIDUAL_METRICS`
-order), written out with torch inside the block; that function applied to plain-hook captures
-(:func:`lmdepth.model.taps.hooked_residuals`) is the reference twin the tests hold it to.
+The block reads only torch, the kernels (:mod:`lmdepth.kernels`, shipped by value with a remote request), the
+model's envoys (resolved before it by :meth:`TapPaths.envoys`, as in every trace) and plain data (indices as ints) —
+no other library function or object — and creates and saves its result inside, so the same code runs locally, under
+the strict simulation (``remote="local"``) and on NDIF. Its metrics are
+:func:`lmdepth.kernels.residual_kernels.token_metrics` (rows in :data:`~lmdepth.metrics.residual_stats.RESIDUAL_METRICS` order); the same function applied to plain-hook
+captures (:func:`lmdepth.model.taps.hooked_residuals`) is the reference twin the tests hold it to.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from lmdepth.kernels.outputs import unwrap
+from lmdepth.kernels.residual_kernels import token_metrics
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.paths import resolve
 from lmdepth.traces.remote import trace_kwargs
@@ -101,30 +103,12 @@ def residual_metrics(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, re
     n_layers, attn_index, mlp_index = paths.n_layers, paths.attn_index, paths.mlp_index
     with torch.no_grad(), nn_model.trace(input_ids, logits_to_keep=1, **trace_kwargs(nn_model, remote)):
         rows = []
-        for l in range(n_layers):
-            layer, attn, mlp = layers[l], attns[l], mlps[l]
-            # visit in execution order: the layer's input, attention, MLP, the layer's output
-            h = layer.input.float()
-            a = attn.output
-            a = (a[attn_index] if attn_index >= 0 and isinstance(a, (tuple, list)) else a).float()
-            m = mlp.output
-            m = (m[mlp_index] if mlp_index >= 0 and isinstance(m, (tuple, list)) else m).float()
-            o = layer.output
-            o = (o[0] if isinstance(o, (tuple, list)) else o).float()
-            mid, delta = h + a, a + m
-            h_n, a_n, m_n, d_n = h.norm(dim=-1), a.norm(dim=-1), m.norm(dim=-1), delta.norm(dim=-1)
-            cos = torch.nn.functional.cosine_similarity
-            rows.append(torch.stack([
-                a_n / h_n.clamp_min(rel_eps),
-                m_n / mid.norm(dim=-1).clamp_min(rel_eps),
-                d_n / h_n.clamp_min(rel_eps),
-                cos(a, h, dim=-1, eps=cos_eps),
-                cos(m, mid, dim=-1, eps=cos_eps),
-                cos(delta, h, dim=-1, eps=cos_eps),
-                cos(o, h, dim=-1, eps=cos_eps),
-                h_n, a_n, m_n, d_n,
-            ]))
-        values = torch.stack(rows).cpu().save()
+        for l in range(n_layers):  # in execution order: the layer's input, attention, MLP, the layer's output
+            h = layers[l].input
+            a = unwrap(attns[l].output, attn_index)
+            m = unwrap(mlps[l].output, mlp_index)
+            rows.append(token_metrics(h, a, m, unwrap(layers[l].output), rel_eps, cos_eps))
+        values = torch.stack([r.cpu() for r in rows]).save()  # each on its layer's device (a device map's GPU)
     return values
 
 

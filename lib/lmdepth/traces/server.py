@@ -6,6 +6,7 @@ looks filled locally and comes back empty from a real server, and a non-editable
 hidden. :class:`StrictServer` closes both gaps:
 
 * the request is serialised exactly as the remote backend does (:meth:`nnsight.schema.request.RequestModel.serialize`);
+  of the library, only :data:`KERNELS` may travel with it by value (``nnsight.register``);
 * it is deserialised by :class:`ServerUnpickler`, which refuses any module outside what an NDIF server has
   (:data:`SERVER_MODULES` and the standard library) — so a library function or object referenced inside the block
   fails here as it would there — while ``lmdepth`` is hidden from ``sys.modules`` and from import;
@@ -41,9 +42,15 @@ SERVER_MODULES = frozenset({"torch", "numpy", "transformers", "accelerate", "dif
 MAX_PAYLOAD = 1_000_000
 #: Default bound on one request's result (bytes, as ``torch.save`` writes it).
 MAX_RESULT = 50_000_000
+#: Bound on the client tensors one request may ship on purpose (the tuned lens' translators, L·d² floats: 40 MB for
+#: SmolLM2-135M, ~21 GB for a 70B model). NDIF documents no request cap; this is the project's own.
+MAX_SHIPPED = 1 << 30
 #: Every request the simulation served in this process, in order (tests and the cost table read it).
 REQUESTS: list["RequestRecord"] = []
 _HIDDEN_ROOT = "lmdepth"  # the library under test: hidden while the request is deserialised and executed
+#: The one package of the library a request may ship by value (``nnsight.register``): the torch-only maths the
+#: trace blocks call.
+KERNELS = "lmdepth.kernels"
 
 
 class NotRemotable(RuntimeError):
@@ -181,10 +188,15 @@ class StrictServer(_backend_base()):  # type: ignore[misc]
         self.max_payload, self.max_result = max_payload, max_result
 
     def __call__(self, tracer: Any) -> dict[str, Any]:
+        from cloudpickle.cloudpickle import _PICKLE_BY_VALUE_MODULES
         from nnsight.schema.request import RequestModel
         from nnsight.tracing.tracer import _saves, save
         from nnsight.tracing.util import push
 
+        by_value = sorted(m for m in _PICKLE_BY_VALUE_MODULES if m.split(".")[0] == _HIDDEN_ROOT and m != KERNELS)
+        if by_value:
+            raise NotRemotable(f"{', '.join(by_value)} would travel by value: only {KERNELS} (torch only) may; move "
+                               "the maths a block needs there")
         blob = RequestModel.serialize(tracer)
         foreign = foreign_modules(blob)
         if foreign:
@@ -253,5 +265,5 @@ def check_nnsight_internals() -> None:
                            "(lmdepth.traces.server) must be updated for this nnsight version.")
 
 
-__all__ = ["REQUESTS", "SERVER_MODULES", "NotRemotable", "ServerUnpickler", "StrictServer", "RequestRecord", "payload_modules",
+__all__ = ["KERNELS", "REQUESTS", "SERVER_MODULES", "NotRemotable", "ServerUnpickler", "StrictServer", "RequestRecord", "payload_modules",
            "foreign_modules", "hidden_library", "check_nnsight_internals"]

@@ -1,0 +1,36 @@
+"""Logits of a residual: the model's own head and final norm, and its logit soft-capping (Gemma 2/3)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def softcap(z: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``cap·tanh(z/cap)`` in fp32; ``z`` in fp32 when ``cap`` is None or 0. [..., V] → [..., V]."""
+    z = z.float()
+    return torch.tanh(z / cap) * cap if cap else z
+
+
+def softcap_(z: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """:func:`softcap` in place on an fp32 ``z`` (no second [..., V] buffer); returns ``z``."""
+    return z.div_(cap).tanh_().mul_(cap) if cap else z
+
+
+def unembed(head: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[torch.Tensor], torch.Tensor],
+            h: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """[..., D] raw residuals → [..., V] fp32 soft-capped logits, by calling the model's final norm and head (in a
+    trace, their envoys: a hosted model's weights are never read)."""
+    return softcap(head(norm(h)), cap)
+
+
+def top_tokens(head: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[torch.Tensor], torch.Tensor],
+               hs: list[torch.Tensor], cap: float | None, k: int) -> torch.return_types.topk:
+    """The logit lens' top-k tokens of residuals [D] each (possibly on several devices; moved to the last one's):
+    ``(values [n, k] fp32 probabilities, indices [n, k])``, best first."""
+    x = torch.stack([h.to(hs[-1].device) for h in hs])
+    return unembed(head, norm, x, cap).softmax(-1).topk(k, dim=-1)
+
+
+__all__ = ["softcap", "softcap_", "unembed", "top_tokens"]
