@@ -231,3 +231,29 @@ def test_the_introductions_paragraph_counts_each_state_and_names_the_rows_withou
     assert "No valid control: *claim 5* (m)." in text and "claim 7" not in text
     rows["counted_as"] = rows["state"] = ["agrees"] * 8
     assert "No valid control" not in intro_summary(rows, "default")
+
+
+def test_a_row_whose_alternative_aggregation_lands_on_the_other_side_is_fragile_and_counted_as_such():
+    """fragile(): an 'agrees' whose statistic with layers 0–1 kept (or by the paper's aggregation) misses the
+    paper's side, or a 'disagrees' whose alternative meets it; never an undecided row. The headline, the
+    introduction and the row table say so."""
+    from lmdepth.claims.findings_claims import headline, intro_summary
+    from lmdepth.claims.spec import PAPER_AGGREGATION, WITH_EARLY, fragile
+    from lmdepth.metrics.verdicts import Rule
+
+    below = Rule(0.5, "below")
+    assert fragile(below, "agrees", {WITH_EARLY: 0.6, PAPER_AGGREGATION: 0.4}) == WITH_EARLY
+    assert fragile(below, "disagrees", {WITH_EARLY: 0.6, PAPER_AGGREGATION: 0.4}) == PAPER_AGGREGATION
+    assert fragile(below, "agrees", {WITH_EARLY: float("nan"), PAPER_AGGREGATION: 0.1}) == ""
+    assert fragile(below, "inconclusive", {WITH_EARLY: 0.9}) == ""
+    window = Rule(0.3, "between", 0.7)
+    assert fragile(window, "agrees", {WITH_EARLY: 0.8, PAPER_AGGREGATION: 0.2}) == f"{WITH_EARLY}; {PAPER_AGGREGATION}"
+    rows = pd.DataFrame({"claim": ["a", "b", "c", "d"], "model": "m", "state": ["agrees", "disagrees", "agrees", "agrees"],
+                         "counted_as": ["agrees", "disagrees", "agrees", "agrees"], "headline": [True, True, True, False],
+                         "side": "beyond its control (the paper's side)",
+                         "fragile": [WITH_EARLY, "", "", PAPER_AGGREGATION], "estimate": 0.1, "rule": "x < 0.5",
+                         "claim_id": list(REGISTRY)[0]})
+    for text in (headline(rows), intro_summary(rows, "default")):
+        assert "1 of the 3 counted agreements and disagreements is fragile" in text, text
+    cells = row_table(rows)[VERDICT].tolist()
+    assert cells[0] == f"agrees; fragile: the other side {WITH_EARLY}" and "fragile" not in cells[1]

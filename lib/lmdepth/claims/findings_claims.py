@@ -24,12 +24,12 @@ _DEFAULTS: dict[str, object] = {
     "control": "", "control_model": "", "headline": True, "counted_as": "", "control_kind": "", "control_note": "",
     "control_state": "", "control_valid": False, "control_estimate": np.nan, "control_ci_low": np.nan,
     "control_ci_high": np.nan, "paired_diff": np.nan, "paired_low": np.nan, "paired_high": np.nan, "p_value": np.nan,
-    "side": "",
+    "side": "", "fragile": "",
 }
 _NUMERIC = ("n", "estimate", "ci_low", "ci_high", "control_estimate", "control_ci_low", "control_ci_high",
             "paired_diff", "paired_low", "paired_high", "p_value")
 _TEXT = ("figure", "rule", "reason", "control", "control_model", "counted_as", "control_kind", "control_note",
-         "control_state", "side")
+         "control_state", "side", "fragile")
 
 
 def _text(v: object) -> str:
@@ -106,7 +106,8 @@ def _cell(r) -> str:
         return f"not testable: {r.reason} (n {r.n}){counted}"
     ci = f" [{r.ci_low:.3g}, {r.ci_high:.3g}]" if np.isfinite(r.ci_low) else ""
     tag = {"not discriminating": " ⊘", "no valid control": " ∅"}.get(r.counted_as, "")
-    return f"{r.state}{tag} · {r.estimate:.3g}{ci} · n {r.n} · {control_cell(r)}{counted}"
+    fragile = " · fragile" if isinstance(getattr(r, "fragile", ""), str) and getattr(r, "fragile", "") else ""
+    return f"{r.state}{tag} · {r.estimate:.3g}{ci} · n {r.n} · {control_cell(r)}{fragile}{counted}"
 
 
 def verdict_matrix(verdicts: pd.DataFrame, models: list[str] | None = None) -> pd.DataFrame:
@@ -183,6 +184,8 @@ def _verdict_text(r) -> str:
     text = r.state + (f": {short(r.reason)}" if r.state == "not testable" and r.reason else "")
     if r.counted_as != r.state:
         text += f"; {'counted as ' if r.headline else ''}{r.counted_as}"
+    if r.fragile:
+        text += f"; fragile: the other side {r.fragile}"
     return text + ("" if r.headline else "; not counted")
 
 
@@ -286,7 +289,21 @@ def headline(verdicts: pd.DataFrame) -> str:
             "their control (the control — an untrained twin, a random nudge — shows the pattern at least as "
             "strongly: it comes with the architecture or the measurement, and training weakens it) are shown but "
             "not counted as agreement or disagreement."
-            + _beyond(verdicts))
+            + _beyond(verdicts) + fragile_sentence(verdicts))
+
+
+def fragile_sentence(verdicts: pd.DataFrame) -> str:
+    """How many counted agreements and disagreements are fragile: their statistic lands on the other side of the
+    rule with layers 0–1 kept or by the paper's own aggregation (one sentence; "" for a record without the
+    column)."""
+    if "fragile" not in verdicts.columns:
+        return ""
+    v = normalized(verdicts)
+    decided = v[v["headline"] & v["counted_as"].isin(["agrees", "disagrees"])]
+    n = int((decided["fragile"] != "").sum())
+    return (f" {n} of the {len(decided)} counted agreements and disagreements {'is' if n == 1 else 'are'} fragile: "
+            "the statistic lands on the other side of the threshold with layers 0–1 kept or with the paper's own "
+            "aggregation.")
 
 
 def _beyond(verdicts: pd.DataFrame) -> str:
@@ -348,7 +365,7 @@ def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
             f"the architecture or the data rather than training), and "
             f"{_count(c['explained by its control'], 'agreement is', 'agreements are')} explained by the control "
             f"(an untrained twin or a random nudge shows the pattern at least as strongly: training weakens it)."
-            f"{_beyond(verdicts)} Agree: {_claims_by_state(v, 'agrees')}. Disagree: "
+            f"{_beyond(verdicts)}{fragile_sentence(verdicts)} Agree: {_claims_by_state(v, 'agrees')}. Disagree: "
             f"{_claims_by_state(v, 'disagrees')}."
             + (f" No valid control: {_claims_by_state(v, 'no valid control')}." if c["no valid control"] else "")
             + " The [findings page](90_across_models.ipynb) shows every verdict "

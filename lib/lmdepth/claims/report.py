@@ -6,6 +6,7 @@ import re
 import subprocess
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -144,9 +145,17 @@ def display(verdicts: pd.DataFrame) -> pd.DataFrame:
         "control's statistic": [_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)
                                 if r.control_kind == PAIRED else "—" for r in verdicts.itertuples()],
         "discrimination": [breakable(control_cell(r)) for r in verdicts.itertuples()],
-        "counted as": [r.counted_as if r.headline else "not counted" for r in verdicts.itertuples()],
+        "counted as": [(r.counted_as if r.headline else "not counted") + _fragile_note(r)
+                       for r in verdicts.itertuples()],
     })
     return out.drop(columns=[c for c in APPLIES_TO_SOME if len(out) and (out[c] == "—").all()])
+
+
+def _fragile_note(r: Any) -> str:
+    """", fragile: <which alternative flips it>" for a row whose statistic lands on the other side of its rule
+    with layers 0–1 kept or by the paper's aggregation; "" otherwise (and for a CSV from before the column)."""
+    why = getattr(r, "fragile", "")
+    return f", fragile ({why})" if isinstance(why, str) and why else ""
 
 
 def counts(verdicts: pd.DataFrame, headline_only: bool = True) -> pd.Series:

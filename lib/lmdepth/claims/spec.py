@@ -272,11 +272,28 @@ class Decided:
     verdicts: dict[tuple[str, str], Verdict] = field(default_factory=dict)
 
 
+#: The other aggregations a decided row is read under (item: its statistic), in :func:`fragile`'s words.
+WITH_EARLY, PAPER_AGGREGATION = "with layers 0–1 kept", "with the paper's aggregation"
+
+
+def fragile(rule: Rule, state: str, alternatives: dict[str, float]) -> str:
+    """The alternative statistics (name → value) that fall on the other side of ``rule`` from a decided state —
+    an 'agrees' whose alternative misses the paper's side, a 'disagrees' whose alternative meets it — joined by
+    "; " ("" when none does, and for any other state). A point on the other side, not a decision: the alternatives
+    have no interval of their own."""
+    if state not in ("agrees", "disagrees"):
+        return ""
+    return "; ".join(name for name, x in alternatives.items()
+                     if x is not None and np.isfinite(x) and rule.holds(x) != (state == "agrees"))
+
+
 def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd.DataFrame | None,
              control_model: str | None, decided: Decided | None = None,
              n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """One verdict row: the model's verdict, the statistic with layers 0–1, the control's verdict by the same rule
-    (shown, not deciding), and the discrimination test of the row's ``control_kind``:
+    """One verdict row: the model's verdict, the statistic with layers 0–1, whether the verdict is ``fragile`` (its
+    statistic with layers 0–1 kept, or by the paper's own aggregation, on the other side of the rule: :func:`fragile`),
+    the control's verdict by the same rule (shown, not deciding), and the discrimination test of the row's
+    ``control_kind``:
 
     * ``paired`` — real − control on the shared units, resampled jointly: ``paired_diff`` [``paired_low``,
       ``paired_high``]; discriminates when the interval excludes 0; ``side`` says where the model lies relative to
@@ -313,6 +330,7 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
            "n": real.n, "estimate": real.estimate, "ci_low": real.ci_low, "ci_high": real.ci_high,
            "state": real.state, "reason": real.reason, "with_layers_0_1": early, "at_bound": share,
            "paper_estimate": paper, "paper_at_bound": paper_bound,
+           "fragile": fragile(spec.rule, real.state, {WITH_EARLY: early, PAPER_AGGREGATION: paper}),
            "control": spec.control, "control_model": control_model, "headline": spec.headline and sized,
            "control_state": "", "control_reason": "", "control_estimate": NAN, "control_ci_low": NAN,
            "control_ci_high": NAN, "paired_diff": NAN, "paired_low": NAN, "paired_high": NAN, "p_value": NAN,
