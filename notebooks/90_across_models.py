@@ -85,12 +85,8 @@ claims_forest(verdicts)
 # - **not discriminating**: the paired interval of model − control contains 0;
 # - **explained by its control**: an agreement whose control (an untrained twin, a random nudge) shows the pattern
 #   at least as strongly;
-# - **not counted**: a chapter-only claim, or a sample below its claim's size rule.
-#
-# A counted agreement or disagreement is also marked **fragile** where its statistic, recomputed with layers 0–1
-# kept or by the paper's own aggregation (a max where the book takes a robust mean), lands on the other side of the
-# threshold: a point, not a decision (those statistics have no interval here). The median over layers instead of
-# the mean is not among the alternatives: not every statistic is a mean over layers.
+# - **not counted**: a chapter-only claim, or a sample below its claim's size rule;
+# - **fragile** (a mark): with layers 0–1 kept, or by the paper's aggregation, the statistic crosses the threshold.
 #
 # Controls: a random-init twin (chapters 01–04), the alignment by layer index (06), the training seeds (07), or an
 # alternative built into the statistic (05, 06). Layers 0–1 are left out of every statistic. A "disagrees" is a

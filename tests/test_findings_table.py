@@ -257,3 +257,23 @@ def test_a_row_whose_alternative_aggregation_lands_on_the_other_side_is_fragile_
         assert "1 of the 3 counted agreements and disagreements is fragile" in text, text
     cells = row_table(rows)[VERDICT].tolist()
     assert cells[0] == f"agrees; fragile: the other side {WITH_EARLY}" and "fragile" not in cells[1]
+
+
+def test_the_introduction_answers_per_question_of_the_paper_from_the_rows():
+    """Each question of the paper gets one line with the states of its counted rows (only those that occur) and
+    how many more are shown but not counted; a question with no row says it was not checked."""
+    from lmdepth.claims.findings_claims import QUESTIONS, intro_summary, per_question
+
+    ids = {"norms": next(c for c in REGISTRY if c.startswith("norms.")),
+           "complexity": next(c for c in REGISTRY if c.startswith("complexity."))}
+    rows = pd.DataFrame({"claim": ["a", "b", "c", "d"], "model": "m", "claim_id": [ids["norms"]] * 2 + [ids["complexity"]] * 2,
+                         "figure": "Fig. x", "state": ["agrees", "disagrees", "not testable", "not testable"],
+                         "counted_as": ["agrees", "disagrees", "not testable", "not testable"],
+                         "headline": [True, True, True, False], "side": ""})
+    text = per_question(rows)
+    lines = text.splitlines()[2:]
+    assert len(lines) == len(QUESTIONS)
+    assert lines[0].endswith("(chapters 01–02): agrees 1, disagrees 1.")
+    assert lines[3].endswith("(chapter 05): not testable 1; 1 more shown, not counted.")
+    assert all(line.endswith("not checked in this build.") for i, line in enumerate(lines) if i not in (0, 3))
+    assert text in intro_summary(rows, "default")

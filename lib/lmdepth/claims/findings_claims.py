@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -345,6 +346,40 @@ def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
+#: The paper's questions, in its order, and which registered claims ask each: (the question, the chapters that
+#: answer it, a claim id → belongs). Chapter 07's depth claims (§5) answer the fourth question on models trained here.
+QUESTIONS: tuple[tuple[str, str, Callable[[str, str], bool]], ...] = (
+    ("the second half contributes less", "chapters 01–02", lambda cid, fig: cid.split(".")[0] in ("norms", "cosine")),
+    ("skipping a second-half layer changes later layers and tokens little", "chapter 03", lambda cid, fig: cid.startswith("skipping.")),
+    ("the prediction settles from mid-depth", "chapter 04", lambda cid, fig: cid.startswith("lens.")),
+    ("depth does not grow with difficulty, on pretrained models", "chapter 05",
+     lambda cid, fig: cid.startswith("complexity.")),
+    ("models trained from scratch use more depth for more steps, fine-tuning does not; MoEUT is deeper", "chapter 07",
+     lambda cid, fig: cid.startswith("moeut.") and fig.startswith("§5")),
+    ("a deeper model stretches a shallower one's computation", "chapter 06", lambda cid, fig: cid.startswith("maps.")),
+    ("MoEUT without a loss on the question does better (exploratory)", "chapter 07",
+     lambda cid, fig: cid.startswith("moeut.") and not fig.startswith("§5")),
+)
+
+
+def per_question(verdicts: pd.DataFrame) -> str:
+    """Markdown: per question of the paper, how its counted rows came out (the states that occur, with their
+    counts) and how many more rows are shown but not counted — what this build could and could not decide."""
+    if "claim_id" not in verdicts.columns:
+        return ""
+    v = normalized(verdicts)
+    lines = []
+    for question, where, asks in QUESTIONS:
+        rows = v[[asks(c, f) for c, f in zip(v["claim_id"], v["figure"])]]
+        counted = rows[rows["headline"]]
+        states = counted["counted_as"].value_counts().reindex(list(HEADLINE_STATES)).dropna().astype(int)
+        said = ", ".join(f"{s} {n}" for s, n in states.items()) or "no counted row"
+        rest = len(rows) - len(counted)
+        lines.append(f"- *{question}* ({where}): {said}" + (f"; {rest} more shown, not counted" if rest else "")
+                     + ("." if len(rows) else " — not checked in this build."))
+    return "**Per question of the paper** (counted rows):\n\n" + "\n".join(lines)
+
+
 def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
     """Markdown for the book's introduction: what this build found, with the counts per state (computed by the
     build from the verdicts the chapters saved; nothing here is written by hand)."""
@@ -369,4 +404,5 @@ def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
             f"{_claims_by_state(v, 'disagrees')}."
             + (f" No valid control: {_claims_by_state(v, 'no valid control')}." if c["no valid control"] else "")
             + " The [findings page](90_across_models.ipynb) shows every verdict "
-            "with its interval, sample size and control.")
+            "with its interval, sample size and control."
+            + (f"\n\n{per_question(verdicts)}" if "claim_id" in verdicts.columns else ""))
