@@ -89,8 +89,7 @@ claims_forest(verdicts)
 # - **fragile** (a mark): with layers 0–1 kept, or by the paper's aggregation, the statistic crosses the threshold.
 #
 # Controls: a random-init twin (chapters 01–04), the alignment by layer index (06), the training seeds (07), or an
-# alternative built into the statistic (05, 06). Layers 0–1 are left out of every statistic. A "disagrees" is a
-# finding about that model at this scale.
+# alternative built into the statistic (05, 06). Layers 0–1 are left out of every statistic.
 
 # %% tags=["hide-input"]
 if len(verdicts):
