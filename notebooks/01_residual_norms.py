@@ -159,8 +159,7 @@ across_models(all_tables, "relative_contribution", "Mean relative contribution",
 # counts only when the paired interval of (model − twin) over the problems excludes 0: a pattern the untrained model
 # shows just as strongly measures the architecture, not the training. The *discrimination* column says on which
 # side of its twin the model lies — an "agrees" whose twin drops *more* ("short of its control") says the drop comes
-# with the architecture, and training weakens it. A "disagrees" is a finding about that model at this scale, not an
-# error.
+# with the architecture, and training weakens it.
 
 # %% tags=["hide-input"]
 md(report.describe("norms"))
