@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmdepth.analyses.scratch import SAMPLE_DATA_KEYS, depth_sample, problem_depths
+from lmdepth.analyses.scratch import SAMPLE_DATA_KEYS, announce_missing, depth_sample, problem_depths
 from lmdepth.claims.scratch_claims import FINETUNED_RUN
 from lmdepth.data.dm_math import ERASURE_REFERENCE, MathData
 from lmdepth.hooks.stack import AdapterStack, mean_residuals
@@ -53,14 +53,17 @@ def finetuned_depths(checkpoint_dir: str | Path, data: MathData, n_per_operation
     Both are stored per run (a :class:`~lmdepth.results.RunStore` under ``results_dir/dm_math_ft_depth``). Empty
     tables when no run is finished."""
     sample = depth_sample(data, n_per_operations, seed)
+    finished = [(cfg, finetune_dir(cfg, checkpoint_dir) / "adapter.pt") for cfg in configs or finetune_configs()]
+    stores = {path: RunStore(results_dir, "dm_math_ft_depth", path.parent.name,
+                                 {"n_per_operations": n_per_operations, "seed": seed, "weights": path.parent.name,
+                                  "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS}, "n_sample": len(sample)})
+              for cfg, path in finished if path.is_file()}
+    announce_missing(list(stores.values()), "the evaluation (both splits) and depth of the fine-tuned", len(sample))
     evals, depths = [], []
-    for cfg in configs or finetune_configs():
-        path = finetune_dir(cfg, checkpoint_dir) / "adapter.pt"
-        if not path.is_file():
+    for cfg, path in finished:
+        if path not in stores:
             continue
-        store = RunStore(results_dir, "dm_math_ft_depth", path.parent.name,
-                         {"n_per_operations": n_per_operations, "seed": seed, "weights": path.parent.name,
-                          "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS}, "n_sample": len(sample)})
+        store = stores[path]
         done = store.load_verified()
         if done is None:
             t0 = time.time()

@@ -447,6 +447,18 @@ def depth_sample(data: MathData, n_per_operations: int, seed: int) -> list[MathE
         operation_sample(data.extrapolate, n_per_operations, seed=seed + 1)
 
 
+def announce_missing(stores: list[RunStore], what: str, n_sample: int) -> None:
+    """Before computing runs that are not stored, say how many and what they cost: the stored runs' own mean
+    ``wall_time_s`` (on the machine that stored them), or that none is timed yet."""
+    missing = [st for st in stores if not st.complete]
+    if not missing:
+        return
+    timed = [json.loads((st.dir / "meta.json").read_text()).get("wall_time_s", 0.0) for st in stores if st.complete]
+    each = f"~{np.mean(timed):.0f} s each on the machine that stored the others" if timed else "cost not yet timed"
+    print(f"lmdepth: computing {what} {len(missing)} of {len(stores)} runs on {n_sample} problems ({each}); each run "
+          "is stored as it finishes", file=sys.stderr, flush=True)
+
+
 def comparison_depths(runs: dict[str, TrainedRun], data: MathData, per_example: pd.DataFrame, n_per_operations: int,
                       seed: int, results_dir: str | Path, device: str = "cpu", progress: bool = True) -> pd.DataFrame:
     """:func:`problem_depths` of every run on one :func:`depth_sample`, with whether the run solves each problem.
@@ -469,13 +481,7 @@ def comparison_depths(runs: dict[str, TrainedRun], data: MathData, per_example: 
                              {"n_per_operations": n_per_operations, "seed": seed, "weights": r.path.parent.name,
                               "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS}, "n_sample": len(sample)})
               for name, r in runs.items()}
-    missing = [n for n, st in stores.items() if not st.complete]
-    if missing:  # say what it costs before computing (the stored runs' own timings, where there are any)
-        timed = [json.loads((st.dir / "meta.json").read_text()).get("wall_time_s", 0.0)
-                 for st in stores.values() if st.complete]
-        each = f"~{np.mean(timed):.0f} s each on the machine that stored the others" if timed else "cost not yet timed"
-        print(f"lmdepth: computing the depth of {len(missing)} of {len(stores)} runs on {len(sample)} problems "
-              f"({each}); each run is stored as it finishes", file=sys.stderr, flush=True)
+    announce_missing(list(stores.values()), "the depth of", len(sample))
     frames = []
     for name, r in progress_bar(list(runs.items()), "depth per problem") if progress else runs.items():
         cfg = r.meta.get("train_config", {})
