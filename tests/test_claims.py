@@ -27,7 +27,7 @@ from lmdepth.claims.spec import replicates
 from lmdepth.data.difficulty import LEVELS
 from lmdepth.metrics.effects import sustained_cutoff
 from lmdepth.metrics.layer_curves import change_point, sign_change_margin
-from lmdepth.metrics.verdicts import Rule, decide
+from lmdepth.metrics.verdicts import Rule, Side, decide
 from lmdepth.model.random_init import control_name
 
 pytestmark = pytest.mark.unit
@@ -494,9 +494,9 @@ def test_discrimination_is_paired_not_a_match_of_states():
     assert (a.state, a.control_state, a.counted_as) == ("agrees", "agrees", "not discriminating")
     assert a.paired_low < 0 < a.paired_high
     assert (b.state, b.control_state, b.counted_as) == ("agrees", "agrees", "agrees")
-    assert b.paired_high < 0 and b.side.startswith("beyond its control")
+    assert b.paired_high < 0 and b.side == Side.BEYOND
     # the twin drops more than the trained model: the pattern comes with the architecture, and training weakens it
-    assert c.state == "agrees" and c.paired_low > 0 and c.side.startswith("short of its control")
+    assert c.state == "agrees" and c.paired_low > 0 and c.side == Side.SHORT
     assert c.counted_as == "explained by its control" and c.paper_side is False
 
 
@@ -675,7 +675,7 @@ def test_the_output_change_is_paired_with_the_nudge_of_the_same_model():
     assert (a.loc[cid, "state"], a.loc[cid, "counted_as"]) == ("agrees", "not discriminating")
     assert a.loc[cid, "paired_low"] <= 0 <= a.loc[cid, "paired_high"]
     assert b.loc[cid, "counted_as"] == "agrees" and b.loc[cid, "paired_low"] > 0
-    assert b.loc[cid, "side"].startswith("beyond its control") and b.loc[cid, "control_estimate"] < 0.5
+    assert b.loc[cid, "side"] == Side.BEYOND and b.loc[cid, "control_estimate"] < 0.5
     assert (a.loc["skipping.current_later_small", "control_model"] == control_name("m"))  # the twin, as before
     # the nudge's rows are read only as the nudge control: a twin table alone gives this row no control
     c = report.check("skipping", real, ["m"], twin).set_index("claim_id").loc[cid]
@@ -743,10 +743,10 @@ def test_the_lens_control_is_the_twin_read_by_the_same_lens():
     a, b, c = (report.check("lens", real, ["m"], ctrl).set_index("claim_id").loc["lens.logit_overlap_mid"]
                for ctrl in (late, like, never))
     assert (a.state, a.control_state, a.counted_as) == ("agrees", "agrees", "explained by its control")
-    assert a.paired_diff < 0 and a.side == "earlier than its control"
+    assert a.paired_diff < 0 and a.side == Side.EARLIER
     early = lens_units(control_name("m"), {("logit_lens", "top5_overlap"): rises_at(4, sd=0.02)}, seed=1)
     d = report.check("lens", real, ["m"], early).set_index("claim_id").loc["lens.logit_overlap_mid"]
-    assert (d.counted_as, d.side) == ("agrees", "later than its control") and d.paper_side is True
+    assert (d.counted_as, d.side) == ("agrees", Side.LATER) and d.paper_side is True
     assert (b.state, b.counted_as) == ("agrees", "not discriminating")
     assert c.counted_as == "no valid control" and "saturated" in c.control_note
     # a twin whose own curve has settled before the search starts: pinned at the first layer searched, it cannot move
@@ -943,7 +943,7 @@ def test_a_comparison_of_training_recipes_is_decided_at_the_level_of_seeds():
     five = eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100, seeds=FIVE_SEEDS)
     row = report.check("moeut", five, [SUBJECT], None).set_index("claim_id").loc["moeut.exact_match_gain"]
     assert (row.state, row.counted_as) == ("agrees", "agrees") and row.p_value == pytest.approx(1 / 32)
-    assert row.side == "every seed on the interval's side"
+    assert row.side == Side.EVERY_SEED
     # the seeds disagree: one seed's gain the other way makes the test fail even where the mean gain is positive
     mixed = pd.concat([eval_units({MO: (0.2, 1), MA: (0.8, 1)}, n=100, seeds=(0, 1, 2, 3)),
                        eval_units({MO: (0.9, 1), MA: (0.1, 1)}, n=100, seeds=(4,), seed=3)])
@@ -959,10 +959,10 @@ def test_maps_of_models_with_similar_depth_are_told_apart_by_the_paired_offsets(
     units, controls = map_units(lambda m, l, rng: relative_line(m, l, rng, 22, 24), n_src=22, n_tgt=24)
     row = report.check("maps", units, ["m"], controls).set_index("claim_id").loc["maps.best_near_equal_depth"]
     assert (row.state, row.control_state, row.counted_as) == ("agrees", "agrees", "agrees")
-    assert row.paired_high < 0 and row.side.startswith("beyond its control")
+    assert row.paired_high < 0 and row.side == Side.BEYOND
     units, controls = map_units(lambda m, l, rng: index_line(m, l, rng, 22), n_src=22, n_tgt=24)
     row = report.check("maps", units, ["m"], controls).set_index("claim_id").loc["maps.best_near_equal_depth"]
-    assert row.state == "agrees" and row.paired_low > 0 and row.side.startswith("short of its control")
+    assert row.state == "agrees" and row.paired_low > 0 and row.side == Side.SHORT
 
 
 def test_maps_between_models_of_equal_depth_are_not_testable():

@@ -277,3 +277,15 @@ def test_the_introduction_answers_per_question_of_the_paper_from_the_rows():
     assert lines[3].endswith("(chapter 05): not testable 1; 1 more shown, not counted.")
     assert all(line.endswith("not checked in this build.") for i, line in enumerate(lines) if i not in (0, 3))
     assert text in intro_summary(rows, "default")
+
+
+def test_sides_are_codes_that_pages_render_and_old_records_still_read():
+    """A row's side is a code (lmdepth.metrics.verdicts.Side) that counting reads; every code has its sentence, and a
+    verdict CSV from before the codes (the sentence stored) reads as the same code."""
+    from lmdepth.claims.report import SIDE_TEXT, side_of, side_text
+    from lmdepth.metrics.verdicts import Side
+
+    assert set(SIDE_TEXT) == set(Side) and len(set(SIDE_TEXT.values())) == len(Side)
+    for side, text in SIDE_TEXT.items():
+        assert side_of(side.value) is side and side_of(text) is side and side_text(side) == text
+    assert side_of("something else") is Side.NONE and side_of(float("nan")) is Side.NONE

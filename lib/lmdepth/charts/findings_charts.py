@@ -22,7 +22,7 @@ from lmdepth.analyses.atlas import CHAPTER_KEYS
 from lmdepth.charts.erasure_charts import TEXT_WIDTH
 from lmdepth.claims import REGISTRY
 from lmdepth.claims.findings_claims import interval, normalized, state_counts
-from lmdepth.claims.report import HEADLINE_STATES
+from lmdepth.claims.report import HEADLINE_STATES, side_text
 from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, SEEDS
 
 STATE_COLORS = {
@@ -128,7 +128,7 @@ def forest_table(verdicts: pd.DataFrame) -> pd.DataFrame:
         "claim": v["claim"], "statistic": [interval(*x) for x in zip(v["estimate"], v["ci_low"], v["ci_high"])],
         "n": v["n"].fillna(0).astype(int), "rule": v["rule"],
         "verdict": v["state"] + np.where(v["headline"], "", " (not counted)"),
-        "test": [_test(r) for r in v.itertuples()], "side": v["side"],
+        "test": [_test(r) for r in v.itertuples()], "side": [side_text(s) for s in v["side"]],
         "why": [r or n for r, n in zip(v["reason"], v["control_note"])], "control": v["control"],
     })
     parts = []

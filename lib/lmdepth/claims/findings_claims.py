@@ -16,8 +16,9 @@ import numpy as np
 import pandas as pd
 
 from lmdepth.claims import REGISTRY
-from lmdepth.claims.report import HEADLINE_STATES, control_cell
+from lmdepth.claims.report import HEADLINE_STATES, control_cell, side_of, side_text
 from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, SEEDS
+from lmdepth.metrics.verdicts import Side
 
 # Columns a verdict row may lack (a CSV from before the paired test): what they read as.
 _DEFAULTS: dict[str, object] = {
@@ -156,14 +157,12 @@ ROW_COLUMNS = ("claim (paper figure; the paper's side)", "model", "verdict", "st
 #: (:func:`lmdepth.model.random_init.control_name`).
 CONTROL_NAMES = {"random-init": "random-init twin", "absolute-index": "alignment by layer index",
                  "random-nudge": "random nudge of the skip's size"}
-#: Shorter forms of the paired test's ``side`` (:func:`lmdepth.claims.spec.evaluate`) under the column's title.
-SIDES = {"beyond its control (the paper's side)": "beyond it, on the paper's side",
-         "short of its control": "short of it",
-         "not distinguishable from its control": "contains 0",
-         "earlier than its control": "earlier", "later than its control": "later",
-         "outside its permutation null": "outside", "inside its permutation null": "inside",
-         "every seed on the interval's side": "every seed on its side",
-         "not consistent across seeds": "seeds not consistent", "too few seeds to decide": "too few seeds"}
+#: Shorter forms of a row's ``side`` (:func:`lmdepth.claims.spec.evaluate`) under the column's title (the others
+#: print :data:`~lmdepth.claims.report.SIDE_TEXT`).
+SIDES = {Side.BEYOND: "beyond it, on the paper's side", Side.SHORT: "short of it", Side.INDISTINCT: "contains 0",
+         Side.EARLIER: "earlier", Side.LATER: "later", Side.OUTSIDE_NULL: "outside", Side.INSIDE_NULL: "inside",
+         Side.EVERY_SEED: "every seed on its side", Side.SEEDS_INCONSISTENT: "seeds not consistent",
+         Side.TOO_FEW_SEEDS: "too few seeds"}
 
 
 def short(text: str, limit: int = 90) -> str:
@@ -214,7 +213,7 @@ def _difference_text(r) -> str:
         return "—"
     if not r.control_valid:
         return f"no valid control: {short(r.control_note)}" if r.control_note else "no valid control"
-    side = SIDES.get(r.side, r.side)
+    side = SIDES.get(side_of(r.side), side_text(r.side))
     if r.control_kind == PERMUTATION:
         null = f"null 95 % [{r.control_ci_low:.3g}, {r.control_ci_high:.3g}]"
         return f"{null}: {side}" if side else null
@@ -315,20 +314,18 @@ def _beyond(verdicts: pd.DataFrame) -> str:
     agree = verdicts[verdicts["headline"].astype(bool) & (verdicts["counted_as"] == "agrees")]
     if agree.empty:
         return ""
-    side = agree["side"].fillna("").astype(str)
-    alternative = side.str.contains("the alternative")
+    side = agree["side"].map(side_of)
     shorter = " (the control, e.g. an untrained twin or a random nudge, shows the pattern more strongly)"
-    groups = [((side.str.startswith("beyond") & ~alternative).sum(), "lies beyond its control on the paper's side",
+    groups = [(side.eq(Side.BEYOND).sum(), "lies beyond its control on the paper's side",
                "lie beyond their control on the paper's side"),
-              (side.str.startswith("short").sum(), "falls short of its control" + shorter,
-               "fall short of their control" + shorter),
-              (side.str.match(r"(earlier|later) than").sum(), "settles earlier or later than its control (a window "
+              (side.eq(Side.SHORT).sum(), "falls short of its control" + shorter, "fall short of their control" + shorter),
+              (side.isin([Side.EARLIER, Side.LATER]).sum(), "settles earlier or later than its control (a window "
                "rule)", "settle earlier or later than their control (a window rule)"),
-              (alternative.sum(), "beats the alternative the statistic itself compares with",
+              (side.isin([Side.BEYOND_ALTERNATIVE, Side.SHORT_OF_ALTERNATIVE]).sum(),
+               "beats the alternative the statistic itself compares with",
                "beat the alternative the statistic itself compares with"),
-              (side.str.startswith("outside its permutation null").sum(), "lies outside its permutation null",
-               "lie outside their permutation null"),
-              (side.str.startswith("every seed").sum(), "holds in every training seed (a seed-level test)",
+              (side.eq(Side.OUTSIDE_NULL).sum(), "lies outside its permutation null", "lie outside their permutation null"),
+              (side.eq(Side.EVERY_SEED).sum(), "holds in every training seed (a seed-level test)",
                "hold in every training seed (a seed-level test)")]
     rest = len(agree) - sum(int(n) for n, _, _ in groups)
     parts = [_count(int(n), one, many) for n, one, many in groups if n] + ([f"{rest} other"] if rest else [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import warnings
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -13,21 +14,60 @@ import pandas as pd
 
 from lmdepth.claims import REGISTRY, for_chapter
 from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, SEEDS, Decided, evaluate
-from lmdepth.metrics.verdicts import MIN_UNITS, SATURATED
+from lmdepth.metrics.verdicts import MIN_UNITS, SATURATED, Side, State
 from lmdepth.model.random_init import control_name
 from lmdepth.results import atomic_write_text, book_record_dir, run_id, slug
 from lmdepth.runtime import REPO_ROOT
 
-#: The state of an 'agrees' whose control shows the claimed pattern at least as strongly (the paired interval of
-#: real − control lies on the other side of the control from the paper's): the pattern comes with the architecture
-#: or the measurement, and training weakens it. Shown, not counted as agreement.
-EXPLAINED = "explained by its control"
-#: Headline states of the findings page, in display order: a row's own state when its check discriminates on the
-#: paper's side; :data:`EXPLAINED` for an agreement its control explains; "no valid control" when its control was not
-#: run, shares too few units, cannot vary or is saturated; "not discriminating" when the paired interval of (real −
-#: control) contains 0 (or the real statistic lies inside its permutation null).
-HEADLINE_STATES = ("agrees", "disagrees", "inconclusive", "not testable", "no valid control", "not discriminating",
-                   EXPLAINED)
+
+class Counted(StrEnum):
+    """How the findings page counts a verdict row (its ``counted_as``), in display order: the row's own state when
+    its check discriminates on the paper's side; "no valid control" when its control was not run, shares too few
+    units, cannot vary or is saturated; "not discriminating" when the paired interval of (real − control) contains 0
+    (or the real statistic lies inside its permutation null); "explained by its control" for an 'agrees' whose
+    control shows the claimed pattern at least as strongly (the paired interval lies on the other side of the
+    control from the paper's): the pattern comes with the architecture or the measurement, and training weakens it —
+    shown, not counted as agreement."""
+
+    AGREES = State.AGREES.value
+    DISAGREES = State.DISAGREES.value
+    INCONCLUSIVE = State.INCONCLUSIVE.value
+    NOT_TESTABLE = State.NOT_TESTABLE.value
+    NO_VALID_CONTROL = "no valid control"
+    NOT_DISCRIMINATING = "not discriminating"
+    EXPLAINED = "explained by its control"
+
+
+EXPLAINED = Counted.EXPLAINED
+HEADLINE_STATES: tuple[Counted, ...] = tuple(Counted)
+#: The sentence a page prints for each :class:`~lmdepth.metrics.verdicts.Side` of a verdict row.
+SIDE_TEXT: dict[Side, str] = {
+    Side.NONE: "", Side.BEYOND: "beyond its control (the paper's side)", Side.SHORT: "short of its control",
+    Side.LATER: "later than its control", Side.EARLIER: "earlier than its control",
+    Side.INDISTINCT: "not distinguishable from its control",
+    Side.BEYOND_ALTERNATIVE: "beyond the alternative (the paper's side)",
+    Side.SHORT_OF_ALTERNATIVE: "short of the alternative",
+    Side.INDISTINCT_FROM_ALTERNATIVE: "not distinguishable from the alternative",
+    Side.APART_FROM_POSITIVE: "apart from its positive control",
+    Side.OUTSIDE_NULL: "outside its permutation null", Side.INSIDE_NULL: "inside its permutation null",
+    Side.EVERY_SEED: "every seed on the interval's side", Side.SEEDS_INCONSISTENT: "not consistent across seeds",
+    Side.TOO_FEW_SEEDS: "too few seeds to decide",
+}
+_SIDE_OF_TEXT = {text: side for side, text in SIDE_TEXT.items()}
+
+
+def side_of(value: object) -> Side:
+    """A recorded ``side`` as a :class:`~lmdepth.metrics.verdicts.Side`: its code, or — in a verdict CSV written
+    before the codes — the sentence that was stored instead; :attr:`Side.NONE` for anything else."""
+    text = "" if not isinstance(value, str) else value
+    if text in Side._value2member_map_:
+        return Side(text)
+    return _SIDE_OF_TEXT.get(text, Side.NONE)
+
+
+def side_text(value: object) -> str:
+    """The sentence a page prints for a recorded ``side``."""
+    return SIDE_TEXT[side_of(value)]
 
 
 def control_models(models: list[str], remote: bool | str = False, n_units: int = MIN_UNITS) -> list[str]:
@@ -68,21 +108,21 @@ def check(chapter: str, units: pd.DataFrame, models: list[str], control_units: p
     return out
 
 
-def headline_state(row) -> str:
+def headline_state(row) -> Counted:
     """The state a verdict row is counted as: "not testable" when the check is; "no valid control" when its
     control is missing or invalid (``control_valid``); "not discriminating" when the model cannot be told from its
     control (``discriminates``); otherwise its own state."""
-    if row.state == "not testable":
-        return "not testable"
+    if row.state == State.NOT_TESTABLE:
+        return Counted.NOT_TESTABLE
     if not row.control_valid:
-        return "no valid control"
-    if row.control_kind == SEEDS and row.state == "inconclusive":  # undecided at the level of seeds
-        return "inconclusive"
+        return Counted.NO_VALID_CONTROL
+    if row.control_kind == SEEDS and row.state == State.INCONCLUSIVE:  # undecided at the level of seeds
+        return Counted.INCONCLUSIVE
     if not row.discriminates:
-        return "not discriminating"
-    if row.state == "agrees" and getattr(row, "paper_side", None) is False:
-        return EXPLAINED
-    return row.state
+        return Counted.NOT_DISCRIMINATING
+    if row.state == State.AGREES and getattr(row, "paper_side", None) is False:
+        return Counted.EXPLAINED
+    return Counted(row.state)
 
 
 def _fmt(est: float, lo: float, hi: float) -> str:
@@ -98,18 +138,19 @@ def control_cell(r) -> str:
         return f"no valid control: {r.control_note}"
     if r.control_kind == PAIRED:
         if not np.isfinite(r.paired_diff):
-            return r.side
-        return f"real − control {_fmt(r.paired_diff, r.paired_low, r.paired_high)}: {r.side}"
+            return side_text(r.side)
+        return f"real − control {_fmt(r.paired_diff, r.paired_low, r.paired_high)}: {side_text(r.side)}"
     if r.control_kind == PERMUTATION:
-        return (f"null 95 % [{r.control_ci_low:.3g}, {r.control_ci_high:.3g}], p = {r.p_value:.3g}: {r.side}")
+        return (f"null 95 % [{r.control_ci_low:.3g}, {r.control_ci_high:.3g}], p = {r.p_value:.3g}: "
+                f"{side_text(r.side)}")
     if r.control_kind == SEEDS:
         return (f"seeds' own statistics {r.control_ci_low:.3g} … {r.control_ci_high:.3g}; sign-flip p = "
-                f"{r.p_value:.3g}: {r.side}")
+                f"{r.p_value:.3g}: {side_text(r.side)}")
     if np.isfinite(r.control_estimate):  # a positive control: its own state, and real − alternative
         return (f"{r.control_state} ({_fmt(r.control_estimate, r.control_ci_low, r.control_ci_high)}); real − "
                 f"alternative {_fmt(r.paired_diff, r.paired_low, r.paired_high)}")
     if np.isfinite(r.paired_diff):  # the statistic is the paired difference with the alternative
-        return f"{BUILT_IN}: {_fmt(r.paired_diff, r.paired_low, r.paired_high)}, {r.side}"
+        return f"{BUILT_IN}: {_fmt(r.paired_diff, r.paired_low, r.paired_high)}, {side_text(r.side)}"
     return BUILT_IN
 
 

@@ -22,9 +22,12 @@ from lmdepth.metrics.verdicts import (
     MIN_UNITS,
     SATURATED,
     SEED_ALPHA,
+    ControlKind,
     Null,
     Paired,
     Rule,
+    Side,
+    State,
     Verdict,
     at_bound,
     decide,
@@ -133,8 +136,8 @@ class ClaimSpec:
 
 
 NAN = float("nan")
-#: How a row's check discriminates (``control_kind``).
-PAIRED, PERMUTATION, BUILT_IN, SEEDS = "paired", "permutation", "built into the statistic", "seed-level"
+#: How a row's check discriminates (``control_kind``), by name.
+PAIRED, PERMUTATION, BUILT_IN, SEEDS = ControlKind
 _NEEDS = "needs '{}' to agree"  # how a verdict names the claim it depends on
 
 
@@ -208,7 +211,7 @@ def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict
     try:
         values = frame(spec.values(units, model))
     except DataError as e:  # e.g. a comparison model without an all-token run
-        return Verdict("not testable", NAN, NAN, NAN, 0, str(e)), pd.DataFrame(), False, NAN
+        return Verdict(State.NOT_TESTABLE, NAN, NAN, NAN, 0, str(e)), pd.DataFrame(), False, NAN
     # training seeds as replicates: the interval resamples them too (one draw for all runs where the runs share
     # their seeds); everything else reads their means
     values, full, sizes, matched = replicates(values)
@@ -220,12 +223,12 @@ def _verdict(spec: ClaimSpec, units: pd.DataFrame, model: str, required: Verdict
     share, saturated = _saturated(spec, v)
     if spec.requires and (required is None or required.state != "agrees"):
         why = "it was not checked" if required is None else f"it is {required.state}"
-        return (Verdict("not testable", NAN, NAN, NAN, len(v), f"{_NEEDS.format(spec.requires)} ({why})"),
+        return (Verdict(State.NOT_TESTABLE, NAN, NAN, NAN, len(v), f"{_NEEDS.format(spec.requires)} ({why})"),
                 values, sized, share)
     pre = spec.precondition(units, model) if spec.precondition is not None else (True, "")
     failed = [w for w in (size[1] if not size[0] else "", "" if pre[0] else pre[1], saturated) if w]
     if failed and not len(v):  # the values kept no unit because of a failed precondition: name it, not "0 units"
-        return Verdict("not testable", NAN, NAN, NAN, 0, "; ".join(failed)), values, sized, share
+        return Verdict(State.NOT_TESTABLE, NAN, NAN, NAN, 0, "; ".join(failed)), values, sized, share
     verdict = decide(full, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed,
                      precondition=(not failed, "; ".join(failed)), replicates=sizes, matched=matched)
     return verdict, values, sized, share
@@ -257,11 +260,11 @@ def paper_side(spec: ClaimSpec, diff: float) -> bool | None:
     return diff < 0 if spec.rule.side == "below" else diff > 0
 
 
-def _side(spec: ClaimSpec, diff: float) -> str:
-    """Where the model lies relative to its control, in the terms of the rule."""
+def _side(spec: ClaimSpec, diff: float) -> Side:
+    """Where the model lies relative to its control (model − control = ``diff``), in the terms of the rule."""
     if spec.rule.side == "between":
-        return "later than its control" if diff > 0 else "earlier than its control"
-    return "beyond its control (the paper's side)" if paper_side(spec, diff) else "short of its control"
+        return Side.LATER if diff > 0 else Side.EARLIER
+    return Side.BEYOND if paper_side(spec, diff) else Side.SHORT
 
 
 @dataclass
@@ -334,7 +337,7 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
            "control": spec.control, "control_model": control_model, "headline": spec.headline and sized,
            "control_state": "", "control_reason": "", "control_estimate": NAN, "control_ci_low": NAN,
            "control_ci_high": NAN, "paired_diff": NAN, "paired_low": NAN, "paired_high": NAN, "p_value": NAN,
-           "side": "", "paper_side": None, "control_valid": False, "control_note": "", "discriminates": False}
+           "side": Side.NONE, "paper_side": None, "control_valid": False, "control_note": "", "discriminates": False}
     if real.state == "not testable":  # nothing to discriminate; the control is still shown where it ran
         row["control_note"] = "the check itself is not testable"
     if spec.seeds:
@@ -373,7 +376,7 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
         return {**out, "control_note": why}
     return {**out, "paired_diff": p.estimate, "paired_low": p.ci_low, "paired_high": p.ci_high, "control_valid": True,
             "discriminates": p.excludes_zero, "paper_side": paper_side(spec, p.estimate) if p.excludes_zero else None,
-            "side": _side(spec, p.estimate) if p.excludes_zero else "not distinguishable from its control"}
+            "side": _side(spec, p.estimate) if p.excludes_zero else Side.INDISTINCT}
 
 
 def per_seed_statistics(spec: ClaimSpec, units: pd.DataFrame, model: str) -> tuple[list[float], str]:
@@ -406,13 +409,13 @@ def _seed_level(spec: ClaimSpec, units: pd.DataFrame, model: str, real: Verdict)
                # the seeds' statistics against the threshold: their median and range (drawn like a paired difference)
                paired_diff=float(np.median(per_seed)) - spec.rule.threshold,
                paired_low=min(per_seed) - spec.rule.threshold, paired_high=max(per_seed) - spec.rule.threshold,
-               side=("every seed on the interval's side" if test.rejects else
-                     "too few seeds to decide" if not test.powered else "not consistent across seeds"))
+               side=(Side.EVERY_SEED if test.rejects else
+                     Side.TOO_FEW_SEEDS if not test.powered else Side.SEEDS_INCONSISTENT))
     if real.state == "inconclusive" or test.rejects:
         return out
     power = (f"with {n} seeds the test cannot go below p = 1/{2 ** n}" if not test.powered else
              f"p = {test.p_value:.3g} over {n} seeds")
-    return {**out, "state": "inconclusive",
+    return {**out, "state": State.INCONCLUSIVE,
             "reason": f"{n} seeds: the interval is on one side, but the seed-level sign-flip test does not reach "
                       f"p ≤ {SEED_ALPHA:g} ({power})"}
 
@@ -431,7 +434,7 @@ def _permutation(spec: ClaimSpec, v: np.ndarray, real: Verdict, seed: int) -> di
         return {**out, "control_note": f"the null is degenerate ({null.n} finite draws, range [{null.low:.3g}, "
                                        f"{null.high:.3g}])"}
     return {**out, "control_valid": True, "discriminates": null.excludes_real,
-            "side": ("outside its permutation null" if null.excludes_real else "inside its permutation null")}
+            "side": Side.OUTSIDE_NULL if null.excludes_real else Side.INSIDE_NULL}
 
 
 def _built_in(spec: ClaimSpec, v: np.ndarray, real: Verdict, n_boot: int, seed: int) -> dict[str, Any]:
@@ -444,8 +447,8 @@ def _built_in(spec: ClaimSpec, v: np.ndarray, real: Verdict, n_boot: int, seed: 
         excludes = Paired(real.estimate, real.ci_low, real.ci_high, real.n).excludes_zero
         return {**out, "paired_diff": real.estimate, "paired_low": real.ci_low, "paired_high": real.ci_high,
                 "control_valid": True, "discriminates": excludes,
-                "side": (_side(spec, real.estimate) if excludes else "not distinguishable from its control"
-                         ).replace("its control", "the alternative")}
+                "side": ((Side.BEYOND_ALTERNATIVE if paper_side(spec, real.estimate) else Side.SHORT_OF_ALTERNATIVE)
+                         if excludes else Side.INDISTINCT_FROM_ALTERNATIVE)}
     alternative = spec.positive(v)
     alt = decide(alternative, spec.rule, spec.reduce, min_units=MIN_UNITS, n_boot=n_boot, seed=seed)
     pa = paired_interval(v, alternative, spec.reduce, n_boot=n_boot, seed=seed)
@@ -455,4 +458,4 @@ def _built_in(spec: ClaimSpec, v: np.ndarray, real: Verdict, n_boot: int, seed: 
     if alt.state != "disagrees":
         return {**out, "control_note": f"the positive control (the alternative built from this model's values) is "
                                        f"{alt.state}, not 'disagrees': the check could not have detected it"}
-    return {**out, "control_valid": True, "discriminates": True, "side": "apart from its positive control"}
+    return {**out, "control_valid": True, "discriminates": True, "side": Side.APART_FROM_POSITIVE}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 import numpy as np
@@ -30,8 +31,48 @@ import numpy as np
 from lmdepth.metrics import bootstrap
 from lmdepth.metrics.bootstrap import percentile_interval, tails
 
-State = Literal["agrees", "disagrees", "inconclusive", "not testable"]
-STATES: tuple[State, ...] = ("agrees", "disagrees", "inconclusive", "not testable")
+
+class State(StrEnum):
+    """A decided check (its value is the word the pages print)."""
+
+    AGREES = "agrees"
+    DISAGREES = "disagrees"
+    INCONCLUSIVE = "inconclusive"
+    NOT_TESTABLE = "not testable"
+
+
+STATES: tuple[State, ...] = tuple(State)
+
+
+class ControlKind(StrEnum):
+    """How a verdict row's check discriminates (its ``control_kind``)."""
+
+    PAIRED = "paired"  # real − control over the shared units, resampled jointly
+    PERMUTATION = "permutation"  # the statistic against a permutation null
+    BUILT_IN = "built into the statistic"  # the statistic is itself the comparison with the alternative
+    SEEDS = "seed-level"  # a sign-flip test over training seeds
+
+
+class Side(StrEnum):
+    """Where a row's model lies relative to what it is compared with (its ``side``): a code; the pages render it
+    (:data:`lmdepth.claims.report.SIDE_TEXT`). Counting reads these, never the rendered sentence."""
+
+    NONE = ""  # no comparison was made
+    BEYOND = "beyond"  # beyond its control, on the paper's side
+    SHORT = "short"  # short of its control: the control shows the pattern more strongly
+    LATER = "later"  # a window rule: later than its control
+    EARLIER = "earlier"  # a window rule: earlier than its control
+    INDISTINCT = "indistinct"  # the paired interval contains 0
+    BEYOND_ALTERNATIVE = "beyond alternative"  # a comparison built into the statistic, on the paper's side
+    SHORT_OF_ALTERNATIVE = "short of alternative"
+    INDISTINCT_FROM_ALTERNATIVE = "indistinct from alternative"
+    APART_FROM_POSITIVE = "apart from positive"  # an equivalence claim whose positive control disagrees
+    OUTSIDE_NULL = "outside null"
+    INSIDE_NULL = "inside null"
+    EVERY_SEED = "every seed"  # the seed-level test rejects: every seed on the interval's side
+    SEEDS_INCONSISTENT = "seeds inconsistent"
+    TOO_FEW_SEEDS = "too few seeds"
+
 MIN_UNITS = 10
 MIN_BOOT = 1000  # at least 1000 resamples (book/method.md#method-intervals)
 LEVEL = 0.95  # of every interval here
@@ -118,32 +159,32 @@ def decide(values: np.ndarray, rule: Rule, statistic: Callable[[np.ndarray], flo
     n = len(values)
     ok, why = precondition
     if n < min_units:  # the precondition's failure too, so a reader sees whether more units alone would do
-        return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
+        return Verdict(State.NOT_TESTABLE, float("nan"), float("nan"), float("nan"), n,
                        f"{n} unit{'' if n == 1 else 's'}, at least {min_units} needed" + ("" if ok else f"; {why}"))
     if not ok:
-        return Verdict("not testable", float("nan"), float("nan"), float("nan"), n, why)
+        return Verdict(State.NOT_TESTABLE, float("nan"), float("nan"), float("nan"), n, why)
     missing = int((~np.isfinite(values)).reshape(n, -1).any(1).sum())
     if missing:
-        return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
+        return Verdict(State.NOT_TESTABLE, float("nan"), float("nan"), float("nan"), n,
                        f"{missing} of {n} units have missing values")
     if n_boot < MIN_BOOT:
-        return Verdict("not testable", float("nan"), float("nan"), float("nan"), n,
+        return Verdict(State.NOT_TESTABLE, float("nan"), float("nan"), float("nan"), n,
                        f"{n_boot} bootstrap resamples, at least {MIN_BOOT} needed")
     boots = bootstrap.draws(statistic, (values,), n_boot, seed, columns=replicates, matched=matched)
     bad = int((~np.isfinite(boots)).sum())  # the interval leaves these out; the verdict does not trust it then
     est = float(statistic(values if replicates is None else bootstrap.replicate_means(values, replicates)))
     lo, hi = percentile_interval(boots, tails(LEVEL))
     if bad or not np.isfinite(est):
-        return Verdict("not testable", est, lo, hi, n, f"the statistic is undefined on {bad} of {n_boot} resamples "
-                                                        "(a denominator that can vanish, or an empty range of "
-                                                        "layers or levels)")
+        return Verdict(State.NOT_TESTABLE, est, lo, hi, n, f"the statistic is undefined on {bad} of {n_boot} "
+                                                             "resamples (a denominator that can vanish, or an empty "
+                                                             "range of layers or levels)")
     low_side, high_side = rule.position(lo), rule.position(hi)
     if low_side == high_side == 0:
-        state: State = "agrees"
+        state = State.AGREES
     elif low_side == high_side:  # the whole interval on one side outside the paper's
-        state = "disagrees"
+        state = State.DISAGREES
     else:
-        state = "inconclusive"
+        state = State.INCONCLUSIVE
     return Verdict(state, est, lo, hi, n)
 
 

@@ -241,7 +241,7 @@ def comparison_md(verdicts: pd.DataFrame) -> str:
             continue
         points = "exact_match" in r.claim_id  # a difference of proportions; the answer-loss rows are in nats
         fmt = (lambda x: f"{100 * x:+.1f}") if points else (lambda x: f"{x:+.3f}")
-        side = f", {r.side}" if isinstance(r.side, str) and r.side else ""
+        side = f", {report.side_text(r.side)}" if report.side_text(r.side) else ""
         read = r.state if r.counted_as == r.state else f"{r.state}{side}: counted as {r.counted_as}"
         unit = "points" if points else "nats per answer token"
         moeut_row = r.claim_id.removesuffix("_vs_transformer")  # the row of MoEUT's own gain, for a comparison row
