@@ -27,6 +27,9 @@ ONE_PLACE = [
     ("the logit soft-cap", re.compile(r"\btanh_?\("), "kernels/logits.py"),
     ("a module output's unwrap", re.compile(r"\]\s+if\s+.*isinstance\(.*\(tuple,\s*list\)\)"), "kernels/outputs.py"),
     ("a relative norm", re.compile(r"norm\(dim=-1\)\s*/"), "kernels/residual_kernels.py"),
+    ("a top-k overlap", re.compile(r"\.any\(-1\)\.float\(\)\.mean\(-1\)"), "kernels/lens_kernels.py"),
+    ("the lens' KL through buffers", re.compile(r"torch\.sub\(logp"), "kernels/lens_kernels.py"),
+    ("an unembedding matmul into a buffer", re.compile(r"torch\.matmul\(.*out="), "kernels/logits.py"),
 ]
 
 

@@ -25,6 +25,28 @@ def unembed(head: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[torch.
     return softcap(head(norm(h)), cap)
 
 
+def linear_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cap: float | None) -> torch.Tensor:
+    """[..., d] normed residuals → [..., V] fp32 soft-capped logits with an unembedding read here (the lens' own
+    copy, in its dtype): the matmul in ``weight``'s dtype, the bias (fp32) and the soft-cap in fp32."""
+    z = torch.nn.functional.linear(x.to(weight.device, weight.dtype), weight).float()
+    return softcap(z + bias if bias is not None else z, cap)
+
+
+def linear_logits_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cap: float | None,
+                       z: torch.Tensor, z_mm: torch.Tensor) -> torch.Tensor:
+    """:func:`linear_logits` of [n, d] written into the reused buffers: ``z`` [≥ n, V] fp32 (returned, its first n
+    rows) and ``z_mm`` [≥ n, V] in ``weight``'s dtype (``z`` itself when that is fp32). A fresh [n, V] tensor per
+    block would cost more in page faults than the matmul."""
+    n = x.shape[0]
+    torch.matmul(x.to(weight.device, weight.dtype), weight.T, out=z_mm[:n])
+    out = z[:n]
+    if z_mm is not z:
+        out.copy_(z_mm[:n])
+    if bias is not None:
+        out.add_(bias)
+    return softcap_(out, cap)
+
+
 def top_tokens(head: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[torch.Tensor], torch.Tensor],
                hs: list[torch.Tensor], cap: float | None, k: int) -> torch.return_types.topk:
     """The logit lens' top-k tokens of residuals [D] each (possibly on several devices; moved to the last one's):
@@ -33,4 +55,4 @@ def top_tokens(head: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[tor
     return unembed(head, norm, x, cap).softmax(-1).topk(k, dim=-1)
 
 
-__all__ = ["softcap", "softcap_", "unembed", "top_tokens"]
+__all__ = ["softcap", "softcap_", "unembed", "linear_logits", "linear_logits_into", "top_tokens"]

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lmdepth.kernels.lens_kernels import index_overlap, lens_block
+
 TOP_K = 5
 #: Per-token metrics of one lens at one layer, in the order :func:`lens_metrics` returns them.
 LENS_METRICS = ("kl", "kl_final_lens", "top5_overlap")  # KL(P_lens‖P_final), KL(P_final‖P_lens), top-5 overlap
@@ -35,11 +37,6 @@ def kl_divergence(logp: torch.Tensor, logq: torch.Tensor, p: torch.Tensor | None
 def topk_overlap(logits_a: torch.Tensor, logits_b: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
     """|top-k(a) ∩ top-k(b)| / k per row. [..., vocab] × [..., vocab] → [...] in [0, 1]."""
     return index_overlap(logits_a.topk(k, dim=-1).indices, logits_b.topk(k, dim=-1).indices)
-
-
-def index_overlap(idx_a: torch.Tensor, idx_b: torch.Tensor) -> torch.Tensor:
-    """Fraction of shared entries of two [..., k] index sets (each without repeats) → [...]."""
-    return (idx_a.unsqueeze(-1) == idx_b.unsqueeze(-2)).any(-1).float().mean(-1)
 
 
 @dataclass
@@ -77,11 +74,6 @@ class Scratch:
         return self.logp[:n], self.p[:n], self.diff[:n]
 
 
-def rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Σ_v a[t, v]·b[t, v] per row, without materialising the product. [t, v] × [t, v] → [t]."""
-    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
-
-
 def lens_metrics(logits: torch.Tensor, final: FinalDistribution, scratch: Scratch | None = None) -> torch.Tensor:
     """Reduce lens logits to per-token metrics (rows in :data:`LENS_METRICS` order).
 
@@ -96,16 +88,8 @@ def lens_metrics(logits: torch.Tensor, final: FinalDistribution, scratch: Scratc
     Returns:
         [3, ..., tokens]: KL(P_lens‖P_final), KL(P_final‖P_lens), top-k overlap.
     """
-    shape, vocab = logits.shape[:-1], logits.shape[-1]
-    n = logits.numel() // vocab
-    logp, p, diff = (t.view(*shape, vocab) for t in (scratch or Scratch(n, vocab)).view(n))
-    torch.sub(logits, torch.logsumexp(logits, dim=-1, keepdim=True), out=logp)
-    torch.exp(logp, out=p)
-    torch.sub(logp, final.logp, out=diff)
-    kl = rowdot(p.view(n, vocab), diff.view(n, vocab)).view(shape)
-    kl_final = -torch.mul(diff, final.p, out=p).sum(-1)  # p is free again: reuse it for the product
-    overlap = index_overlap(logits.topk(final.top.shape[-1], dim=-1).indices, final.top)
-    return torch.stack([kl, kl_final, overlap])
+    n = logits.numel() // logits.shape[-1]
+    return lens_block(logits, final.logp, final.p, final.top, *(scratch or Scratch(n, logits.shape[-1])).view(n))
 
 
 def sampled_kl(z_lens: torch.Tensor, z_final: torch.Tensor, lse_final: torch.Tensor, log_w: torch.Tensor) -> torch.Tensor:

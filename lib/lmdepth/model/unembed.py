@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from lmdepth.kernels.logits import softcap, softcap_
+from lmdepth.kernels.logits import linear_logits, linear_logits_into, softcap
 from lmdepth.metrics.distributions import Scratch
 from lmdepth.model.paths import resolve
 from lmdepth.runtime import DTYPES
@@ -83,11 +82,8 @@ class Unembedding:
         → [..., |rows|] fp32."""
         if self.weight is None:
             return self.softcapped(self.head(x).float())
-        w = self.weight if rows is None else self.weight[rows]
-        z = F.linear(x.to(w.dtype), w).float()
-        if self.bias is not None:
-            z = z + (self.bias if rows is None else self.bias[rows])
-        return self.softcapped(z)
+        bias = self.bias if self.bias is None or rows is None else self.bias[rows]
+        return linear_logits(x, self.weight if rows is None else self.weight[rows], bias, self.softcap)
 
     def softcapped(self, z: torch.Tensor) -> torch.Tensor:
         """The model's logit soft-capping on raw ``lm_head`` logits, in fp32 (:func:`softcap`)."""
@@ -101,11 +97,4 @@ class Unembedding:
         x = self.norm(h)
         if scratch is None or self.weight is None:
             return self.logits_of_normed(x)
-        n = x.shape[0]
-        z = scratch.z[:n]
-        torch.matmul(x.to(self.weight.dtype), self.weight.T, out=scratch.z_mm[:n])
-        if scratch.z_mm is not scratch.z:
-            z.copy_(scratch.z_mm[:n])
-        if self.bias is not None:
-            z.add_(self.bias)
-        return softcap_(z, self.softcap)  # in place: no second [tokens, vocab] buffer
+        return linear_logits_into(x, self.weight, self.bias, self.softcap, scratch.z, scratch.z_mm)

@@ -5,10 +5,13 @@ The block reads only torch, the kernels (:mod:`lmdepth.kernels`), the model's en
 (:meth:`~lmdepth.traces.residual_metrics.TapPaths.envoys`) and plain data: the lens dtype's name, the soft-cap as a float, and the translators as three tensors (``A`` [L, d, d], ``b``
 [L, d], ``scale`` [L]). The translators are trained here (:func:`lmdepth.model.translators.train_translators`,
 fitted as its own cached job by :mod:`lmdepth.analyses.tuned_lens`) and travel with the request: L·d² floats (40 MB
-for SmolLM2-135M, ~21 GB for a 70B model, too large for a request), so on NDIF a large model runs the logit lens
-alone. The metrics are those of :func:`lmdepth.metrics.distributions.lens_metrics` on the unembedding of
-:class:`lmdepth.model.unembed.Unembedding` with the same block sizes and buffers, written out with torch inside the
-block (it reads the head's weight to multiply into reused buffers: fine on a GPU, not on a server that hides weights); :func:`lmdepth.hooks.lens_hooks.prompt_lens` is the reference twin the tests hold it to.
+for SmolLM2-135M, ~21 GB for a 70B model: refused over 1 GB, :data:`lmdepth.traces.server.MAX_SHIPPED`), so on NDIF a
+large model runs the logit lens alone. The metrics are the kernels that :func:`lmdepth.metrics.distributions
+.lens_metrics` and :class:`lmdepth.model.unembed.Unembedding` run too (:func:`lmdepth.kernels.lens_kernels.lens_block`,
+:func:`lmdepth.kernels.logits.linear_logits_into`), with the same block sizes and reused buffers. Unlike the other
+traces it reads the head's weight (a copy in the lens dtype, multiplied into reused buffers): fine here and on a GPU,
+not on a server that hides weights. :func:`lmdepth.hooks.lens_hooks.prompt_lens` is the reference twin the tests hold
+it to.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any
 
 import torch
 
+from lmdepth.kernels.lens_kernels import lens_block
+from lmdepth.kernels.logits import linear_logits, linear_logits_into
 from lmdepth.kernels.logits import softcap as softcap_of
-from lmdepth.kernels.logits import softcap_ as softcap_in_place
 from lmdepth.kernels.outputs import unwrap
 from lmdepth.traces.remote import trace_kwargs
 from lmdepth.traces.residual_metrics import TapPaths
@@ -74,13 +78,9 @@ def lens_readings(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, posit
         if A is not None:  # shipped on the CPU: where the model runs (no copy when it is the CPU)
             A, b, scale = A.to(weight.device), b.to(weight.device), scale.to(weight.device)
 
-        def logits_of(x):
-            # [n, d] raw residuals → [n, V] fp32 logits: final norm in the residual's dtype, matmul in the lens dtype
-            z = torch.nn.functional.linear(norm(x).to(weight.device, weight.dtype), weight).float()
-            return softcap_of(z + bias if bias is not None else z, softcap)
-
         # the self-check: the lens at h_L against the model's own (soft-capped) output at the last position
-        lens_last = torch.log_softmax(logits_of(h_last[-1:]), -1)
+        # final norm in the residual's dtype, matmul in the lens dtype
+        lens_last = torch.log_softmax(linear_logits(norm(h_last[-1:]), weight, bias, softcap), -1)
         model_last = torch.log_softmax(softcap_of(model_logits, softcap), -1)
         check = (lens_last.exp() * (lens_last - model_last)).nansum(-1).max().cpu().save()
 
@@ -95,7 +95,7 @@ def lens_readings(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, posit
         values = torch.zeros(n_lens, 3, n_layers, n_pos)
         for s in range(0, n_pos, pos_chunk):
             rows = slice(s, s + pos_chunk)
-            final_z = logits_of(hs[-1][rows])  # [P', V]
+            final_z = linear_logits(norm(hs[-1][rows]), weight, bias, softcap)  # [P', V]
             final_logp = torch.log_softmax(final_z, dim=-1)
             final_p = final_logp.exp()
             final_top = final_z.topk(k, dim=-1).indices
@@ -108,25 +108,9 @@ def lens_readings(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, posit
                     xs.append(h if i == 0 else h + h @ A[l].T + scale[l] * b[l])
                 x = torch.stack(xs)
                 G, P = x.shape[0], x.shape[1]
-                n = G * P
-                normed = norm(x.flatten(0, 1))
-                torch.matmul(normed.to(weight.device, mm_dtype), weight.T, out=zmm_buf[:n])
-                z = z_buf[:n]
-                if zmm_buf is not z_buf:
-                    z.copy_(zmm_buf[:n])
-                if bias is not None:
-                    z.add_(bias)
-                softcap_in_place(z, softcap)
-                z = z.view(G, P, vocab)
-                logp, p, diff = (t[:n].view(G, P, vocab) for t in (logp_buf, p_buf, diff_buf))
-                torch.sub(z, torch.logsumexp(z, dim=-1, keepdim=True), out=logp)
-                torch.exp(logp, out=p)
-                torch.sub(logp, final_logp, out=diff)
-                kl = torch.bmm(p.view(n, 1, vocab), diff.view(n, vocab, 1)).view(G, P)
-                kl_final = -torch.mul(diff, final_p, out=p).sum(-1)
-                top = z.topk(k, dim=-1).indices
-                overlap = (top.unsqueeze(-1) == final_top.unsqueeze(-2)).any(-1).float().mean(-1)
-                m = torch.stack([kl, kl_final, overlap]).cpu()  # [3, G, P']
+                z = linear_logits_into(norm(x.flatten(0, 1)), weight, bias, softcap, z_buf, zmm_buf)
+                m = lens_block(z.view(G, P, vocab), final_logp, final_p, final_top, logp_buf, p_buf,
+                               diff_buf).cpu()  # [3, G, P']
                 for j, (l, i) in enumerate(block):
                     values[i, :, l, rows] = m[:, j]
         values.save()
