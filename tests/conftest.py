@@ -5,7 +5,8 @@ exactly one tier marker, at module level (``pytestmark``) or per test where a mo
 * ``integration``: tiny random-init models (``lmdepth.testing``, ``tiny_dirs``), scratch models, tiny training runs;
 * ``packaged``: loads a real packaged model or its tokenizer (SmolLM2 & co.);
 * ``slow``: executes chapters or the book (minutes);
-* ``browser``: draws the executed book in headless Chromium (builds the book too: minutes).
+* ``browser``: draws the executed book in headless Chromium (builds the book too: minutes);
+* ``gpu``: runs on a CUDA device and compares with the CPU (skipped where there is none).
 
 A test with no tier marker, or more than one, stops the collection (see ``pytest_collection_modifyitems``).
 """
@@ -20,7 +21,7 @@ import pytest
 from lmdepth.testing import FAMILY_CONFIGS, save_tiny_model, tiny_tokenizer
 
 FAMILIES = list(FAMILY_CONFIGS)
-TIERS = ("unit", "integration", "packaged", "slow", "browser")
+TIERS = ("unit", "integration", "packaged", "slow", "browser", "gpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the machines have no hub access: fail fast, never hang
 os.environ.setdefault("LMDEPTH_PROGRESS", "0")
 

@@ -82,3 +82,28 @@ def test_the_proxy_fails_where_a_gpu_would(placement):
         with MetaValues(), pytest.raises(RuntimeError, match="device"):
             with nn_model.trace(_ids(first)):
                 torch.stack([layers[0].input, layers[L - 1].input]).cpu().save()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the meta-device proxy above stands in")
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_traces_on_a_gpu_equal_the_cpu(family):
+    """Where a GPU exists: the residual metrics, the skip session (every variant, the robust statistics, the clean
+    pass's readings) and the lens readings on CUDA equal the CPU's (fp32; kernels may order sums differently)."""
+    from nnsight.modeling.transformers import TransformersModel
+
+    ids = _ids(1)
+    out = {}
+    for device in ("cpu", "cuda"):
+        model = tiny_model(family, n_layers=L).to(device)
+        nn_model, paths = TransformersModel(model, tokenizer=tiny_tokenizer()), TapPaths.of(ModelAdapter.for_model(model))
+        x = ids.to(device)
+        skip = skip_effects(nn_model, paths, x, cuts=(5, 9), parts=("layer", "attention", "mlp", "nudge"),
+                            config=model.config, floor=0.1, contributions=True, lens=(3, 5),
+                            directions=torch.nn.functional.normalize(torch.randn(L, D, generator=torch.Generator()
+                                                                                 .manual_seed(0)), dim=-1))
+        lens = lens_readings(nn_model, paths, x, torch.arange(1, x.shape[1], device=device), "float32", None, None, 5)
+        out[device] = [residual_metrics(nn_model, paths, x).cpu(), lens[0].cpu()] + [
+            v.cpu().float() for k in sorted(skip) for v in skip[k] if k != ("clean", "lens")]
+    for here, there in zip(out["cpu"], out["cuda"]):
+        torch.testing.assert_close(there, here, rtol=1e-4, atol=1e-5, equal_nan=True)
