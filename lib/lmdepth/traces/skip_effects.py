@@ -107,7 +107,8 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
     envoys = paths.envoys(nn_model)
     layers, attns, mlps, norm, head = envoys.layers, envoys.attn, envoys.mlp, envoys.final_norm, envoys.lm_head
     attn_index, mlp_index = paths.attn_index, paths.mlp_index
-    with torch.no_grad(), nn_model.session(**trace_kwargs(nn_model, remote)):
+    shipped = 0 if u is None else u.numel() * u.element_size()  # the nudge's directions travel with the request
+    with torch.no_grad(), nn_model.session(**trace_kwargs(nn_model, remote, extra_payload=shipped)):
         from transformers import DynamicCache
 
         A = len(analyses)
