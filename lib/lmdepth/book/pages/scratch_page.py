@@ -322,12 +322,13 @@ def page_md(verdicts: pd.DataFrame, runs: dict[str, TrainedRun], started: float)
 
 # ---- the depth questions (section "Does depth grow with the problem?") -------------------------------------------
 
-def finetune_table(states: pd.DataFrame, curve: pd.DataFrame) -> pd.DataFrame:
+def finetune_table(states: pd.DataFrame, curve: pd.DataFrame | None = None) -> pd.DataFrame:
     """Where each fine-tuned run stands: seed, state, steps, stored snapshots, and the level it reached — the exact
     match of its last snapshot (``curve``: :func:`~lmdepth.analyses.finetuned.over_training`) on each split's
-    learning-curve problems; the fine-tuned row is gated on this level, not on 95 % (its precondition)."""
+    learning-curve problems (no such columns without ``curve``); the fine-tuned row is gated on this level, not on 95 %
+    (its precondition)."""
     out = states.rename(columns={"snapshots": "snapshots stored"})
-    if curve.empty:
+    if curve is None or curve.empty:
         return out
     last = curve.sort_values("step").groupby("seed").last()
     for split in ("interpolate", "extrapolate"):
