@@ -6,6 +6,8 @@ from typing import Callable
 
 import torch
 
+from lmdepth.kernels.outputs import stack_on
+
 
 def softcap(z: torch.Tensor, cap: float | None) -> torch.Tensor:
     """``cap·tanh(z/cap)`` in fp32; ``z`` in fp32 when ``cap`` is None or 0. [..., V] → [..., V]."""
@@ -51,7 +53,7 @@ def top_tokens(head: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[tor
                hs: list[torch.Tensor], cap: float | None, k: int) -> torch.return_types.topk:
     """The logit lens' top-k tokens of residuals [D] each (possibly on several devices; moved to the last one's):
     ``(values [n, k] fp32 probabilities, indices [n, k])``, best first."""
-    x = torch.stack([h.to(hs[-1].device) for h in hs])
+    x = stack_on(hs, hs[-1].device)
     return unembed(head, norm, x, cap).softmax(-1).topk(k, dim=-1)
 
 

@@ -21,4 +21,10 @@ def rewrap(output: Any, value: torch.Tensor, index: int = 0) -> Any:
     return value
 
 
-__all__ = ["unwrap", "rewrap"]
+def stack_on(values: list[torch.Tensor], device: torch.device | str = "cpu", dim: int = 0) -> torch.Tensor:
+    """Per-layer values, each on its own layer's device (a device map spreads a model's layers over GPUs), moved to
+    one ``device`` and stacked along ``dim``."""
+    return torch.stack([v.to(device) for v in values], dim)
+
+
+__all__ = ["unwrap", "rewrap", "stack_on"]

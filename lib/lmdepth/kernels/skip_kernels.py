@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from lmdepth.kernels.logits import unembed
-from lmdepth.kernels.outputs import rewrap, unwrap
+from lmdepth.kernels.outputs import rewrap, stack_on, unwrap
 from lmdepth.kernels.residual_kernels import contributions as contributions_of
 
 PARTS = ("layer", "attention", "mlp")  # the parts a skip removes (chapter 03's default variants)
@@ -142,13 +142,13 @@ def clean_pass_layers(layers: Sequence[Any], attns: Sequence[Any], mlps: Sequenc
                       mlp_index: int, contributions: bool, rel_eps: float) -> tuple[list, list, list]:
     """The clean pass of one prompt (batch row 0), layer by layer in execution order: each layer's input h_l and
     output h_{l+1} ([T, D] copies, on that layer's device) and, with ``contributions``, its [3, T] relative
-    contributions (:func:`lmdepth.kernels.residual_kernels.contributions`) on the CPU."""
+    contributions (:func:`lmdepth.kernels.residual_kernels.contributions`) (on that device too)."""
     ins, outs, rel = [], [], []
     for layer, attn, mlp in zip(layers, attns, mlps):
         ins.append(layer.input[0].clone())
         if contributions:
             a, m = unwrap(attn.output, attn_index)[0], unwrap(mlp.output, mlp_index)[0]
-            rel.append(contributions_of(ins[-1], a, m, rel_eps).cpu())
+            rel.append(contributions_of(ins[-1], a, m, rel_eps))
         outs.append(unwrap(layer.output)[0].clone())
     return ins, outs, rel
 
@@ -159,10 +159,10 @@ def accumulate(totals: tuple[torch.Tensor, ...], analysis: int, s: int, changes:
     [analyses, B, L] on the CPU) at skipped layer s, in place: E and O take the max over passes (cut points), M and
     Q the mean (``n_cut`` passes). ``changes``: :func:`row_changes` per layer j ≥ s."""
     E_all, O_all = totals[:2]
-    E_all[analysis, :, s, s:] = torch.maximum(E_all[analysis, :, s, s:], torch.stack([e.cpu() for e, _ in changes], 1))
+    E_all[analysis, :, s, s:] = torch.maximum(E_all[analysis, :, s, s:], stack_on([e for e, _ in changes], dim=1))
     O_all[analysis, :, s] = torch.maximum(O_all[analysis, :, s], O)
     if len(totals) == 4:
-        totals[2][analysis, :, s, s:] += torch.stack([m.cpu() for _, m in changes], 1) / n_cut
+        totals[2][analysis, :, s, s:] += stack_on([m for _, m in changes], dim=1) / n_cut
         totals[3][analysis, :, s] += Q / n_cut
 
 

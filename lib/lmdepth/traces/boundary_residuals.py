@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from lmdepth.kernels.outputs import unwrap
+from lmdepth.kernels.outputs import stack_on, unwrap
 from lmdepth.traces.remote import trace_kwargs
 from lmdepth.traces.residual_metrics import TapPaths
 
@@ -44,7 +44,7 @@ def boundary_residuals_at(nn_model: Any, paths: TapPaths, input_ids: torch.Tenso
             kept.append(layers[l].input[rows, positions].float())
         kept.append(unwrap(layers[n_layers - 1].output)[rows, positions].float())
         # a gather copies: no view of the whole activation ships; each is on its layer's device until moved
-        values = torch.stack([k.cpu() for k in kept]).save()
+        values = stack_on(kept).save()
     return values
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from lmdepth.kernels.logits import unembed
-from lmdepth.kernels.outputs import unwrap
+from lmdepth.kernels.outputs import stack_on, unwrap
 from lmdepth.traces.remote import trace_kwargs
 from lmdepth.traces.residual_metrics import TapPaths
 
@@ -39,7 +39,7 @@ def boundary_sums(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, remot
         for l in range(n_layers):
             kept.append(unwrap(layers[l].output))
         # [B, T, d] each, on its layer's device → [L+1, d]
-        sums = torch.stack([k.float().sum(dim=(0, 1)).cpu() for k in kept]).save()
+        sums = stack_on([k.float().sum(dim=(0, 1)) for k in kept]).save()
     return sums
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lmdepth.kernels.outputs import unwrap
+from lmdepth.kernels.outputs import stack_on, unwrap
 from lmdepth.kernels.residual_kernels import token_metrics
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.paths import resolve
@@ -108,7 +108,7 @@ def residual_metrics(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, re
             a = unwrap(attns[l].output, attn_index)
             m = unwrap(mlps[l].output, mlp_index)
             rows.append(token_metrics(h, a, m, unwrap(layers[l].output), rel_eps, cos_eps))
-        values = torch.stack([r.cpu() for r in rows]).save()  # each on its layer's device (a device map's GPU)
+        values = stack_on(rows).save()  # each on its layer's device (a device map's GPU)
     return values
 
 

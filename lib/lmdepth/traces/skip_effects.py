@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from lmdepth.kernels.logits import top_tokens
+from lmdepth.kernels.outputs import stack_on
 from lmdepth.kernels.skip_kernels import (
     PARTS,
     accumulate,
@@ -119,7 +120,7 @@ def skip_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, cuts: 
         with nn_model.trace(input_ids, **({"use_cache": True} if analyses else {"logits_to_keep": 1})):
             ins, outs, rel = clean_pass_layers(layers, attns, mlps, attn_index, mlp_index, contributions, rel_eps)
             if contributions:
-                clean_contributions = torch.stack(rel).save()  # [L, 3, T]
+                clean_contributions = stack_on(rel).save()  # [L, 3, T] on the CPU
             if lens_at is not None:  # the model's unembedding of [L + 1, D] residuals: [L + 1, V] logits at once
                 top = top_tokens(head, norm, [h[lens_at] for h in ins] + [outs[-1][lens_at]], softcap, top_k)
                 lens_probs, lens_ids = top.values.cpu().save(), top.indices.cpu().save()
