@@ -113,7 +113,7 @@ def request_batches(plan: CorpusPlan, model_index: int, batch_tokens: int, max_r
              for i in range(0, max(1, len(plan.positions[k][model_index])), max_rows)]
     batches, cur, n_rows = [], [], 0
     for k, share in units:
-        n = len(range(*share.indices(len(plan.positions[k][model_index]))))
+        n = len(plan.positions[k][model_index][share])
         longest = max([len(plan.ids[j][model_index]) for j, _ in cur] + [len(plan.ids[k][model_index])])
         if cur and (longest * (len(cur) + 1) > batch_tokens or n_rows + n > max_rows):
             batches.append(cur)
