@@ -98,8 +98,19 @@ def _fresh_env(root: Path) -> tuple[Path, Path]:
     """A new virtual environment under ``root`` that sees exactly the wheel's declared dependencies (and theirs),
     the packaged models and :data:`COLAB_RUNTIME`, linked in; lmdepth itself is not installed. Returns (its python,
     the wheel built from this checkout)."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(root / "wheel"), str(REPO_ROOT)], check=True, capture_output=True)
+    # Built from a private copy of the checkout's files (tracked, or untracked and not ignored: what a commit of the
+    # working tree would hold): pip builds in the source folder (build/, *.egg-info), and the two pytest workers build
+    # this fixture at the same time (its tests lie in two work units, tests/conftest.py), which in one folder races.
+    source = root / "source"
+    listed = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            check=True, capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, listed):
+        if (REPO_ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO_ROOT / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                            str(root / "wheel"), str(source)], capture_output=True, text=True)
+    assert built.returncode == 0, f"pip wheel failed:\n{built.stdout}\n{built.stderr}"
     wheel = next((root / "wheel").glob("lmdepth-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         wheel_meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
