@@ -67,7 +67,7 @@ import yaml
 
 from lmdepth.analyses import atlas
 from lmdepth.book.chapters import CHAPTERS, profiles_dir
-from lmdepth.book.cost import PAPER_LAYERS, cost_table, remote_cost
+from lmdepth.book.cost import PAPER_LAYERS, build_cost, cost_table, remote_cost
 from lmdepth.book.faults import fault_summary
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.runtime import REPO_ROOT, environment
@@ -125,6 +125,10 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
 
 # %% tags=["hide-input"]
 show_table(cost_table(results_dir, profile))
+built = build_cost(results_dir, profile)
+md(f"In all, {built.sentence()}. Chapters 01 and 02 share their runs (counted once). The README's cold-build "
+   "figure and each chapter's cost announcement read the same sum (`lmdepth.book.cost.build_cost`)."
+   if built.minutes else "*No runs recorded for this profile: no cost to add up.*")
 
 # %% [markdown]
 # ## Where each chapter runs: here, on a GPU, on NDIF

@@ -2,18 +2,21 @@
 prompt costs on NDIF, counted from the traces (and held here to the forward passes they make)."""
 
 import json
+import re
 
 import pandas as pd
 import pytest
 
-from lmdepth.book.cost import COLUMNS, cost_table
+from lmdepth.book.cost import COLUMNS, build_cost, chapter_minutes, cost_table
+from lmdepth.runtime import REPO_ROOT
 
 
-def run(root, analysis, model, key, cost, wall=None):
+def run(root, analysis, model, key, cost, wall=None, env=None):
     d = root / analysis / model / key
     d.mkdir(parents=True)
     (d / "meta.json").write_text(json.dumps({"analysis": analysis, **({"unit_compute_s": cost} if cost else {}),
-                                             **({"wall_time_s": wall} if wall is not None else {})}))
+                                             **({"wall_time_s": wall} if wall is not None else {}),
+                                             **({"environment": env} if env else {})}))
     return f"{analysis}/{model}/{key}"
 
 
@@ -39,6 +42,32 @@ def test_cost_per_chapter_and_model_from_the_recorded_runs(tmp_path):
     assert pd.isna(unknown["s / unit"]) and pd.isna(unknown.units) and pd.isna(unknown["profile total (min)"])
     assert pd.isna(t.loc[("norms", "m"), "run wall time (min)"])  # a sidecar without wall_time_s: unknown, not 0
     assert cost_table(tmp_path, "paper").empty
+
+
+@pytest.mark.unit
+def test_the_build_cost_counts_each_run_once_by_its_units_or_else_its_wall_time(tmp_path):
+    cpu, gpu = {"cpu_threads": 2, "git_commit": None}, {"cpu_threads": 8, "cuda": "H200", "git_commit": None}
+    shared = run(tmp_path, "residual_stream", "m", "s", {"total": 120.0, "units": 20, "timed": 20}, wall=600.0, env=cpu)
+    resumed = run(tmp_path, "layer_skipping", "m", "r", {"total": 30.0, "units": 20, "timed": 5}, wall=300.0, env=gpu)
+    record = tmp_path / "book" / "default"
+    for chapter, paths in {"norms": [shared], "cosine": [shared], "skipping": [resumed]}.items():
+        (record / chapter).mkdir(parents=True)
+        (record / chapter / "runs.jsonl").write_text("".join(json.dumps({"path": p}) + "\n" for p in paths))
+    cost = build_cost(tmp_path)
+    # the units' 120 s, not the wall time; the resumed run's wall time (5 of 20 units timed); the shared run once
+    assert cost.minutes == {"cosine": 2.0, "norms": 2.0, "skipping": 5.0}
+    assert cost.total_min == 7.0 and cost.lower_bound == ("skipping",)
+    assert cost.machines == ("a CPU (2 torch threads)", "a GPU (H200)") and cost.measured is None
+    assert chapter_minutes("skipping", [tmp_path / "none", tmp_path]) == (5.0, tmp_path)
+    assert chapter_minutes("lens", [tmp_path]) is None and build_cost(tmp_path, "paper").total_min == 0
+
+
+@pytest.mark.unit
+def test_the_readme_gives_the_cold_build_cost_the_record_gives():
+    """One cost: the README's cold-build hours are build_cost's over the committed default record."""
+    hours = re.search(r"takes about (\d+) h of compute", (REPO_ROOT / "README.md").read_text())
+    assert hours, "the README states the cold-build cost as 'takes about N h of compute'"
+    assert int(hours.group(1)) == round(build_cost(REPO_ROOT / "results").total_min / 60)
 
 
 @pytest.mark.unit

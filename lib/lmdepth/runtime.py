@@ -74,6 +74,17 @@ def git_commit() -> str | None:
         return None
 
 
+def commit_date(commit: str) -> str | None:
+    """The day (YYYY-MM-DD) of a commit of this checkout, as a sidecar's ``git_commit`` names it (``-dirty`` allowed);
+    None outside a checkout or for a commit it does not hold."""
+    try:
+        out = subprocess.run(["git", "show", "-s", "--format=%cs", commit.removesuffix("-dirty")], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def load_average() -> float | None:
     """The machine's 1-minute load average (None where the OS has none): a timing taken beside other work is not
     comparable with one taken on a quiet machine, so sidecars record it."""

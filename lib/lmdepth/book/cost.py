@@ -10,9 +10,11 @@ without units (a benchmark) or without unit timings, but only a lower bound for 
 from __future__ import annotations
 
 import ast
+import json
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import pandas as pd
 
 from lmdepth.errors import LmDepthError
 from lmdepth.results import RecordedCost, check_recorded, recorded_runs
-from lmdepth.runtime import REPO_ROOT
+from lmdepth.runtime import REPO_ROOT, commit_date
 
 COLUMNS = ["chapter", "model", "runs", "units", "timed units", "s / unit", "profile total (min)", "run wall time (min)"]
 
@@ -75,16 +77,90 @@ def stored_difference(chapter: str, params: Mapping[str, Any], profile: str = "d
             if name not in NOT_RUN_SETTINGS and name in params and params[name] != stored.get(name)}
 
 
+@dataclass(frozen=True)
+class BuildCost:
+    """What computing a profile's recorded runs from scratch costs, from the runs' own timings (:func:`build_cost`).
+
+    Attributes:
+        minutes: compute minutes per chapter (its runs; chapters may share runs, as norms and cosine do).
+        total_min: every recorded run counted once.
+        lower_bound: the chapters with a run timed only by the wall time of a resumed execution (its cost is at least
+            this).
+        machines: where the runs were timed, as "a CPU (N torch threads)" or the CUDA device, each once.
+        measured: the first and last day the runs were computed (their commits' dates); None outside a checkout.
+    """
+
+    minutes: dict[str, float]
+    total_min: float
+    lower_bound: tuple[str, ...]
+    machines: tuple[str, ...]
+    measured: tuple[str, str] | None
+
+    def sentence(self) -> str:
+        """The cost in one sentence, as the README and the Reproducibility page give it."""
+        bound = (f"; a lower bound for {', '.join(self.lower_bound)} (some of their runs kept only the wall time of "
+                 "a resumed execution)" if self.lower_bound else "")
+        when = f", computed between {self.measured[0]} and {self.measured[1]}" if self.measured else ""
+        return (f"computing every run of the record from scratch takes {self.total_min:.0f} min "
+                f"({self.total_min / 60:.1f} h) on {' and '.join(self.machines) or 'an unrecorded machine'}: "
+                f"the sum of the runs' own timings{when}{bound}")
+
+
+def _run_minutes(run: Path) -> tuple[float, bool] | None:
+    """A recorded run's compute minutes and whether they are exact (every unit timed) rather than a wall time."""
+    cost = RecordedCost.read(run)
+    if cost is None:
+        return None
+    if cost.units > 0 and cost.timed == cost.units:
+        return cost.seconds / 60, True
+    return (cost.wall_s / 60, False) if math.isfinite(cost.wall_s) else None
+
+
+def _environment(run: Path) -> dict[str, Any]:
+    return json.loads((run / "meta.json").read_text()).get("environment") or {}
+
+
+def _machine(env: Mapping[str, Any]) -> str | None:
+    if env.get("cuda"):
+        return f"a GPU ({env['cuda']})"
+    n = env.get("cpu_threads")
+    return f"a CPU ({n} torch thread{'s' if n != 1 else ''})" if n else None
+
+
+def build_cost(results_dir: str | Path, profile: str = "default") -> BuildCost:
+    """The cost of computing ``profile``'s recorded runs (``results_dir/book/<profile>``) from scratch: per run, its
+    units' compute seconds where every unit was timed, else the wall time of the execution that finished it. The one
+    source of the README's cold-build figure, the chapters' announcements (:func:`chapter_minutes`) and the
+    Reproducibility page. Chapter 07's training is not a run of the record (its page and scripts time it)."""
+    record = Path(results_dir) / "book" / Path(profile).stem
+    minutes: dict[str, float] = {}
+    per_run: dict[Path, float] = {}
+    bound, machines, commits = set(), [], set()
+    for chapter_dir in sorted(p for p in record.iterdir() if p.is_dir()) if record.is_dir() else []:
+        for run in sorted(recorded_runs(record, chapter_dir.name)):
+            got = _run_minutes(run)
+            if got is None:
+                continue
+            minutes[chapter_dir.name] = minutes.get(chapter_dir.name, 0.0) + got[0]
+            per_run[run] = got[0]
+            if not got[1]:
+                bound.add(chapter_dir.name)
+            env = _environment(run)
+            if (m := _machine(env)) and m not in machines:
+                machines.append(m)
+            commits.add(env.get("git_commit"))
+    days = sorted(filter(None, (commit_date(c) for c in commits if c)))
+    return BuildCost(minutes, sum(per_run.values()), tuple(sorted(bound)), tuple(machines),
+                     (days[0], days[-1]) if days else None)
+
+
 def chapter_minutes(chapter: str, results_dirs: list[str | Path], profile: str = "default") -> tuple[float, Path] | None:
-    """Compute minutes of ``chapter`` at ``profile`` from the first of ``results_dirs`` whose book record times it:
-    per model, the profile's total where every unit was timed, else the runs' wall time (a lower bound for resumed
-    runs); with the results folder it came from. None where no record has the chapter."""
+    """Compute minutes of ``chapter`` at ``profile`` (:func:`build_cost`) from the first of ``results_dirs`` whose
+    record has the chapter, with the results folder it came from. None where no record has it."""
     for root in results_dirs:
-        table = cost_table(root, profile)
-        rows = table[table.chapter == chapter]
-        if len(rows):
-            per_model = rows["profile total (min)"].astype(float).fillna(rows["run wall time (min)"].astype(float))
-            return float(per_model.sum()), Path(root)
+        found = build_cost(root, profile).minutes.get(chapter)
+        if found is not None:
+            return found, Path(root)
     return None
 
 
@@ -294,5 +370,5 @@ def remote_cost(profile: str = "paper", n_layers: int = PAPER_LAYERS, d_model: i
     return pd.DataFrame(rows, columns=REMOTE_COLUMNS)
 
 
-__all__ = ["NOTICE_MINUTES", "PAPER_D_MODEL", "PAPER_LAYERS", "PAPER_MODEL", "size", "announce_cost", "chapter_minutes", "chapter_settings",
+__all__ = ["BuildCost", "build_cost", "NOTICE_MINUTES", "PAPER_D_MODEL", "PAPER_LAYERS", "PAPER_MODEL", "size", "announce_cost", "chapter_minutes", "chapter_settings",
            "cost_notice", "cost_table", "erasure_forwards", "remote_cost", "stored_difference"]
