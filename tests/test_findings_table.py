@@ -289,3 +289,25 @@ def test_sides_are_codes_that_pages_render_and_old_records_still_read():
     for side, text in SIDE_TEXT.items():
         assert side_of(side.value) is side and side_of(text) is side and side_text(side) == text
     assert side_of("something else") is Side.NONE and side_of(float("nan")) is Side.NONE
+
+
+def test_the_introduction_leads_with_the_headline_picture_then_the_answers_then_the_counts(tmp_path, monkeypatch):
+    """findings.md (included at the top of intro.md) opens with the headline bar drawn to headline.svg, then the
+    answer per question, then the paragraph; without counted rows there is no picture (none left from before)."""
+    from lmdepth.book import build
+
+    states = ["agrees", "disagrees", "inconclusive"]
+    rows = pd.DataFrame({"claim_id": ["norms.second_half_smaller", "skipping.later_layers", "lens.settles"],
+                         "claim": ["a", "b", "c"], "figure": ["2a", "3", "4"], "model": "m", "state": states,
+                         "counted_as": states, "headline": True, "side": ""})
+    monkeypatch.setattr(build, "check_verdicts", lambda root: None)
+    monkeypatch.setattr(build, "saved_verdicts", lambda results_dir, profile: rows)
+    text = build.write_findings_summary(tmp_path, tmp_path, "default").read_text()
+    picture, answers, paragraph = (text.index("```{figure} headline.svg"), text.index("**Per question of the paper**"),
+                                   text.index("**What this build found**"))
+    assert picture == 0 and picture < answers < paragraph
+    svg = (tmp_path / "headline.svg").read_text()
+    assert svg.startswith("<svg") and "m · agrees: 1" in svg and "m · disagrees: 1" in svg
+    monkeypatch.setattr(build, "saved_verdicts", lambda results_dir, profile: rows.iloc[:0])
+    text = build.write_findings_summary(tmp_path, tmp_path, "default").read_text()
+    assert "headline.svg" not in text and not (tmp_path / "headline.svg").exists()

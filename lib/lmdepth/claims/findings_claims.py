@@ -378,14 +378,16 @@ def per_question(verdicts: pd.DataFrame) -> str:
 
 
 def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
-    """Markdown for the book's introduction: what this build found, with the counts per state (computed by the
-    build from the verdicts the chapters saved; nothing here is written by hand)."""
+    """Markdown for the book's introduction: the answer per question (:func:`per_question`), then what this build
+    found, with the counts per state (computed by the build from the verdicts the chapters saved; nothing here is
+    written by hand)."""
     if verdicts.empty:
         return (f"*No verdicts are recorded for the `{profile}` profile yet: `lmdepth book --profile {profile}` "
                 "executes the chapters and fills this paragraph.*")
     v = verdicts[verdicts["headline"].astype(bool)]
     c = v["counted_as"].value_counts().reindex(list(HEADLINE_STATES), fill_value=0)
-    return (f"**What this build found** (`{profile}` profile, recomputed whenever the book is built). Of the "
+    answers = f"{per_question(verdicts)}\n\n" if "claim_id" in verdicts.columns else ""
+    return (f"{answers}**What this build found** (`{profile}` profile, recomputed whenever the book is built). Of the "
             f"{len(v)} (claim × model) checks of the claims registry, **{_count(c['agrees'], 'agrees', 'agree')}** "
             f"with the paper, **{_count(c['disagrees'], 'disagrees', 'disagree')}**, "
             f"{_count(c['inconclusive'], 'is', 'are')} inconclusive, {_count(c['not testable'], 'is', 'are')} not "
@@ -401,5 +403,4 @@ def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
             f"{_claims_by_state(v, 'disagrees')}."
             + (f" No valid control: {_claims_by_state(v, 'no valid control')}." if c["no valid control"] else "")
             + " The [findings page](90_across_models.ipynb) shows every verdict "
-            "with its interval, sample size and control."
-            + (f"\n\n{per_question(verdicts)}" if "claim_id" in verdicts.columns else ""))
+            "with its interval, sample size and control.")
