@@ -1,5 +1,6 @@
 """Check every rendered page of a built book for what a reader would see as broken (lmdepth.book.defects):
-figures or many-column tables wider than the text column, raw LaTeX, nan/None cells, missing show_table tables.
+figures or many-column tables wider than the text column, raw LaTeX, nan/None cells, missing show_table tables, and
+a page wider than its window, in a 1,400 px desktop window and on a 390 px phone.
 
     .venv/bin/python scripts/check_pages.py            # the book built by scripts/build_book.sh (_build/html)
     .venv/bin/python scripts/check_pages.py /tmp/b/_build/html
@@ -14,8 +15,11 @@ import sys
 from pathlib import Path
 
 from lmdepth.book.chapters import CHAPTERS
-from lmdepth.book.defects import chromium_exe, expected_tables, page_defects, rendered
+from lmdepth.book.defects import PHONE, chromium_exe, expected_tables, page_defects, rendered
 from lmdepth.runtime import REPO_ROOT
+
+#: The book's pages that are Markdown, not chapters (book/*.md).
+TEXT_PAGES = ("intro", "method", "references")
 
 
 def main(html_root: Path) -> int:
@@ -28,13 +32,15 @@ def main(html_root: Path) -> int:
               file=sys.stderr)
         return 2
     bad = 0
-    for stem in CHAPTERS.values():
+    for stem in [*CHAPTERS.values(), *TEXT_PAGES]:
         page = html_root / "book" / f"{stem}.html"
         if not page.exists():
             print(f"{stem}: not built ({page})")
             bad += 1
             continue
-        defects = page_defects(rendered(page), expected_tables((REPO_ROOT / "notebooks" / f"{stem}.py").read_text()))
+        source = REPO_ROOT / "notebooks" / f"{stem}.py"
+        defects = page_defects(rendered(page), expected_tables(source.read_text()) if source.is_file() else 0)
+        defects += [f"on a {PHONE[0]} px phone: {d}" for d in page_defects(rendered(page, phone=True), phone=True)]
         print(f"{stem}: {'ok' if not defects else f'{len(defects)} defect(s)'}")
         for d in defects:
             print(f"    {d}")

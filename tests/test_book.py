@@ -131,15 +131,18 @@ def test_charts_draw_offline_in_chromium(smoke_book, stem):
 
 
 @pytest.mark.browser  # builds the book too (smoke_book): deselect with -m "not slow and not browser"
-@pytest.mark.parametrize("stem", list(CHAPTERS.values()))
+@pytest.mark.parametrize("stem", [*CHAPTERS.values(), "intro", "method"])
 def test_pages_have_no_reader_visible_defects(smoke_book, stem):
     """Figures and wide tables within the text column, no raw LaTeX, no nan/None cells, every show_table table
-    rendered (lmdepth.book.defects; `python scripts/check_pages.py` runs the same check on the default book)."""
+    rendered, and the page no wider than its window on a desktop and on a 390 px phone (lmdepth.book.defects;
+    `python scripts/check_pages.py` runs the same checks on the default book)."""
     from lmdepth.book.defects import expected_tables, page_defects, rendered
 
     findings = stem == FINDINGS_PAGE  # its table is also clicked (same page load: no extra Chromium run)
-    dom = rendered(smoke_book / "_build" / "html" / "book" / f"{stem}.html", script=SORT_PROBE if findings else "")
-    assert page_defects(dom, expected_tables((REPO_ROOT / "notebooks" / f"{stem}.py").read_text())) == []
+    page, source = smoke_book / "_build" / "html" / "book" / f"{stem}.html", REPO_ROOT / "notebooks" / f"{stem}.py"
+    dom = rendered(page, script=SORT_PROBE if findings else "")
+    assert page_defects(dom, expected_tables(source.read_text()) if source.is_file() else 0) == []
+    assert page_defects(rendered(page, phone=True), phone=True) == []
     if findings:
         assert findings_page_problems(dom) == []
 

@@ -10,9 +10,10 @@ from lmdepth.book.defects import MAX_COLUMNS_UNSCROLLED, expected_tables, page_d
 pytestmark = pytest.mark.unit
 
 
-def page(body: str, width=800, figures=(), tables=()) -> str:
+def page(body: str, width=800, figures=(), tables=(), page_width=1385, window=1400) -> str:
     meas = {"width": width, "figures": [{"i": i, "width": w} for i, w in enumerate(figures)],
-            "tables": [{"i": i, "width": w, "columns": c, "id": tid} for i, (w, c, tid) in enumerate(tables)]}
+            "tables": [{"i": i, "width": w, "columns": c, "id": tid} for i, (w, c, tid) in enumerate(tables)],
+            "page": {"width": page_width, "window": window}}
     return f'<html><body>{body}<pre id="lmdepth-measure">{json.dumps(meas).replace("&", "&amp;")}</pre></body></html>'
 
 
@@ -63,3 +64,34 @@ def test_the_runs_table_fits_and_skipped_updates_are_reported():
     runs["moeut-lm"].meta["skipped_updates"] = []
     del runs["transformer-lm"]
     assert skipped_md(runs) == " No update was skipped for a non-finite gradient."
+
+
+def test_a_page_wider_than_its_window_is_a_defect_on_a_desktop_and_on_a_phone():
+    """A page that scrolls sideways as a whole; on a phone only that is checked (a chart wider than the column
+    scrolls in its own box there, lmdepth.book.narrow_screens)."""
+    assert page_defects(page("", page_width=1400)) == []
+    assert page_defects(page("", page_width=1412)) == ["the page is 1412 px wide in a 1400 px window: it scrolls sideways"]
+    phone = page("<p>$x_1$</p>", width=358, figures=[676], page_width=724, window=390)
+    assert page_defects(phone, phone=True) == ["the page is 724 px wide in a 390 px window: it scrolls sideways"]
+    assert page_defects(page("", width=358, figures=[676], page_width=375, window=390), phone=True) == []
+
+
+def test_the_narrow_screen_stylesheet_ships_with_every_html_build(tmp_path):
+    import yaml
+
+    from lmdepth.book import narrow_screens
+    from lmdepth.runtime import REPO_ROOT
+
+    class App:  # what setup() asks of Sphinx
+        outdir, css, hooks = tmp_path / "html", [], {}
+        builder = type("Builder", (), {"format": "html"})()
+        add_css_file = lambda self, name: self.css.append(name)  # noqa: E731
+        connect = lambda self, event, fn: self.hooks.setdefault(event, fn)  # noqa: E731
+
+    app = App()
+    assert narrow_screens.setup(app)["parallel_read_safe"]
+    app.hooks["builder-inited"](app)
+    css = (app.outdir / "_static" / narrow_screens.CSS_NAME).read_text()
+    assert app.css == [narrow_screens.CSS_NAME] and ".lmdepth-vega" in css and "overflow-x: auto" in css
+    config = yaml.safe_load((REPO_ROOT / "_config.yml").read_text())
+    assert "lmdepth.book.narrow_screens" in config["sphinx"]["extra_extensions"]

@@ -8,10 +8,15 @@ and reports:
   fit, or be designed to scroll);
 * text that looks like LaTeX (``$…$`` containing ``\\``, ``^``, ``_`` or ``{``) outside MathJax's output;
 * a table cell that reads ``nan``, ``NaN``, ``<NA>`` or ``None``;
-* fewer rendered tables than the page's unconditional ``show_table(...)`` calls.
+* fewer rendered tables than the page's unconditional ``show_table(...)`` calls;
+* a page wider than its window (it would scroll sideways as a whole), in a desktop window and on a phone
+  (:data:`PHONE`, where a chart or table wider than the column must scroll inside its own box instead:
+  :mod:`lmdepth.book.narrow_screens`).
 
 Layout is measured by a script added to a temporary copy of the page (next to it, so relative links resolve); it
-writes its measurements into the DOM, which ``--dump-dom`` returns.
+writes its measurements into the DOM, which ``--dump-dom`` returns. Headless Chromium keeps a window at least 500 px
+wide, so the phone's width is a frame of that width in a page of our own, to which the script posts what it
+measured.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 
 MAX_COLUMNS_UNSCROLLED = 6
 WINDOW = "1400,1000"  # a desktop window: the book's text column is then at its full width
+PHONE = (390, 844)  # px: a phone held upright (the CSS viewport of a 6.1-inch phone)
 
 MEASURE_JS = """
 <script>
@@ -39,10 +45,12 @@ window.addEventListener('load', () => setTimeout(() => {
   const tables = [...col.querySelectorAll('table')].map((t, i) => ({
     i, width: t.getBoundingClientRect().width, columns: t.rows.length ? t.rows[0].cells.length : 0,
     id: t.id || ''}));
+  const page = {width: document.documentElement.scrollWidth, window: window.innerWidth};
   const pre = document.createElement('pre');
   pre.id = 'lmdepth-measure';
-  pre.textContent = JSON.stringify({width, figures, tables});
+  pre.textContent = JSON.stringify({width, figures, tables, page});
   document.body.appendChild(pre);
+  if (window.parent !== window) window.parent.postMessage(pre.textContent, '*');  // framed: the phone's width
 }, 3000));
 </script>
 """
@@ -77,15 +85,29 @@ def headless(page: Path, *flags: str, budget_ms: int = 12000, timeout: int = 120
             capture_output=True, text=True, timeout=timeout)
 
 
-def rendered(page: Path, timeout: int = 120, script: str = "") -> str:
+#: The page of our own that holds a page in a frame of the phone's size and keeps what the page's script posts.
+FRAME_HTML = """<!DOCTYPE html><html><body style="margin:0">
+<iframe src="%(src)s" style="border:0; width:%(w)dpx; height:%(h)dpx"></iframe>
+<script>window.addEventListener('message', e => { const pre = document.createElement('pre');
+  pre.id = 'lmdepth-measure'; pre.textContent = e.data; document.body.appendChild(pre); });</script>
+</body></html>"""
+
+
+def rendered(page: Path, timeout: int = 120, script: str = "", phone: bool = False) -> str:
     """The DOM of ``page`` after its scripts ran, with the layout measurements in ``<pre id="lmdepth-measure">``;
-    ``script``: more HTML (a ``<script>`` of a test) added after the measuring one."""
+    ``script``: more HTML (a ``<script>`` of a test) added after the measuring one. With ``phone``, the page is
+    measured in a frame of :data:`PHONE`'s size and the DOM returned is the frame's holder: the measurements only."""
     probe = page.with_name(f".{page.stem}.measure.html")
+    frame = page.with_name(f".{page.stem}.phone.html")
     probe.write_text(page.read_text().replace("</body>", MEASURE_JS + script + "</body>", 1))
     try:
-        return headless(probe, f"--window-size={WINDOW}", timeout=timeout).stdout
+        if not phone:
+            return headless(probe, f"--window-size={WINDOW}", timeout=timeout).stdout
+        frame.write_text(FRAME_HTML % {"src": probe.name, "w": PHONE[0], "h": PHONE[1]})
+        return headless(frame, f"--window-size={WINDOW}", timeout=timeout).stdout
     finally:
         probe.unlink(missing_ok=True)
+        frame.unlink(missing_ok=True)
 
 
 def expected_tables(source: str) -> int:
@@ -100,17 +122,23 @@ def measurements(dom: str) -> dict | None:
     return json.loads(html_lib.unescape(m[1])) if m else None
 
 
-def page_defects(dom: str, n_tables: int = 0) -> list[str]:
+def page_defects(dom: str, n_tables: int = 0, phone: bool = False) -> list[str]:
     """The defects of one rendered page (see the module docstring); empty when the page is clean.
 
     Args:
         dom: the page after its scripts ran (:func:`rendered`).
         n_tables: tables the page must show at least (:func:`expected_tables` of its chapter).
+        phone: ``dom`` is a phone's rendering (``rendered(..., phone=True)``): only the page's own width is checked
+            (a chart wider than the column scrolls in its box there, and the text was checked on the desktop).
     """
-    out = []
     meas = measurements(dom)
     if meas is None:
         return ["no layout measurements: the page's scripts did not finish"]
+    page = meas["page"]
+    out = ([f"the page is {page['width']} px wide in a {page['window']} px window: it scrolls sideways"]
+           if page["width"] > page["window"] else [])
+    if phone:
+        return out
     col = meas["width"]
     out += [f"figure {f['i'] + 1} is {f['width']:.0f} px wide, the text column {col:.0f} px"
             for f in meas["figures"] if f["width"] > col + 1]
@@ -128,4 +156,4 @@ def page_defects(dom: str, n_tables: int = 0) -> list[str]:
     return out
 
 
-__all__ = ["MAX_COLUMNS_UNSCROLLED", "headless", "rendered", "expected_tables", "measurements", "page_defects"]
+__all__ = ["MAX_COLUMNS_UNSCROLLED", "PHONE", "WINDOW", "headless", "rendered", "expected_tables", "measurements", "page_defects"]
