@@ -168,7 +168,7 @@ md(report.describe("norms"))
 controls = residual.run_units(report.control_models(models, remote, n_examples), **run_kw)  # random-init twins
 verdicts = report.check("norms", residual.run_units(models, **run_kw), models, controls, n_boot=n_boot, seed=seed)
 report.save(verdicts, "norms", results_dir)
-show_table(report.display(verdicts))
+show_table(report.display(verdicts), caption="The paper's claims on each model: the statistic with its 95 % interval, the control and the verdict")
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-norms-claims"}}
 from lmdepth.charts.findings_charts import claims_forest

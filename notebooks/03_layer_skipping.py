@@ -167,7 +167,7 @@ comparison = skip_analysis.compare(models, current, future, n_examples=n_example
 later_effect_lines(skip_analysis.later_effect_table(comparison.table, models), threshold)
 
 # %% tags=["hide-input"]
-show_table(page.cutoff_table(comparison.futures, models, variants))
+show_table(page.cutoff_table(comparison.futures, models, variants), caption="The future-effect cutoff per model and skip variant, with its 95 % interval")
 
 # %% [markdown]
 # The heatmaps and output changes of each comparison model (the parts in `parts_compare`; all tokens when
@@ -212,9 +212,9 @@ verdict_units, controls = skip_analysis.claim_units(models, (n_examples_current,
                                                     (n_examples_compare, n_cuts_compare), **compare_common)
 verdicts = report.check("skipping", verdict_units, models, controls, n_boot=n_boot, seed=seed)
 report.save(verdicts, "skipping", results_dir)
-show_table(report.display(verdicts))
-show_table(page.statistics_table(verdicts))
-show_table(page.output_change_table(verdicts, verdict_units, controls, models))
+show_table(report.display(verdicts), caption="The paper's claims on each model: the statistic with its 95 % interval, the control and the verdict")
+show_table(page.statistics_table(verdicts), caption="Per claim row: the robust statistic that decided it beside the paper's aggregation of the same check")
+show_table(page.output_change_table(verdicts, verdict_units, controls, models), caption="Output change on all tokens per model: first- and second-half means and their ratio, for the skip, its nudge control and the random-init twin")
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-skipping-claims"}}
 from lmdepth.charts.findings_charts import claims_forest

@@ -167,7 +167,7 @@ training_curves(curves) if tuned_lens and not curves.empty else md("*Tuned lens 
 # %% tags=["hide-input"]
 if tuned_lens and not curves.empty:
     md(page.curve_ends_md(curves, models))
-    show_table(lens.tuned_convergence(curves))  # converged: beats the logit lens at every layer, none still improving
+    show_table(lens.tuned_convergence(curves), caption="Tuned-lens training per model: layers whose translator beats the logit lens, and layers still improving")  # converged: beats the logit lens at every layer, none still improving
 
 # %% [markdown]
 # Is the tuned lens trained enough? The table reads each layer's held-out curve: **beat logit lens** counts the
@@ -216,7 +216,7 @@ lens_across_models(all_tables, "top5_overlap", "Top-5 overlap")
 # chapter 02 writes between $h_t$ and $h_{t+1}$, so it sits at $(t + 0.5)/L$ on the same axis.
 
 # %% tags=["hide-input"]
-show_table(lens.summary_wide(summary))
+show_table(lens.summary_wide(summary), caption="Where each lens settles per model, as layer (l/L), beside the cosine transition")
 
 # %% mystnb={"figure": {"caption": "Where the prediction settles, per model, on relative depth: first layer with KL below 10 % of the lens' maximum, with KL below 10 % of the logit lens' maximum (tuned lens), and with top-5 overlap above 0.2; gray tick: the cosine phase transition ((t + 0.5)/L). Marks at 1.0 never crossed the threshold before the output.", "name": "fig-lens-settling"}}
 settling_chart(summary)
@@ -258,7 +258,7 @@ twins = report.control_models(models, remote is True, n_examples)  # random-init
 controls = bigram.with_baseline(lens.run_units(twins, **lens_kw), twins, **lens_kw) if twins else None
 verdicts = report.check("lens", units, models, controls, n_boot=n_boot, seed=seed)
 report.save(verdicts, "lens", results_dir)
-show_table(report.display(verdicts))
+show_table(report.display(verdicts), caption="The paper's claims on each model: the statistic with its 95 % interval, the control and the verdict")
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-lens-claims"}}
 from lmdepth.charts.findings_charts import claims_forest

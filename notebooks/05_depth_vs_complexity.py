@@ -168,7 +168,7 @@ levels, slopes, solved, items, table = complexity.grid_frames(results)
 md(page.runs_note(results))
 
 # %% tags=["hide-input"]
-show_table(page.sizes_table(items))
+show_table(page.sizes_table(items), caption="Per dataset and level, for each model: items, mean tokens and items solved")
 
 # %% [markdown]
 # Items per level, mean tokens analysed (prompt plus the kept part of the solution; for the synthetic sets the
@@ -185,7 +185,7 @@ show_table(page.sizes_table(items))
 
 # %% tags=["hide-input"]
 acc = page.accuracy_table(items)
-show_table(page.accuracy_display(acc))
+show_table(page.accuracy_display(acc), caption="Accuracy per dataset and level for each model, with its interval, n and the constant-answer baseline")
 md(page.ladder_md(acc))
 
 # %% mystnb={"figure": {"caption": "Accuracy per difficulty level with 95 % Wilson intervals (rules), one line per model; grey dashes: the constant-answer baseline of each level. A ladder the models can climb starts well above the dashes and falls toward them.", "name": "fig-accuracy-level"}}
@@ -198,7 +198,7 @@ accuracy_chart(acc)
 depth_vs_level_chart(levels)
 
 # %% tags=["hide-input"]
-show_table(page.slope_table(slopes, levels, items))
+show_table(page.slope_table(slopes, levels, items), caption="The fitted slopes of the depth score over levels, with how much the prompt length follows the level")
 
 # %% [markdown]
 # The fitted slope of $D$ over the levels (mean aggregation), in layers per level and as the rise over the whole
@@ -233,7 +233,7 @@ effect_profile_chart(table, model_name)
 # so those comparisons rest on a handful of items.
 
 # %% tags=["hide-input"]
-show_table(page.solved_counts(items))
+show_table(page.solved_counts(items), caption="Solved items per model, dataset and difficulty level")
 
 # %% mystnb={"figure": {"caption": "Depth score D/(L−1) (layer effect, mean aggregation) of solved and unsolved items per model and source, with bootstrap 95 % intervals.", "name": "fig-depth-solved"}}
 solved_chart(solved)
@@ -254,7 +254,7 @@ md(report.describe("complexity"))
 # %% tags=["hide-input"]
 verdicts = report.check("complexity", table, models, None, n_boot, seed, only=cc.claim_ids(sources))
 report.save(verdicts, "complexity", results_dir)
-show_table(report.display(verdicts))
+show_table(report.display(verdicts), caption="The paper's claims on each model: the statistic with its 95 % interval, the control and the verdict")
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-complexity-claims"}}
 from lmdepth.charts.findings_charts import claims_forest
@@ -274,13 +274,13 @@ claims_forest(verdicts)
 # %% tags=["hide-input"]
 case = erasure.run_case_studies(models, loaders=loaders, n_mean_examples=n_mean_examples, device=dev, dtype=dtype,
                                 results_dir=results_dir, use_cache=use_cache, remote=remote, **case_kw)
-show_table(page.case_table(case))
+show_table(page.case_table(case), caption="The case-study prompts per model: tokens, answer tokens and whether the greedy answer is right")
 
 # %% mystnb={"figure": {"caption": "Residual erasure for the main model: effect on the answer predictions of replacing the residual at (layer boundary, token) with the mean residual. Row 0 = embeddings, layer 0 at the bottom; the last token is not shown (it feeds no answer prediction). The colour scale is clipped at the largest effect outside position 0 (erasing the attention-sink token breaks everything; hover for values). A compositional computation would show a left-to-right staircase.", "name": "fig-erasure"}}
 map_chart(case[model_name].table, "erasure", model_name)
 
 # %% tags=["hide-input"]
-show_table(erasure.last_layer_that_matters(concat_tables(case)))
+show_table(erasure.last_layer_that_matters(concat_tables(case)), caption="Per model and prompt: the highest layer boundary at which erasing a token still moves the answer")
 
 # %% [markdown]
 # For each prompt, the highest layer boundary at which erasing a token still changes the answer prediction by at
@@ -306,7 +306,7 @@ comparison_maps(concat_tables(case), list(case)[1:])
 # %% tags=["hide-input"]
 completeness = page.completeness_by_model(case)  # every model with integrated gradients
 md(page.completeness_note(case[model_name]))
-show_table(completeness) if len(completeness) else None
+show_table(completeness, caption="Integrated-gradients completeness per model and prompt") if len(completeness) else None
 
 # %% mystnb={"figure": {"caption": "Integrated gradients, one titled row per model that has them (the main model first): attribution of the answer probability to each token's residual at the output of each layer (red positive, blue negative; the colour scale is clipped at the largest value outside position 0, as in the paper). Layer 0 at the bottom.", "name": "fig-ig"}}
 comparison_maps(concat_tables(case), list(case), method="ig")  # one titled row per model that has them

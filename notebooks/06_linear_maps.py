@@ -163,7 +163,7 @@ display(*heatmap_rows(table, main_labels[2:], size=250))  # the other pairs, if 
 heatmap_grid(table, main_labels, size=200, normalized=True)
 
 # %% tags=["hide-input"]
-show_table(page.summary_table(table, run))
+show_table(page.summary_table(table, run), caption="Per map: how close the best sources and targets lie to the equal-relative-depth line, and its lowest and median error")
 
 # %% tags=["hide-input"]
 md(page.best_sources_md(table, run))
@@ -191,7 +191,7 @@ map_heatmaps(table, control_labels, size=220) if control_labels else md("(contro
 floor_lines(table, main_labels[0])
 
 # %% tags=["hide-input"]
-show_table(page.controls_table(table, run))
+show_table(page.controls_table(table, run), caption="What each control measured, per map: the self-map's diagonal, shuffled pairs, the embeddings alone")
 
 # %% [markdown]
 # (claims-maps)=
@@ -209,14 +209,14 @@ md(report.describe("maps"))
 units, controls = maps_claims.units_of(table, main_labels)
 verdicts = report.check("maps", units, main_labels, controls, seed=seed)
 report.save(verdicts, "maps", results_dir)
-show_table(report.display(verdicts))
+show_table(report.display(verdicts), caption="The paper's claims on each model: the statistic with its 95 % interval, the control and the verdict")
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-maps-claims"}}
 from lmdepth.charts.findings_charts import claims_forest
 claims_forest(verdicts)
 
 # %% tags=["hide-input"]
-show_table(page.method_checks(table, run))
+show_table(page.method_checks(table, run), caption="Checks of the method: the self-map finds its own boundary, shuffled pairs beat no mean-only error")
 
 # %% tags=["remove-cell"]
 # Invariants that hold whatever the models (checks of the code, not of the claim), and enough aligned tokens.
@@ -230,7 +230,7 @@ page.check_run(table, run)
 
 # %% tags=["hide-input"]
 md(page.speed_md(table, run))
-show_table(page.timings_table(run))
+show_table(page.timings_table(run), caption="Seconds per step of the run")
 
 # %% [markdown]
 # ## Explore

@@ -104,10 +104,10 @@ cfg0 = training.run_config(profile, "moeut", "lm")
 data = training.load_data(cfg0, params.data_dir)
 splits = sa.evaluation_splits(data)
 md(page.data_md(cfg0, data))
-show_table(page.split_table(data))
+show_table(page.split_table(data), caption="Per split: problems, numbers of operations and question length")
 
 # %% tags=["hide-input"]
-show_table(page.example_table(data))
+show_table(page.example_table(data), caption="Example problems of each split")
 
 # %% [markdown]
 # The number of operations is counted from the question's arithmetic expression (binary `+ − × ÷`, unary minus
@@ -121,11 +121,11 @@ show_table(page.example_table(data))
 # checkpoint is trained here (with a progress bar; an interrupted run continues from its last checkpoint).
 
 # %% tags=["hide-input"]
-show_table(page.architecture_table(profile))
+show_table(page.architecture_table(profile), caption="The two architectures of this profile, side by side")
 
 # %% tags=["hide-input"]
 runs = sa.trained_runs(profile, params.runs_dir, params.data_dir, train=train, device=params.device)
-show_table(page.runs_table(runs))
+show_table(page.runs_table(runs), caption="The four trained runs: size, steps, learning rate, training time and final loss")
 md(page.scale_md(runs, profile))
 
 # %% [markdown]
@@ -149,14 +149,14 @@ charts.learning_curve_chart(runs, baseline=constant_answer_rate(e.answer for e i
 # %% tags=["hide-input"]
 per_example = sa.evaluate_runs(runs, splits, device=params.device)
 summary = sa.accuracy_summary(per_example)
-show_table(page.accuracy_table(summary))
+show_table(page.accuracy_table(summary), caption="Exact match (with its interval) and answer loss per run and split, and the constant-answer baseline")
 
 # %% mystnb={"figure": {"caption": "Exact match per run and split (rules: Wilson 95 % intervals) and the mean answer loss per answer token.", "name": "fig-moeut-accuracy"}}
 charts.accuracy_chart(summary)
 
 # %% tags=["hide-input"]
 gains = sa.gains_by_split(per_example, splits, n_boot=n_boot, seed=seed)
-show_table(page.gains_table(gains))
+show_table(page.gains_table(gains), caption="The paired gains of not modelling the question per split and metric, with 95 % intervals")
 
 # %% [markdown]
 # What not modelling the question changes: exact match (answer-only minus all-token run, in points) and the
@@ -169,7 +169,7 @@ show_table(page.gains_table(gains))
 
 # %% tags=["hide-input"]
 gaps = sa.architecture_gaps(per_example, splits, n_boot=n_boot, seed=seed)
-show_table(page.gaps_table(gaps))
+show_table(page.gaps_table(gaps), caption="MoEUT minus Transformer per split, metric and objective, with its 95 % interval")
 md(page.gaps_md(gaps))
 
 # %% [markdown]
@@ -187,7 +187,7 @@ md(page.gaps_md(gaps))
 
 # %% tags=["hide-input"]
 erasure_table, probe_answers = sa.probe_erasures(runs, device=params.device)
-show_table(page.probe_answers_table(probe_answers))
+show_table(page.probe_answers_table(probe_answers), caption="The probe problems and each run's answer")
 
 # %% mystnb={"figure": {"caption": "Residual erasure on probe 2 of the paper (an add_sub_multiple problem), one row of panels per run: effect on the answer predictions of replacing the residual at (depth step, token) with the reference mean. Row 0 = embeddings, step 0 at the bottom; each panel has its own colour scale (hover for values).", "name": "fig-moeut-erasure"}}
 charts.probe_chart(erasure_table, PROBES[1][0], list(runs))
@@ -200,7 +200,7 @@ charts.probe_charts(erasure_table, [PROBES[0][0], PROBES[3][0]], list(runs), cel
 
 # %% tags=["hide-input"]
 edepth = sa.erasure_depth(erasure_table)
-show_table(page.erasure_depth_table(edepth))
+show_table(page.erasure_depth_table(edepth), caption="Erasure depth per probe and run")
 
 # %% [markdown]
 # A one-number summary of each map: the effect-weighted mean row at which erasing a *question* token changes the
@@ -227,11 +227,11 @@ charts.depth_ops_chart(depth.levels)
 
 # %% tags=["hide-input"]
 rises = sa.overall_rises(depth)
-show_table(page.rise_table(rises))
-show_table(depth.split_rises)  # layer effect, mean aggregation
+show_table(page.rise_table(rises), caption="Rise of the depth score with the number of operations, per run and effect, with its 95 % interval")
+show_table(depth.split_rises, caption="Rise of the depth score per operation within each split, per run (layer effect, mean aggregation)")  # layer effect, mean aggregation
 
 # %% tags=["hide-input"]
-show_table(page.solved_table(depth.solved_groups))
+show_table(page.solved_table(depth.solved_groups), caption="Relative depth score of the solved and the unsolved problems per run, with the group sizes")
 
 # %% [markdown]
 # The same depth score for the sampled problems each run solves and fails (layer effect, all operation counts
@@ -260,7 +260,7 @@ show_table(page.solved_table(depth.solved_groups))
 # %% tags=["hide-input"]
 matched, matched_states = sa.matched_runs(profile, params.runs_dir, device=params.device, loaded=runs)
 matched_per_example = sa.evaluate_runs(matched, splits, device=params.device, known=per_example)
-show_table(page.matched_table(matched_states, matched_per_example))
+show_table(page.matched_table(matched_states, matched_per_example), caption="The comparison runs: state and exact match per architecture, objective and training seed")
 
 # %% [markdown]
 # A claim about a training recipe generalises over training runs, so the seeds decide: the control is a
@@ -276,7 +276,7 @@ md(report.describe("moeut"))
 # %% tags=["hide-input"]
 verdicts = report.check("moeut", moeut_claims.units_of(matched_per_example), [moeut_claims.SUBJECT],
                         only=list(moeut_claims.ACCURACY_CLAIMS), n_boot=n_boot, seed=seed)
-show_table(report.display(verdicts))
+show_table(report.display(verdicts), caption="The paper's claims on the comparison runs: accuracy")
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-moeut-claims"}}
 from lmdepth.charts.findings_charts import claims_forest
@@ -311,13 +311,13 @@ md(page.findings_md(summary, gains, rises, edepth, per_example))
 
 # %% tags=["hide-input"]
 dq = depth_questions.ask(matched, data, matched_per_example, params, earlier=verdicts)
-show_table(page.finetune_table(dq.finetune_states, dq.over_training))
+show_table(page.finetune_table(dq.finetune_states, dq.over_training), caption="The fine-tuned SmolLM2-135M runs: state, steps, snapshots and the exact match they reached")
 
 # %% mystnb={"figure": {"caption": "Mean relative depth per number of operations, one line per run (the mean over its training seeds; points: each seed), on the problems every seed of the run solves: the depth score D/(L−1) of the layer effect (what the claims read), of the answer effect, or the erasure depth (radio button). Left of the dashed rule the interpolation split, right of it the extrapolation split, whose problems are longer than any training problem. Click a legend entry to isolate a run.", "name": "fig-moeut-depth-recipes"}}
 charts.depth_recipe_chart(dq.units)
 
 # %% tags=["hide-input"]
-show_table(report.display(dq.verdicts))
+show_table(report.display(dq.verdicts), caption="The paper's depth claims on the comparison and fine-tuned runs")
 md(page.depth_md(dq.verdicts))
 report.save(dq.chapter_verdicts, "moeut", results_dir)
 

@@ -94,7 +94,7 @@ claims_forest(verdicts)
 # %% tags=["hide-input"]
 if len(verdicts):
     md(findings.headline(verdicts))
-    show_table(findings.state_counts(verdicts))
+    show_table(findings.state_counts(verdicts), caption="Counted verdicts per state, per model")
 
 # %% tags=["hide-input"]
 if anything and source.note:
@@ -108,7 +108,8 @@ if len(verdicts):
        "its chapter's check, where its interval and its control are drawn.")
     # click a header to sort by it; a row's claim links to its chapter's claim check (its interval and control)
     show_table(findings.row_table(verdicts, shown), sortable=True,
-               links=[f"{CHAPTERS[c]}.html#claims-{c}" for c in findings.row_chapters(verdicts, shown)])
+               links=[f"{CHAPTERS[c]}.html#claims-{c}" for c in findings.row_chapters(verdicts, shown)],
+               caption="Every (claim × model) verdict with its statistic, interval, sample size and control")
 
 # %% tags=["hide-input"]
 links = {f.chapter: f"[{f.chapter.split('_', 1)[1].replace('_', ' ')}]({f.chapter}.html)" for f in atlas.FINDINGS}
@@ -144,7 +145,7 @@ if len(table):
         f"{int(r.layer)} ({r.rel_depth:.2f})" if pd.notna(r.rel_depth) else (f"{r.value:.2f}" if pd.notna(r.value) else "none")
         for r in table.itertuples()])
     wide = wide.pivot_table(index="measure", columns="model", values="text", aggfunc="first", sort=False)
-    show_table(wide.reindex(columns=shown).fillna("—").reset_index().rename(columns={"measure": "measure: layer (l/L)"}))
+    show_table(wide.reindex(columns=shown).fillna("—").reset_index().rename(columns={"measure": "measure: layer (l/L)"}), caption="Per measure, the layer (l/L) at which each model's computation settles")
 
 # %% tags=["hide-input"]
 depths = table.dropna(subset=["rel_depth"])
@@ -162,7 +163,7 @@ if len(depths):
 # problems; see its chapter); the tooltip and the table below name the sample of every number.
 
 # %% tags=["hide-input"]
-show_table(atlas.display_table(table)) if len(table) else None
+show_table(atlas.display_table(table), caption="The atlas for reading: one row per model and measure") if len(table) else None
 
 # %% [markdown]
 # ## Add a model

@@ -125,7 +125,7 @@ md(f"The model's next token is {final.token!r} (p = {final.prob:.2f}); "
       if len(later) else f"Layer {skip_layer} is the last one; skipping it changes the output by {x.output_change:.3f}."))
 
 # %% tags=["hide-input"]
-show_table(explorer.lens_token_table(x))
+show_table(explorer.lens_token_table(x), caption="Logit-lens top tokens per layer for your prompt")
 
 # %% [markdown]
 # ## Notes

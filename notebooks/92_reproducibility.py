@@ -91,7 +91,7 @@ for path in sorted(profiles_dir().glob("*.yaml")):
     for chapter, params in (doc.get("chapters") or {}).items():
         rows.append({"profile": path.stem, "block": chapter,
                      "parameters": yaml.safe_dump(params, default_flow_style=True, width=10_000).strip()})
-show_table(pd.DataFrame(rows))
+show_table(pd.DataFrame(rows), caption="The parameters each profile sets, per chapter")
 
 # %% [markdown]
 # ## Build record
@@ -102,7 +102,7 @@ show_table(pd.DataFrame(rows))
 # %% tags=["hide-input"]
 record = atlas.build_record(book_dir)
 record = record[record.chapter != "92_reproducibility"]
-show_table(record) if len(record) else md(f"*No executed chapter notebooks under `{book_dir}`: `lmdepth book` writes "
+show_table(record, caption="The executed pages of this build: when, and in how long") if len(record) else md(f"*No executed chapter notebooks under `{book_dir}`: `lmdepth book` writes "
                                           "them (this page reads their build record).*")
 known = pd.to_numeric(record["wall time (s)"], errors="coerce")
 md(f"{len(record)} pages; the times of their last executions add up to {known.sum() / 60:.1f} min "
@@ -124,7 +124,7 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
 # them cost, and the command to retrain, is on its own page.
 
 # %% tags=["hide-input"]
-show_table(cost_table(results_dir, profile))
+show_table(cost_table(results_dir, profile), caption="Compute time per chapter and model, from the runs' own timings")
 built = build_cost(results_dir, profile)
 md(f"In all, {built.sentence()}. Chapters 01 and 02 share their runs (counted once). The README's cold-build "
    "figure and each chapter's cost announcement read the same sum (`lmdepth.book.cost.build_cost`)."
@@ -163,7 +163,7 @@ md(f"In all, {built.sentence()}. Chapters 01 and 02 share their runs (counted on
 show_table(pd.DataFrame([{"chapter": c, "here (CPU, GPU)": "yes",
                           "NDIF (remote true) and its simulation (remote local)": (
                               f"yes: {REMOTE_READY[c]}" if c in REMOTE_READY else f"no: {NOT_REMOTE.get(c, '')}")}
-                         for c in CHAPTERS]))
+                         for c in CHAPTERS]), caption="Where each chapter runs: here, on a GPU, on NDIF")
 
 # %% [markdown]
 # ### What a prompt costs on NDIF
@@ -181,8 +181,8 @@ show_table(pd.DataFrame([{"chapter": c, "here (CPU, GPU)": "yes",
 # %% tags=["hide-input"]
 ndif_cost = remote_cost("paper", PAPER_LAYERS)
 sizes = ["ships / request", "returns / request"]
-show_table(ndif_cost.drop(columns=sizes))  # two tables, so each fits the text column
-show_table(ndif_cost[["chapter", "measurement", *sizes]])
+show_table(ndif_cost.drop(columns=sizes), caption="What each chapter costs on NDIF for Llama 3.1 70B: requests and forward passes per prompt")  # two tables, so each fits the text column
+show_table(ndif_cost[["chapter", "measurement", *sizes]], caption="What one NDIF request of each chapter ships and returns")
 
 # %% [markdown]
 # ## Results that defend themselves
@@ -224,7 +224,7 @@ md(fault_summary(REPO_ROOT / "tests" / "test_faults.py"))
 
 # %% tags=["hide-input"]
 env = environment()
-show_table(pd.DataFrame({"package / fact": list(env), "value": ["—" if v is None else str(v) for v in env.values()]}))
+show_table(pd.DataFrame({"package / fact": list(env), "value": ["—" if v is None else str(v) for v in env.values()]}), caption="Versions and machine facts of this build")
 
 # %% [markdown]
 # ## What differs from the paper, and why

@@ -95,10 +95,25 @@ def styled(df: pd.DataFrame, sortable: bool = False, links: list[str] | None = N
     return out.set_table_attributes(f'class="{SORTABLE_CLASS}"') if sortable else out
 
 
-def show_table(df: pd.DataFrame, sortable: bool = False, links: list[str] | None = None) -> None:
+#: A table of more rows than this starts folded under its caption (about one screen of rows in the book).
+FOLD_ROWS = 15
+
+
+def show_table(df: pd.DataFrame, sortable: bool = False, links: list[str] | None = None,
+               caption: str | None = None) -> None:
     """Display :func:`styled` ``df`` now — wherever the call stands in its cell (a table returned by a cell's
     non-last line would otherwise never render); ``sortable``: its rows sort by a clicked column header in the book
-    (:mod:`lmdepth.book.table_sort`); ``links``: one address per row, which its first cell links to."""
-    from IPython.display import display
+    (:mod:`lmdepth.book.table_sort`); ``links``: one address per row, which its first cell links to; ``caption``:
+    one line saying what the table holds (every table of the book has one). A table of more than :data:`FOLD_ROWS`
+    rows starts folded: its caption and row count show, a click opens it (an HTML ``<details>``, so also in
+    Jupyter and Colab)."""
+    from IPython.display import HTML, display
 
-    display(styled(df, sortable, links))
+    table = styled(df, sortable, links)
+    if caption:
+        table = table.set_caption(html.escape(caption))
+    if len(df) <= FOLD_ROWS:
+        display(table)
+        return
+    summary = html.escape(f"{caption or 'Table'}: {len(df)} rows (click to open)")
+    display(HTML(f'<details class="lmdepth-folded"><summary>{summary}</summary>\n{table.to_html()}</details>'))
