@@ -22,8 +22,9 @@
 # - what **skipping** the chosen layer does to every later layer and to the output (chapter
 #   {doc}`03_layer_skipping`, "all tokens" variant: the layer's output := its input at every position ≥ 1).
 #
-# The interactive form needs a live kernel — open this page in Jupyter or with the Colab button at the top. On the
-# static page below, the same computation is shown once for a fixed example.
+# The interactive form needs a live kernel: run `lmdepth explore` (this page as a local web app, offline; `--model`
+# and `-p` set its parameters), open it in Jupyter, or use the Colab button at the top. On the static page below, the
+# same computation is shown once for a fixed example.
 #
 # The three computations are one nnsight session, chapter 03's skip session for the chosen layer, whose clean pass
 # also reads the contributions and the logit lens: two forward passes per prompt, the clean one and the skipped one.
@@ -85,7 +86,7 @@ live = os.environ.get("LMDEPTH_BOOK_BUILD") != "1"
 # %% [markdown]
 # ## Live explorer *(live kernel only)*
 #
-# Run this cell in Jupyter or Colab: edit the prompt, pick a model, move the layer slider, press **Run**. Models
+# In `lmdepth explore`, Jupyter or Colab: edit the prompt, pick a model, move the layer slider, press **Run**. Models
 # load on first use (the packaged ones in seconds, from the local cache).
 
 # %% tags=["hide-input"]
@@ -125,7 +126,7 @@ md(f"The model's next token is {final.token!r} (p = {final.prob:.2f}); "
       if len(later) else f"Layer {skip_layer} is the last one; skipping it changes the output by {x.output_change:.3f}."))
 
 # %% tags=["hide-input"]
-show_table(explorer.lens_token_table(x), caption="Logit-lens top tokens per layer for your prompt")
+show_table(explorer.lens_token_table(x), caption="Logit-lens top tokens per layer, for the prompt above")
 
 # %% [markdown]
 # ## Notes

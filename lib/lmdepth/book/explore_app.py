@@ -1,0 +1,141 @@
+"""``lmdepth explore``: the explorer (chapter 91) as a local web app — type a prompt, pick a model and a layer, press
+Run, and the contributions, the logit lens and the skip effect are computed for it in a live kernel.
+
+The page is the explorer notebook served by Voilà (the Jupyter project's app server for notebooks with widgets):
+its cells run in a kernel on this machine, the page shows their outputs without the code, and the widget's Run
+button calls the same :func:`lmdepth.book.explorer.explore` as the book. Voilà is an optional dependency (the
+``explore`` extra); everything the page loads comes from this machine, so it works offline:
+
+* the notebook is written from the chapter source with the reader's parameters injected as papermill does;
+* jupytext's JupyterLab extension (installed with jupytext, a dependency) is not loaded: it expects JupyterLab
+  around it and throws in Voilà's page (an allowlist of the widgets' extension alone leaves Voilà's page without
+  widgets);
+* the page template is Voilà's ``lab`` template less its two font stylesheets from a CDN (the explorer shows no
+  icon): :data:`TEMPLATE_INDEX`.
+
+Why Voilà and not a server of our own: it is the maintained way to serve ipywidgets from a kernel (the comm
+protocol, kernel lifetime, one kernel per page), and the explorer's widget is then the same in Jupyter, Colab and
+here.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lmdepth.book.chapters import chapter_source, check_parameters
+from lmdepth.errors import MissingPackageError
+
+#: The chapter the app serves.
+CHAPTER = "explorer"
+#: What the page needs beyond the core dependencies: pyproject.toml's ``explore`` extra (a test holds them equal).
+REQUIREMENTS = ("voila>=0.5,<0.6", "ipywidgets>=8")
+#: The JupyterLab extensions the page does not load (see the module docstring).
+DENIED_EXTENSIONS = ("jupyterlab-jupytext",)
+#: The name of the page template written beside the notebook (:func:`prepare`).
+TEMPLATE = "lmdepth"
+#: Voilà's ``lab`` template, less the CDN stylesheets its ``notebook_css`` block adds (read offline, they only fail).
+TEMPLATE_INDEX = """\
+{%- extends 'lab/index.html.j2' -%}
+{%- block notebook_css -%}
+{{ super() | replace('<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/@fortawesome/fontawesome-free@^5/css/all.min.css" type="text/css" />', '') | replace('<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/@fortawesome/fontawesome-free@^5/css/v4-shims.min.css" type="text/css" />', '') }}
+{%- endblock notebook_css -%}
+"""
+
+
+def require_voila() -> None:
+    """Stop in one line, before any work, where Voilà or ipywidgets is not installed.
+
+    Raises:
+        MissingPackageError: one of them is missing; the line gives the pip command.
+    """
+    import importlib.util
+
+    missing = [m for m in ("voila", "ipywidgets") if importlib.util.find_spec(m) is None]
+    if missing:
+        wanted = " ".join(f"'{r}'" for r in REQUIREMENTS)
+        raise MissingPackageError(f"`lmdepth explore` needs {' and '.join(missing)}, not installed here: pip install "
+                                  f"{wanted} (or `pip install -e \".[explore]\"` in a checkout).")
+
+
+def prepare(folder: Path, params: Mapping[str, Any]) -> Path:
+    """Write the explorer notebook with ``params`` injected (checked first, as ``lmdepth run`` checks them) and the
+    page template into ``folder``; returns the notebook's path.
+
+    Raises:
+        ParameterError, UnknownModelError: a parameter the explorer does not declare, or of the wrong type; a model
+            that is not one.
+    """
+    import jupytext
+    import nbformat
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    params = check_parameters(CHAPTER, dict(params))
+    nb = jupytext.read(chapter_source(CHAPTER))
+    nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
+    path = folder / "explorer.ipynb"
+    nbformat.write(nb, path)
+    if params:  # papermill's loader adds the metadata its parameterizer reads (every cell's tags, its own)
+        nbformat.write(parameterize_notebook(load_notebook_node(str(path)), dict(params)), path)
+    template = folder / "voila" / "templates" / TEMPLATE
+    template.mkdir(parents=True, exist_ok=True)
+    (template / "index.html.j2").write_text(TEMPLATE_INDEX)
+    (template / "conf.json").write_text(json.dumps({"base_template": "lab"}))
+    return path
+
+
+def voila_command(notebook: Path, port: int, open_browser: bool = False) -> list[str]:
+    """The Voilà command line serving ``notebook`` on 127.0.0.1:``port`` without :data:`DENIED_EXTENSIONS`, with
+    the template of :func:`prepare` and the code cells hidden."""
+    return [sys.executable, "-m", "voila", str(notebook), f"--port={port}", "--Voila.ip=127.0.0.1",
+            f"--template={TEMPLATE}", "--strip_sources=True",
+            *(f"--VoilaConfiguration.extension_denylist={name}" for name in DENIED_EXTENSIONS),
+            *([] if open_browser else ["--no-browser"])]
+
+
+def environment(folder: Path) -> dict[str, str]:
+    """The server's environment: Jupyter's data path led by ``folder`` (where :func:`prepare` put the template)."""
+    import os
+
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("JUPYTER_PATH", "")) if p)
+    return {**os.environ, "JUPYTER_PATH": path, "LMDEPTH_PROGRESS": "0"}
+
+
+def serve(params: Mapping[str, Any], port: int = 8866, open_browser: bool = False) -> int:
+    """Serve the explorer until Ctrl-C (the server then shuts its kernel down); returns Voilà's exit status."""
+    require_voila()
+    with tempfile.TemporaryDirectory(prefix="lmdepth-explore-") as tmp:
+        folder = Path(tmp)
+        notebook = prepare(folder, params)
+        cmd = voila_command(notebook, port, open_browser)
+        print(f"lmdepth: serving the explorer at http://127.0.0.1:{port}/ (Ctrl-C stops it; the first page takes "
+              f"~20 s: it loads the model and runs the static example)\n  {shlex.join(cmd)}", file=sys.stderr,
+              flush=True)
+        # Its own session: Ctrl-C reaches only this process (Voilà would ask on the terminal whether to stop, or
+        # ignore SIGINT when started in the background); Ctrl-C or SIGTERM here sends it SIGTERM, on which it shuts
+        # its kernel down and exits, and the folder is removed.
+        server = subprocess.Popen(cmd, cwd=folder, env=environment(folder), start_new_session=True)
+        previous = signal.signal(signal.SIGTERM, lambda *_: server.terminate())
+        try:
+            return server.wait()
+        except KeyboardInterrupt:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+            return 130
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = ["CHAPTER", "REQUIREMENTS", "DENIED_EXTENSIONS", "TEMPLATE", "TEMPLATE_INDEX", "require_voila", "prepare",
+           "voila_command", "environment", "serve"]

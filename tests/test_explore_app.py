@@ -1,0 +1,193 @@
+"""``lmdepth explore`` (lmdepth.book.explore_app): the explorer served by Voilà and used from headless Chromium, as a
+reader would — the page loads offline, a typed prompt changes the numbers drawn, nothing throws, and the server
+stops cleanly (its kernel too, its folder removed).
+
+Chromium is driven over its DevTools protocol (a websocket: websocket-client, a dependency of nnsight) because
+typing into a widget and waiting for the kernel's answer needs a live page, which ``--dump-dom`` cannot give.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from lmdepth.book import explore_app
+from lmdepth.book.defects import chromium_exe
+from lmdepth.errors import LmDepthError
+from lmdepth.runtime import REPO_ROOT
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(check, timeout: float, step: float = 0.5):
+    end = time.time() + timeout
+    while time.time() < end:
+        got = check()
+        if got:
+            return got
+        time.sleep(step)
+    return None
+
+
+class Page:
+    """One headless Chromium tab driven over the DevTools protocol, every host but 127.0.0.1 unresolvable."""
+
+    def __init__(self, profile: Path):
+        import websocket
+
+        port = _free_port()
+        self.chrome = subprocess.Popen(
+            [chromium_exe(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
+             "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1", "--window-size=1200,900", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def tabs():
+            try:
+                return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=2))
+            except OSError:
+                return None
+
+        listed = _wait(tabs, 30, 0.2)
+        assert listed, "headless Chromium did not open its DevTools port"
+        self.ws = websocket.create_connection(next(t for t in listed if t["type"] == "page")["webSocketDebuggerUrl"])
+        self.n, self.events = 0, []
+        self.call("Runtime.enable")
+        self.call("Log.enable")
+
+    def call(self, method: str, **params):
+        self.n += 1
+        self.ws.send(json.dumps({"id": self.n, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.n:
+                return msg.get("result", {})
+            self.events.append(msg)
+
+    def js(self, expression: str):
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True).get("result", {}).get("value")
+
+    def errors(self) -> list[str]:
+        """JavaScript exceptions, console errors and failed loads seen so far."""
+        out = []
+        for e in self.events:
+            p = e.get("params", {})
+            if e.get("method") == "Runtime.exceptionThrown":
+                out.append(p["exceptionDetails"].get("text", "") + " " + str(p["exceptionDetails"].get("exception", {})
+                                                                              .get("description", ""))[:300])
+            elif e.get("method") == "Runtime.consoleAPICalled" and p.get("type") == "error":
+                out.append(" ".join(str(a.get("value", a.get("description", "")))[:300] for a in p.get("args", [])))
+            elif e.get("method") == "Log.entryAdded" and p["entry"]["level"] == "error":
+                out.append(f"{p['entry']['text']} {p['entry'].get('url', '')}")
+        return out
+
+    def close(self) -> None:
+        self.ws.close()
+        self.chrome.terminate()
+        self.chrome.wait(timeout=30)
+
+
+#: Type ``prompt`` into the explorer's prompt box (the widget syncs on ``input``) and press Run.
+TYPE_AND_RUN = """(() => {
+  const box = document.querySelector('textarea');
+  box.value = %s;
+  box.dispatchEvent(new Event('input', {bubbles: true}));
+  [...document.querySelectorAll('button')].find(b => b.textContent.trim() === 'Run').click();
+})()"""
+#: The logit-lens table the widget drew for the last Run, once it differs from ``before``.
+LENS_TABLE = """(() => {
+  const t = document.querySelector('.widget-output table');
+  return t && t.innerText !== %s ? t.innerText : null;
+})()"""
+
+
+@pytest.mark.unit
+def test_the_server_command_and_its_page_template(tmp_path):
+    """The command serves on 127.0.0.1 only, without jupytext's lab extension and the code, with our template; the
+    template keeps Voilà's lab page less its CDN stylesheets; the notebook carries the reader's parameters."""
+    notebook = explore_app.prepare(tmp_path, {"prompt": "two plus two is", "skip_layer": 2})
+    cmd = explore_app.voila_command(notebook, 9999)
+    assert cmd[1:4] == ["-m", "voila", str(notebook)] and "--Voila.ip=127.0.0.1" in cmd and "--no-browser" in cmd
+    assert "--VoilaConfiguration.extension_denylist=jupyterlab-jupytext" in cmd and "--strip_sources=True" in cmd
+    template = tmp_path / "voila" / "templates" / explore_app.TEMPLATE
+    assert json.loads((template / "conf.json").read_text()) == {"base_template": "lab"}
+    index = (template / "index.html.j2").read_text()
+    lab = Path(sys.prefix, "share", "jupyter", "voila", "templates", "lab", "index.html.j2").read_text()
+    cdn = re.findall(r'<link rel="stylesheet" href="https://[^"]+" type="text/css" />', lab)
+    assert len(cdn) == 2 and all(f"replace('{link}', '')" in index for link in cdn)  # each removed, as written there
+    import nbformat
+
+    injected = [c.source for c in nbformat.read(notebook, as_version=4).cells
+                if "injected-parameters" in c.metadata.get("tags", [])]
+    assert injected and "prompt = \"two plus two is\"" in injected[0] and "skip_layer = 2" in injected[0]
+    assert explore_app.environment(tmp_path)["JUPYTER_PATH"].split(":")[0] == str(tmp_path)
+    with pytest.raises(LmDepthError, match="skip_layers"):  # a misspelt parameter: one line, before any server
+        explore_app.prepare(tmp_path, {"skip_layers": 2})
+
+
+@pytest.mark.unit
+def test_without_voila_the_command_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "voila" else real(name, *a))
+    from lmdepth.book.cli import main
+
+    with pytest.raises(LmDepthError, match=r"needs voila, not installed here: pip install 'voila>=0\.5,<0\.6' "
+                                           r"'ipywidgets>=8'"):
+        explore_app.require_voila()
+    assert main(["explore", "--port", "1"]) == 2
+    import tomllib
+
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert tuple(extras["explore"]) == explore_app.REQUIREMENTS  # the line names what the extra installs
+
+
+@pytest.mark.browser  # and the packaged SmolLM2: the explorer's model
+def test_a_typed_prompt_changes_what_the_live_explorer_draws(tmp_path):
+    if chromium_exe() is None:
+        pytest.fail("headless Chromium is needed: `apt install chromium` (scripts/test.sh does it where it may)")
+    port, log = _free_port(), tmp_path / "server.log"
+    with log.open("w") as err:  # a file, not a pipe: nothing reads the server's log while the page runs
+        server = subprocess.Popen([sys.executable, "-m", "lmdepth.book.cli", "explore", "--port", str(port)],
+                                  stderr=err, cwd=tmp_path)
+    page, folder = None, None
+    try:
+        named = _wait(lambda: re.search(r"voila (\S+)/explorer\.ipynb", log.read_text()), 60)
+        assert named, log.read_text()
+        folder = Path(named[1])
+        assert folder.is_dir() and folder.name.startswith("lmdepth-explore-")
+        page = Page(Path(tempfile.mkdtemp(dir=tmp_path)))
+        page.call("Page.navigate", url=f"http://127.0.0.1:{port}/")
+        # the first page runs the notebook (model load, the static example): tens of seconds on 2 cores
+        assert _wait(lambda: page.js("!!document.querySelector('textarea')"), 240), "the explorer's form never appeared"
+        page.js(TYPE_AND_RUN % json.dumps("The capital of France is"))
+        first = _wait(lambda: page.js(LENS_TABLE % json.dumps("")), 120)
+        assert first and first.startswith("layer\ttop 1"), first
+        page.js(TYPE_AND_RUN % json.dumps("def fibonacci(n):"))
+        second = _wait(lambda: page.js(LENS_TABLE % json.dumps(first)), 120)
+        assert second and second.startswith("layer\ttop 1") and second != first  # the new prompt's own numbers
+        assert page.errors() == []
+    finally:
+        if page is not None:
+            page.close()
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+    assert code == 0, log.read_text()  # Voilà stopped on the forwarded SIGTERM and shut its kernel down
+    assert not folder.exists()  # the notebook and template folder removed
+    left = subprocess.run(["pgrep", "-f", str(folder)], capture_output=True, text=True).stdout.split()
+    assert left == []  # neither the server nor its kernel outlived it
