@@ -70,8 +70,11 @@ if not anything:
 from lmdepth.charts.findings_charts import claims_forest, headline_bar
 headline_bar(verdicts)
 
-# %% mystnb={"figure": {"caption": "Every verdict row, grouped by chapter. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show (no valid control, or a check that is not testable); for a comparison built into the statistic, the statistic itself, or the model minus its positive control. Colour: how the row is counted; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-findings-forest"}}
-claims_forest(verdicts)
+# %% mystnb={"figure": {"caption": "Every verdict row, grouped by chapter. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show (no valid control, or a check that is not testable); checks with no statistic at all are counted below the chart instead; for a comparison built into the statistic, the statistic itself, or the model minus its positive control. Colour: how the row is counted; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-findings-forest"}}
+claims_forest(verdicts[~findings.numberless(verdicts)])  # a check with no number: one line per chapter below
+
+# %% tags=["hide-input"]
+md(findings.numberless_line(verdicts)) if len(verdicts) else None
 
 # %% [markdown]
 # **Reading the verdicts** (the whole rule: {ref}`Method: verdicts <method-verdicts>`). Each check is decided

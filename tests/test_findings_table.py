@@ -311,3 +311,17 @@ def test_the_introduction_leads_with_the_headline_picture_then_the_answers_then_
     monkeypatch.setattr(build, "saved_verdicts", lambda results_dir, profile: rows.iloc[:0])
     text = build.write_findings_summary(tmp_path, tmp_path, "default").read_text()
     assert "headline.svg" not in text and not (tmp_path / "headline.svg").exists()
+
+
+def test_checks_without_a_number_leave_the_forest_for_one_line_per_chapter():
+    """A not-testable row with no statistic is counted in one line per chapter, not drawn; a not-testable row with a
+    number (a prerequisite not met) and every decided row stay in the forest."""
+    from lmdepth.claims.findings_claims import numberless, numberless_line
+
+    rows = pd.DataFrame({"chapter": ["complexity", "complexity", "complexity", "lens"],
+                         "claim_id": ["a", "b", "c", "d"], "model": "m",
+                         "state": ["not testable", "not testable", "agrees", "not testable"],
+                         "estimate": [float("nan"), 0.4, 0.5, float("nan")]})
+    assert list(numberless(rows)) == [True, False, False, True]
+    assert numberless_line(rows) == "*Not drawn (not testable here, no statistic to place):* complexity: 1 check; lens: 1 check."
+    assert numberless_line(rows[~numberless(rows)]) == ""

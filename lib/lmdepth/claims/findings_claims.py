@@ -377,6 +377,25 @@ def per_question(verdicts: pd.DataFrame) -> str:
     return "**Per question of the paper** (counted rows):\n\n" + "\n".join(lines)
 
 
+def numberless(verdicts: pd.DataFrame) -> pd.Series:
+    """Per verdict row: not testable and without a statistic to place (a model that does not do the task, too few
+    units) — what the findings page's forest plot leaves out, one line per chapter instead (:func:`numberless_line`).
+    A not-testable row that has a number (a prerequisite not met, a saturated statistic) stays drawn."""
+    v = normalized(verdicts)
+    return pd.Series((v["state"] == "not testable").to_numpy() & ~np.isfinite(v["estimate"].to_numpy(dtype=float)),
+                     index=verdicts.index)
+
+
+def numberless_line(verdicts: pd.DataFrame) -> str:
+    """Markdown: how many :func:`numberless` rows each chapter has ("" when none)."""
+    rows = normalized(verdicts)[numberless(verdicts).to_numpy()]
+    if rows.empty:
+        return ""
+    per = rows.groupby("chapter", sort=False).size()
+    return ("*Not drawn (not testable here, no statistic to place):* "
+            + "; ".join(f"{chapter}: {_count(n, 'check', 'checks')}" for chapter, n in per.items()) + ".")
+
+
 def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
     """Markdown for the book's introduction: the answer per question (:func:`per_question`), then what this build
     found, with the counts per state (computed by the build from the verdicts the chapters saved; nothing here is
