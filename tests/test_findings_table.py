@@ -292,7 +292,7 @@ def test_sides_are_codes_that_pages_render_and_old_records_still_read():
 
 
 def test_the_introduction_leads_with_the_headline_picture_then_the_answers_then_the_counts(tmp_path, monkeypatch):
-    """findings.md (included at the top of intro.md) opens with the headline bar drawn to headline.svg, then the
+    """findings.md (included at the top of intro.md) opens with the headline bar drawn to headline.png, then the
     answer per question, then the paragraph; without counted rows there is no picture (none left from before)."""
     from lmdepth.book import build
 
@@ -303,14 +303,14 @@ def test_the_introduction_leads_with_the_headline_picture_then_the_answers_then_
     monkeypatch.setattr(build, "check_verdicts", lambda root: None)
     monkeypatch.setattr(build, "saved_verdicts", lambda results_dir, profile: rows)
     text = build.write_findings_summary(tmp_path, tmp_path, "default").read_text()
-    picture, answers, paragraph = (text.index("```{figure} headline.svg"), text.index("**Per question of the paper**"),
+    picture, answers, paragraph = (text.index("```{figure} headline.png"), text.index("**Per question of the paper**"),
                                    text.index("**What this build found**"))
     assert picture == 0 and picture < answers < paragraph
-    svg = (tmp_path / "headline.svg").read_text()
-    assert svg.startswith("<svg") and "m · agrees: 1" in svg and "m · disagrees: 1" in svg
+    png = (tmp_path / "headline.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 2000  # a drawn picture, not an empty one
     monkeypatch.setattr(build, "saved_verdicts", lambda results_dir, profile: rows.iloc[:0])
     text = build.write_findings_summary(tmp_path, tmp_path, "default").read_text()
-    assert "headline.svg" not in text and not (tmp_path / "headline.svg").exists()
+    assert "headline.png" not in text and not (tmp_path / "headline.png").exists()
 
 
 def test_checks_without_a_number_leave_the_forest_for_one_line_per_chapter():

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from lmdepth.book.build import HEADLINE_SVG
+from lmdepth.book.build import HEADLINE_PICTURE
 from lmdepth.book.chapters import CHAPTERS
 from lmdepth.claims import findings_claims as findings
 from lmdepth.claims import report
@@ -62,4 +62,4 @@ def test_the_introductions_findings_are_what_the_csvs_say():
     saved = findings.saved_verdicts(REPO_ROOT / "results", "default")
     text = (REPO_ROOT / "book" / "findings.md").read_text()
     assert text.split("```\n\n", 1)[-1].strip() == findings.intro_summary(saved, "default").strip()
-    assert f"{{figure}} {HEADLINE_SVG}" in text and (REPO_ROOT / "book" / HEADLINE_SVG).is_file()
+    assert f"{{figure}} {HEADLINE_PICTURE}" in text and (REPO_ROOT / "book" / HEADLINE_PICTURE).is_file()

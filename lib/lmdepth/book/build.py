@@ -36,7 +36,7 @@ from lmdepth.book.chapters import (
 from lmdepth.charts.findings_charts import headline_bar
 from lmdepth.claims.findings_claims import intro_summary, saved_verdicts
 from lmdepth.errors import DataError, ParameterError
-from lmdepth.results import BOOK_RECORD_ENV, atomic_write_text, check_recorded, sha256_file
+from lmdepth.results import BOOK_RECORD_ENV, atomic_write, atomic_write_text, check_recorded, sha256_file
 from lmdepth.runtime import REPO_ROOT
 
 BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/method.md", "book/references.md")
@@ -278,26 +278,29 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
     return times
 
 
-#: The introduction's picture, written beside ``findings.md`` (which shows it first).
-HEADLINE_SVG = "headline.svg"
+#: The introduction's picture, written beside ``findings.md`` (which shows it first). A PNG at twice the pixels: an
+#: SVG's labels are laid out with vl-convert's font metrics and drawn with the browser's fonts, and the model-pair
+#: labels then ran out of the picture on the left.
+HEADLINE_PICTURE = "headline.png"
 
 
 def write_findings_summary(book_dir: Path, results_dir: Path, profile: str) -> Path:
     """``<book_dir>/findings.md``: what this build found, included by the introduction — the headline as a picture
-    (:data:`HEADLINE_SVG`, the findings page's bar), the answer per question, then the paragraph with the counts —
+    (:data:`HEADLINE_PICTURE`, the findings page's bar), the answer per question, then the paragraph with the counts —
     from the verdicts the chapters recorded for ``profile``; stops (:func:`check_verdicts`) where they are not whole."""
     check_verdicts(book_record_root(results_dir, profile))
     verdicts = saved_verdicts(results_dir, profile)
     text = intro_summary(verdicts, Path(profile).stem)
     chart = headline_bar(verdicts) if len(verdicts) else None
-    picture = book_dir / HEADLINE_SVG
+    picture = book_dir / HEADLINE_PICTURE
     if chart is None:
         picture.unlink(missing_ok=True)  # no counted rows: no picture of an earlier build beside this text
     else:
         import vl_convert as vlc  # the book extra's (the build renders with it); imported only where drawn
 
-        atomic_write_text(picture, vlc.vegalite_to_svg(chart.to_json()))
-        text = (f"```{{figure}} {HEADLINE_SVG}\n:alt: The counted (claim × model) verdicts per state, one bar per "
+        png = vlc.vegalite_to_png(chart.to_json(), scale=2)
+        atomic_write(picture, lambda tmp: tmp.write_bytes(png))
+        text = (f"```{{figure}} {HEADLINE_PICTURE}\n:alt: The counted (claim × model) verdicts per state, one bar per "
                 f"model or model pair\n:width: 100%\n\nThe headline: counted verdicts per state, per model (the "
                 f"[findings page](90_across_models.ipynb) has each row).\n```\n\n{text}")
     out = book_dir / "findings.md"
