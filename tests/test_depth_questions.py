@@ -162,3 +162,53 @@ def test_fine_tuning_resumes_to_the_same_bytes(tiny_dirs, tmp_path):
     assert any(v.abs().sum() > 0 for k, v in base.items() if "lora_B" in k)  # B starts at 0: it was trained
     assert meta["n_trainable"] == sum(v.numel() for v in base.values()) and not any(
         "lora" in n for n, _ in model.named_parameters())  # merged into a plain model
+
+
+@pytest.mark.unit
+def test_an_interrupted_fine_tuned_depth_run_resumes_from_its_last_problem(tmp_path, monkeypatch):
+    """Each split's evaluation and each problem's depth are checkpoints: a run stopped at the third problem computes
+    only what is missing the next time, and its table equals that of a run that never stopped."""
+    from lmdepth.analyses import finetuned
+    from lmdepth.results import RunStore
+
+    calls = []
+
+    class Tok:
+        def encode_example(self, q, a, eos=False):
+            return [1, 2, 3], 2
+
+    def fake_depths(model, tok, examples, mu):
+        (e,) = examples
+        if e == "p2" and not calls.count("stop"):
+            calls.append("stop")
+            raise KeyboardInterrupt
+        calls.append(e)
+        return pd.DataFrame({"unit": [0], "split": ["interpolate"], "n_operations": [int(e[1])], "question": [e],
+                             "depth_layer": [0.1 * int(e[1])], "depth_answer": [0.5], "erasure_depth": [0.25]})
+
+    def fake_eval(model, tok, examples):
+        calls.append(f"evaluate {len(examples)}")
+        return pd.DataFrame({"split": "x", "question": examples, "correct": [True] * len(examples),
+                             "answer_nll": [0.5] * len(examples)})
+
+    monkeypatch.setattr(finetuned, "load_finetuned", lambda path, cfg: (None, Tok(), {}))
+    monkeypatch.setattr(finetuned, "evaluate", fake_eval)
+    monkeypatch.setattr(finetuned, "problem_depths", fake_depths)
+    monkeypatch.setattr(finetuned, "mean_residuals", lambda stack, ids: None)
+    monkeypatch.setattr(finetuned, "AdapterStack", lambda adapter: None)
+    monkeypatch.setattr(finetuned.ModelAdapter, "for_model", staticmethod(lambda model: None))
+    data = type("Data", (), {"split": lambda self, s: [f"{s} a", f"{s} b"]})()
+    sample = ["p0", "p1", "p2", "p3"]
+    store = RunStore(tmp_path, "dm_math_ft_depth", "run", {"k": 1})
+    with pytest.raises(KeyboardInterrupt):
+        finetuned._evaluate_and_depths(store, None, tmp_path / "run" / "adapter.pt", data, sample)
+    assert calls == ["evaluate 2", "evaluate 2", "p0", "p1", "stop"]
+    ev, table = finetuned._evaluate_and_depths(store, None, tmp_path / "run" / "adapter.pt", data, sample)
+    assert calls[5:] == ["p2", "p3"]  # nothing computed twice
+    fresh = RunStore(tmp_path / "again", "dm_math_ft_depth", "run", {"k": 1})
+    calls.append("stop")  # the uninterrupted twin does not stop
+    ev2, table2 = finetuned._evaluate_and_depths(fresh, None, tmp_path / "run" / "adapter.pt", data, sample)
+    pd.testing.assert_frame_equal(table, table2)
+    pd.testing.assert_frame_equal(ev, ev2)
+    assert list(table["unit"]) == [0, 1, 2, 3] and list(ev["split"]) == ["interpolate"] * 2 + ["extrapolate"] * 2
+    assert list(ev["question"]) == ["interpolate a", "interpolate b", "extrapolate a", "extrapolate b"]

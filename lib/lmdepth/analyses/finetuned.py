@@ -22,6 +22,7 @@ from lmdepth.hooks.stack import AdapterStack, mean_residuals
 from lmdepth.metrics.depth import depth_score, layer_effect, partial_slope
 from lmdepth.model.families import ModelAdapter
 from lmdepth.results import RunStore
+from lmdepth.runtime import progress as progress_bar
 from lmdepth.scratch.evaluate import evaluate
 from lmdepth.scratch.finetune import FinetuneConfig, finetune_configs, finetune_dir, load_finetuned
 from lmdepth.scratch.training import safe_load
@@ -67,12 +68,7 @@ def finetuned_depths(checkpoint_dir: str | Path, data: MathData, n_per_operation
         done = store.load_verified()
         if done is None:
             t0 = time.time()
-            model, tok, _ = load_finetuned(path, cfg)
-            ev = pd.concat([evaluate(model, tok, data.split(s)).assign(split=s)
-                            for s in ("interpolate", "extrapolate")], ignore_index=True)
-            ref = tok.encode_example(*ERASURE_REFERENCE, eos=False)[0]
-            mu = mean_residuals(AdapterStack(ModelAdapter.for_model(model)), [torch.tensor([ref])])
-            table = problem_depths(model, tok, sample, mu)
+            ev, table = _evaluate_and_depths(store, cfg, path, data, sample)
             done = store.finalize(table, {"run": path.parent.name, "wall_time_s": round(time.time() - t0, 1)},
                                   units=ev)
         ev = done.units.assign(run=FINETUNED_RUN, arch="smollm2", objective="answer_only", lr=cfg.lr,
@@ -86,6 +82,38 @@ def finetuned_depths(checkpoint_dir: str | Path, data: MathData, n_per_operation
     if not depths:
         return pd.DataFrame(), pd.DataFrame()
     return pd.concat(evals, ignore_index=True), pd.concat(depths, ignore_index=True)
+
+
+def _as_arrays(table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A table's columns as arrays a checkpoint holds without pickling (text as unicode arrays)."""
+    return {c: table[c].to_numpy() if pd.api.types.is_numeric_dtype(table[c]) else table[c].to_numpy().astype(str)
+            for c in table}
+
+
+def _evaluate_and_depths(store: RunStore, cfg: FinetuneConfig, path: Path, data: MathData,
+                         sample: list) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One fine-tuned run's evaluation on both splits and :func:`problem_depths` of every problem of ``sample``,
+    each split's evaluation and each problem a checkpoint of ``store`` (a run takes hours on a CPU: an interrupted
+    one resumes from its last problem). :func:`problem_depths` treats each problem on its own, so a table put
+    together from checkpoints is the table of one uninterrupted call."""
+    model, tok, _ = load_finetuned(path, cfg)
+    evals = []
+    for split in ("interpolate", "extrapolate"):
+        got = store.load_item(f"evaluation {split}")
+        if got is None:
+            got = _as_arrays(evaluate(model, tok, data.split(split)))
+            store.save_item(f"evaluation {split}", got)
+        evals.append(pd.DataFrame(got).assign(split=split))
+    ref = tok.encode_example(*ERASURE_REFERENCE, eos=False)[0]
+    mu = mean_residuals(AdapterStack(ModelAdapter.for_model(model)), [torch.tensor([ref])])
+    rows = []
+    for i, example in enumerate(progress_bar(sample, f"depth of {path.parent.name}")):
+        got = store.load_item(f"problem {i}")
+        if got is None:
+            got = _as_arrays(problem_depths(model, tok, [example], mu))
+            store.save_item(f"problem {i}", got)
+        rows.append(pd.DataFrame(got).assign(unit=i))
+    return pd.concat(evals, ignore_index=True), pd.concat(rows, ignore_index=True)
 
 
 def over_training(checkpoint_dir: str | Path, configs: list[FinetuneConfig] | None = None) -> pd.DataFrame:
