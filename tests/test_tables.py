@@ -31,5 +31,5 @@ def test_a_table_longer_than_a_screen_starts_folded_under_its_caption(monkeypatc
     assert "<details" not in html and re.search(r"<caption>Short &lt;one&gt;</caption>", html)
     notebook.show_table(pd.DataFrame({"a": range(notebook.FOLD_ROWS + 1)}), caption="Long")
     folded = shown[-1].data
-    assert folded.startswith('<details class="lmdepth-folded"><summary>Long: 16 rows (click to open)</summary>')
+    assert folded.startswith(f'<details class="lmdepth-folded"><summary>Long: {notebook.FOLD_ROWS + 1} rows (click to open)</summary>')
     assert "<caption>Long</caption>" in folded and folded.count("<tr>") == notebook.FOLD_ROWS + 2  # header + rows

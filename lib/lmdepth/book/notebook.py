@@ -95,8 +95,9 @@ def styled(df: pd.DataFrame, sortable: bool = False, links: list[str] | None = N
     return out.set_table_attributes(f'class="{SORTABLE_CLASS}"') if sortable else out
 
 
-#: A table of more rows than this starts folded under its caption (about one screen of rows in the book).
-FOLD_ROWS = 15
+#: A table of more rows than this starts folded under its caption (about one screen of the verdict tables' rows, whose
+#: claim cells wrap over two or three lines).
+FOLD_ROWS = 10
 
 
 def show_table(df: pd.DataFrame, sortable: bool = False, links: list[str] | None = None,
