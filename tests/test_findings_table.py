@@ -107,7 +107,7 @@ def test_an_old_verdict_record_gives_every_row(verdicts, tmp_path):  # noqa: F81
 def test_the_findings_page_opens_with_the_pictures_and_a_short_legend():
     cells = jupytext.read(PAGE).cells
     first = lambda pattern: next(i for i, c in enumerate(cells) if re.search(pattern, c.source, re.M))  # noqa: E731
-    bar, forest = first(r"^headline_bar\(verdicts\)"), first(r"^claims_forest\(verdicts\)")
+    bar, forest = first(r"^headline_bar\(verdicts\)"), first(r"^claims_forest\(verdicts")
     legend, rows = first(r"method-verdicts"), first(r"row_table\(")
     assert bar < forest < legend < rows
     assert cells[bar].cell_type == cells[forest].cell_type == "code"
