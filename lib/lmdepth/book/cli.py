@@ -50,13 +50,19 @@ def _pairs(raw: list[list[str]] | None) -> list[tuple[str, str]]:
     return out
 
 
+def _values(chapter: str, pairs: list[tuple[str, str]] | None) -> dict:
+    """``-p`` values parsed by the chapter's declared types: a string parameter is taken as typed (a path may hold
+    " #", which YAML would cut as a comment), anything else as YAML."""
+    declared = declared_parameters(chapter)
+    return {name: parse_cli_value(raw, as_string=name in declared and declared[name].type_name == "str")
+            for name, raw in pairs or []}
+
+
 def _run(args: argparse.Namespace) -> int:
     args.param = _pairs(args.param)
     params = profile_params(args.profile, args.chapter) if args.profile else {}
     declared = declared_parameters(args.chapter)
-    for name, raw in args.param or []:
-        # a string parameter is taken as typed (a path may hold " #", which YAML would cut as a comment)
-        params[name] = parse_cli_value(raw, as_string=name in declared and declared[name].type_name == "str")
+    params |= _values(args.chapter, args.param)
     if args.model:
         params["model_name"] = args.model
         # your model alone, unless you name comparison models: the packaged ones would otherwise run too
@@ -164,9 +170,7 @@ def _explore(args: argparse.Namespace) -> int:
     from lmdepth.book.explore_app import CHAPTER, require_voila, serve
 
     require_voila()  # before the parameters are read: the missing package is the first thing to fix
-    declared = declared_parameters(CHAPTER)
-    params = {name: parse_cli_value(raw, as_string=name in declared and declared[name].type_name == "str")
-              for name, raw in _pairs(args.param)}
+    params = _values(CHAPTER, _pairs(args.param))
     if args.model:
         params["model_name"] = args.model
     return serve(params, port=args.port, open_browser=args.open)
