@@ -36,7 +36,14 @@ from lmdepth.book.chapters import (
 from lmdepth.charts.findings_charts import headline_bar
 from lmdepth.claims.findings_claims import intro_summary, saved_verdicts
 from lmdepth.errors import DataError, ParameterError
-from lmdepth.results import BOOK_RECORD_ENV, atomic_write, atomic_write_text, check_recorded, sha256_file
+from lmdepth.results import (
+    BOOK_RECORD_ENV,
+    atomic_write,
+    atomic_write_text,
+    check_recorded,
+    git_tracked,
+    sha256_file,
+)
 from lmdepth.runtime import REPO_ROOT
 
 BOOK_FILES = ("_config.yml", "_toc.yml", "book/intro.md", "book/method.md", "book/references.md")
@@ -294,7 +301,10 @@ def write_findings_summary(book_dir: Path, results_dir: Path, profile: str) -> P
     chart = headline_bar(verdicts) if len(verdicts) else None
     picture = book_dir / HEADLINE_PICTURE
     if chart is None:
-        picture.unlink(missing_ok=True)  # no counted rows: no picture of an earlier build beside this text
+        # no counted rows: no picture of an earlier build beside this text, unless git tracks it (the published one)
+        tracked = git_tracked(book_dir)
+        if tracked is not None and picture.name not in tracked:
+            picture.unlink(missing_ok=True)
     else:
         import vl_convert as vlc  # the book extra's (the build renders with it); imported only where drawn
 
