@@ -39,8 +39,9 @@
 # trained from scratch on DeepMind arithmetic, three seeds each) and a fine-tuned SmolLM2-135M, on problems of 2–6
 # operations, in {ref}`depth-questions`. Their depth rows, with the same depth score, are the book's answer to the
 # paper's fourth question; where one of those runs' depth rises with the number of operations, it is the positive
-# control this chapter lacks (so far this chapter's positive control is the synthetic one below: the model's own
-# effect profiles shifted one layer deeper per level).
+# control this chapter lacks. {ref}`trained-control` reads those rows and says whether one does; until then this
+# chapter's positive control is the synthetic one: the model's own effect profiles shifted one layer deeper per
+# level.
 #
 # ```bash
 # source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
@@ -259,6 +260,18 @@ show_table(report.display(verdicts), caption="The paper's claims on each model: 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-complexity-claims"}}
 from lmdepth.charts.findings_charts import claims_forest
 claims_forest(verdicts)
+
+# %% [markdown]
+# (trained-control)=
+# ### A positive control from a trained run
+#
+# The synthetic control shows that the pipeline could see a rise it was handed. A real positive control is a model
+# known to use more depth for more steps, measured with this chapter's depth score: chapter 07's recipes trained
+# from scratch, whose relative depth score is fitted against the number of operations within each split and decided
+# over training seeds ({ref}`depth-questions`). The paragraph below is read off those rows and this chapter's own.
+
+# %% tags=["hide-input"]
+md(page.trained_control_md(page.trained_growth_rows(results_dir, profile), verdicts, slopes, levels))
 
 # %% [markdown]
 # ## Residual erasure (Fig. 6b)

@@ -247,15 +247,17 @@ show_table(page.solved_table(depth.solved_groups), caption="Relative depth score
 # training seeds each, and every seed at ≥ 95 % interpolation exact match (a run still learning the training
 # distribution would turn a comparison of objectives into one of training progress). The four runs above are not
 # comparable (the Transformer trains at 2e-3, MoEUT at 1e-3, one seed each), so the checks read their own
-# **comparison runs**: both architectures at 1e-3, seeds 0–2 of each objective, otherwise the default recipe
-# (MoEUT's seed-0 runs are the runs above). They take ~20 CPU-hours, so the book never trains them:
-# `scripts/train_matched_runs.py` does (resumable). The table shows where they stood when this page was executed; a
-# run that finishes in `checkpoints/dm_math` (where the script writes them) makes `lmdepth book` execute the page
-# again. A run enters the checks once it is finished; a run's value on a problem is its mean over the finished
-# seeds, and the interval resamples the seeds as well as the problems (one draw of seeds for all runs: runs with the
-# same seed see the same batches), so it includes how much the seeds disagree. With three seeds that level is
-# resampled coarsely (10 distinct draws, its variance understated by a third), while the problems' spread enters
-# twice (once inside each seed's mean), which widens the interval.
+# **comparison runs**: both architectures at 1e-3, seeds 0–2 of each objective (seeds 3–4 of the answer-only
+# runs are being trained, for a seed-level test that can decide), otherwise the default recipe (MoEUT's seed-0 runs
+# are the runs above). They take ~20 CPU-hours, so the book never trains them: `scripts/train_matched_runs.py` does
+# (resumable). The table shows where they stood when this page was executed; a run that finishes in
+# `checkpoints/dm_math` (where the script writes them) makes `lmdepth book` execute the page again. A run enters the
+# checks once it is finished, and a comparison of runs reads the seeds all of them have finished (seed s of one
+# beside seed s of the other; a seed whose twin is still training waits for it); a run's value on a problem is its
+# mean over those seeds, and the interval resamples the seeds as well as the problems (one draw of seeds for all
+# runs: runs with the same seed see the same batches), so it includes how much the seeds disagree. With three seeds
+# that level is resampled coarsely (10 distinct draws, its variance understated by a third), while the problems'
+# spread enters twice (once inside each seed's mean), which widens the interval.
 
 # %% tags=["hide-input"]
 matched, matched_states = sa.matched_runs(profile, params.runs_dir, device=params.device, loaded=runs)

@@ -97,6 +97,21 @@ def test_the_fine_tuned_row_waits_for_its_runs_and_the_pair_rows_read_both_archi
 
 
 @pytest.mark.unit
+def test_a_seed_one_run_has_and_its_twin_not_yet_waits_for_the_twin():
+    """Five MoEUT seeds and four Transformer seeds (its fifth not trained yet): the pair rows read the four seeds
+    both have, matched seed by seed (a valid seed-level control), not a fifth column of missing values; so do the
+    accuracy rows, whose values pair the runs the same way."""
+    t = depth_table(lambda run, sd, ops, rng: (0.6 if run == MA else 0.4) + rng.normal(0, 0.01), runs=(MA, TA))
+    t = t[(t.run == MA) | (t.train_seed < 4)]
+    values = REGISTRY["moeut.deeper_than_transformer"].values(t, sc.SUBJECT)
+    assert sorted(set(values.columns.get_level_values(1))) == [0, 1, 2, 3] and not values.isna().any().any()
+    deeper = report.check("moeut", t, [sc.SUBJECT], only=["moeut.deeper_than_transformer"]).iloc[0]
+    assert deeper.n == 60 and deeper.estimate == pytest.approx(0.2, abs=0.01) and deeper.p_value == pytest.approx(1 / 16)
+    accuracy = sc.paired("correct")(t.assign(split="extrapolate", correct=1.0, model=sc.SUBJECT), sc.SUBJECT)
+    assert all(sorted(accuracy[run].columns) == [0, 1, 2, 3] for run in (MA, TA))
+
+
+@pytest.mark.unit
 def test_the_fine_tuned_row_is_gated_on_the_level_reached_and_a_from_scratch_recipe_on_95_per_cent():
     """A seed at 40 % interpolation exact match keeps a from-scratch recipe's row not testable (it may still be
     learning its task), but not the fine-tuned model's, whose gate is the level a CPU fine-tune reaches: its row
@@ -212,3 +227,45 @@ def test_an_interrupted_fine_tuned_depth_run_resumes_from_its_last_problem(tmp_p
     pd.testing.assert_frame_equal(ev, ev2)
     assert list(table["unit"]) == [0, 1, 2, 3] and list(ev["split"]) == ["interpolate"] * 2 + ["extrapolate"] * 2
     assert list(ev["question"]) == ["interpolate a", "interpolate b", "extrapolate a", "extrapolate b"]
+
+
+@pytest.mark.unit
+def test_chapter_05_names_a_trained_positive_control_only_from_a_counted_rise():
+    from lmdepth.book.pages import complexity_page as cp
+
+    def growth(states, estimates):
+        return pd.DataFrame([dict(claim_id=cp.GROWTH_CLAIM, model=m, n=150, estimate=e, ci_low=e - 0.01,
+                                  ci_high=e + 0.01, counted_as=s)
+                             for m, s, e in zip(sc.RECIPES, states, estimates)])
+
+    verdicts = pd.DataFrame([dict(claim="arith", model="m", state="not testable", ci_low=np.nan, ci_high=np.nan)])
+    slopes = pd.DataFrame([dict(model="m", source=src, metric="layer_effect", aggregation="mean", rel_slope=0.0,
+                                rel_ci_low=-w, rel_ci_high=w)
+                           for src, w in (("arith", 0.002), ("vars", 0.05), ("facts", 0.001))])
+    levels = pd.DataFrame([dict(model="m", source=src, aggregation="mean", level=lv, n=n)
+                           for src, n in (("arith", 12), ("vars", 12), ("facts", 1)) for lv in (1, 2)])
+    assert "has not been run" in cp.trained_control_md(growth([], []), verdicts, slopes, levels)
+    none = cp.trained_control_md(growth(["inconclusive"] * 4, [0.006, -0.007, 0.003, 0.001]), verdicts, slopes, levels)
+    assert none.startswith("**No positive control from a trained run yet.**") and "+0.0060 [-0.0040, +0.0160]" in none
+    assert "the largest estimated rise, 0.0060" in none and "none of its 1 claim rows" in none
+    ladders = none.split("ladders")[1]  # ±0.002 < 0.006 < ±0.05; facts: narrow, but 1 item per level
+    assert "m: synthetic arithmetic chains." in ladders and "variable" not in ladders and "fact" not in ladders
+    one = cp.trained_control_md(growth(["inconclusive", "agrees", "inconclusive", "inconclusive"],
+                                       [0.03, 0.02, 0.003, 0.001]), verdicts, slopes, levels)
+    assert one.startswith("**Positive control from a trained run: MoEUT, question not modelled**")
+    assert "the control's rise, 0.0200" in one
+
+
+@pytest.mark.unit
+def test_chapter_05_executes_after_chapter_07_and_is_stale_when_its_verdicts_change(tmp_path):
+    from lmdepth.book import build
+
+    order = build.execution_order()
+    assert order.index("complexity") == order.index("moeut") + 1 and sorted(order) == sorted(build.CHAPTERS)
+    (tmp_path / "moeut").mkdir()
+    manifest = tmp_path / "moeut" / build.RECORD_MANIFEST
+    manifest.write_text('{"verdicts": {"a.csv": "1"}}')
+    before = {c: build.build_hash(c, "default", tmp_path) for c in ("complexity", "norms")}
+    manifest.write_text('{"verdicts": {"a.csv": "2"}}')
+    assert build.build_hash("complexity", "default", tmp_path) != before["complexity"]
+    assert build.build_hash("norms", "default", tmp_path) == before["norms"]

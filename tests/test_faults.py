@@ -300,7 +300,7 @@ def test_the_book_build_checks_the_pages_it_keeps(tmp_path, monkeypatch):
     book = tmp_path / "book"
     book.mkdir()
     monkeypatch.setattr(build, "CHAPTERS", {"norms": "01_residual_norms"})
-    monkeypatch.setattr(build, "build_hash", lambda chapter, profile: "h")
+    monkeypatch.setattr(build, "build_hash", lambda chapter, profile, record_root=None: "h")
     import nbformat
 
     nb = nbformat.v4.new_notebook(metadata={"lmdepth": {"build_hash": "h", "profile": "default"}})
@@ -426,7 +426,7 @@ def _one_chapter_build(tmp_path: Path, monkeypatch, execute) -> tuple[object, Pa
     book, root = tmp_path / "book", tmp_path / "results"
     book.mkdir()
     monkeypatch.setattr(build, "CHAPTERS", {"norms": "01_residual_norms"})
-    monkeypatch.setattr(build, "build_hash", lambda chapter, profile: "h")
+    monkeypatch.setattr(build, "build_hash", lambda chapter, profile, record_root=None: "h")
     monkeypatch.setattr(build, "clean_notebook", lambda out, url=None: [])
     monkeypatch.setattr(build, "repository_url", lambda: "")
     monkeypatch.setattr(build, "execute_chapter", execute)

@@ -123,12 +123,30 @@ CHAPTER_INPUTS = {"moeut": ("checkpoints/dm_math/*/meta.json", "checkpoints/dm_m
                             "checkpoints/dm_math_ft/*/snapshot-*.npz")}
 
 
-def build_hash(chapter: str, profile: str) -> str:
-    """Hash of everything that can change a chapter's executed output."""
+#: Chapters that show another chapter's verdict rows: chapter 05 names its positive control from chapter 07's "depth
+#: grows" rows. Such a chapter executes after the chapters it reads, and their recorded verdicts make it stale.
+READS_VERDICTS_OF = {"complexity": ("moeut",)}
+
+
+def execution_order() -> list[str]:
+    """The chapters in book order, except that a chapter of :data:`READS_VERDICTS_OF` comes right after the last of
+    the chapters it reads."""
+    order = [c for c in CHAPTERS if c not in READS_VERDICTS_OF]
+    for chapter in (c for c in CHAPTERS if c in READS_VERDICTS_OF):
+        read = [order.index(r) for r in READS_VERDICTS_OF[chapter] if r in order]
+        order.insert(max(read) + 1 if read else len(order), chapter)
+    return order
+
+
+def build_hash(chapter: str, profile: str, record_root: Path | None = None) -> str:
+    """Hash of everything that can change a chapter's executed output (with ``record_root``, the book record of the
+    build: the verdict manifests of the chapters it reads, :data:`READS_VERDICTS_OF`)."""
     h = hashlib.sha256()
     files = [chapter_source(chapter), profiles_dir() / f"{profile}.yaml", REPO_ROOT / "requirements.txt"]
     files += sorted((REPO_ROOT / "lib" / "lmdepth").rglob("*.py"))
     files += sorted(f for pattern in CHAPTER_INPUTS.get(chapter, ()) for f in REPO_ROOT.glob(pattern))
+    if record_root is not None:
+        files += [Path(record_root) / read / RECORD_MANIFEST for read in READS_VERDICTS_OF.get(chapter, ())]
     for f in files:
         if f.exists():
             h.update(str(f.relative_to(REPO_ROOT) if f.is_relative_to(REPO_ROOT) else f.name).encode())
@@ -226,15 +244,15 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
 def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, only: Sequence[str] | None
                  ) -> dict[str, float]:
     times: dict[str, float] = {}
-    for i, (chapter, stem) in enumerate(CHAPTERS.items(), 1):
-        out = book_dir / f"{stem}.ipynb"
+    for i, chapter in enumerate(execution_order(), 1):
+        out = book_dir / f"{CHAPTERS[chapter]}.ipynb"
         record_root = book_record_root(results_dir, profile)
         if only and chapter not in only and not (chapter in SUMMARY_PAGES and times):
             check_recorded(record_root, [chapter])  # its page stays, and the summary pages read its runs
             check_verdicts(record_root, [chapter])
             print(f"[{i}/{len(CHAPTERS)}] {chapter}: not selected (kept as it is)", flush=True)
             continue
-        digest = build_hash(chapter, profile)
+        digest = build_hash(chapter, profile, record_root)
         # pages that summarise the others are stale whenever another page was executed in this build
         stale_summary = chapter in SUMMARY_PAGES and bool(times)
         if out.exists() and not force and not stale_summary:

@@ -63,11 +63,19 @@ def swap_objectives(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
+def shared_seeds(u: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the training seeds that every run in ``u`` has finished. A comparison pairs seed s of one run with
+    seed s of the other (they saw the same batches), so a seed that one run has finished and the other not yet waits
+    for its twin instead of leaving the pairing unmatched."""
+    common = set.intersection(*(set(g.train_seed) for _, g in u.groupby("run"))) if len(u) else set()
+    return u[u.train_seed.isin(common)]
+
+
 def paired(column: str, runs: tuple[str, ...] = RUNS) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
     """Per extrapolation problem: ``column`` of each training seed of each of ``runs`` (a prefix of :data:`RUNS`:
-    MoEUT's two, or all four), ``[problems, Σ seeds]`` indexed by problem, columns (run, training seed) in that
-    order, the seeds named as replicates (:data:`lmdepth.claims.spec.REPLICATE`): the statistic reads each run's
-    mean over them. A run with no finished seed is one column of NaN (its precondition fails). Only the runs a
+    MoEUT's two, or all four), on the seeds they all have (:func:`shared_seeds`): ``[problems, Σ seeds]`` indexed by
+    problem, columns (run, training seed) in that order, the seeds named as replicates
+    (:data:`lmdepth.claims.spec.REPLICATE`): the statistic reads each run's mean over them. A run with no finished seed is one column of NaN (its precondition fails). Only the runs a
     claim compares are read, so a missing Transformer run cannot block a MoEUT-only claim."""
 
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
@@ -76,7 +84,7 @@ def paired(column: str, runs: tuple[str, ...] = RUNS) -> Callable[[pd.DataFrame,
         u = units[(units.model == model) & (units.split == "extrapolate") & units.run.isin(runs)]
         if u.empty:
             raise DataError(f"No extrapolation results for {model!r}: none of the compared runs is finished.")
-        u = u.assign(train_seed=u["train_seed"] if "train_seed" in u else 0)
+        u = shared_seeds(u.assign(train_seed=u["train_seed"] if "train_seed" in u else 0))
         wide = u.pivot_table(index="unit", columns=["run", "train_seed"], values=column, aggfunc="mean")
         seeds = {run: sorted(wide[run].columns) if run in wide.columns.get_level_values(0) else [-1] for run in runs}
         return wide.reindex(columns=pd.MultiIndex.from_tuples(
@@ -126,6 +134,10 @@ def _gain_difference(sign: float) -> Callable[[np.ndarray], float]:
     return lambda v: _gain(0, sign)(v) - _gain(1, sign)(v)
 
 
+_SHARED_SEEDS = ("2026-11-28: a comparison of runs reads the training seeds all of them have finished (was: every "
+                 "finished seed; when the Transformer's fourth answer-only seed finished before MoEUT's, the rows "
+                 "comparing the two had unmatched seeds: no valid control, and no depth values at all); a repair of "
+                 "the pairing, made after those rows had been seen, that changes no statistic, rule or threshold.")
 CONTROL = (f"a permutation null: each problem's two objectives swapped at random, over {N_NULL} seeds — the gain when "
            "the objective makes no difference")
 _HISTORY = ("2026-11-23: a competence gate (exact match above the constant-answer baseline) and a shuffled-objective "
@@ -143,7 +155,8 @@ _HISTORY = ("2026-11-23: a competence gate (exact match above the constant-answe
             "(3 seeds cannot: 'inconclusive (3 seeds)') — instead of a permutation null that swapped objectives per "
             "problem on the seeds' means and ignored how much seeds differ; changed after all four rows' numbers "
             "(two counted agreements) had been seen, to follow the rule that a claim about training generalises over "
-            "training runs.")
+            "training runs.",
+            _SHARED_SEEDS)
 
 SEED_CONTROL = ("the training seeds: a seed-level sign-flip test of each seed's own statistic (with 3 seeds its "
                 "smallest p is 1/8, so 3 seeds cannot decide)")
@@ -275,14 +288,14 @@ def within_split_slope(v: np.ndarray) -> float:
 def pair_values(metric: str, runs: tuple[str, str] | None = None,
                 with_facts: bool = False) -> Callable[[pd.DataFrame, str], pd.DataFrame]:
     """Per problem: ``metric`` of each of ``runs`` per seed (and, ``with_facts``, the number of operations and the
-    split), on the problems every seed of both runs solves."""
+    split), on the seeds both runs have (:func:`shared_seeds`) and the problems every one of them solves."""
 
     runs = runs or PAIR
 
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
         if metric not in units or not units.run.isin(runs).any():
             raise DataError(f"No finished run of {' or '.join(runs)} on the depth sample.")
-        u = solved_by_all(units[units.run.isin(runs)])
+        u = solved_by_all(shared_seeds(units[units.run.isin(runs)]))
         if u.empty:
             raise DataError(f"No problem of the depth sample is solved by every seed of {' and '.join(runs)}.")
         seeds = sorted(u.train_seed.unique())
@@ -330,7 +343,7 @@ def competent_seeds(runs: tuple[str, ...] | None = None,
 
 
 _DEPTH_HISTORY = ("2026-11-28: added, before any of their rows was computed; the threshold of 'does not grow' (one "
-                  "layer over the ladder) was set from the alternative, not from a measured rise.",)
+                  "layer over the ladder) was set from the alternative, not from a measured rise.", _SHARED_SEEDS)
 _RISE = ("the within-split slope of the per-problem relative depth score (layer effect, D/(L − 1)) on the number of "
          "operations, the split held fixed; each problem's depth the mean over the recipe's training seeds; "
          "problems every seed solves, numbers of operations with ≥ 5 of them")

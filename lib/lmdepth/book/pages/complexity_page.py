@@ -10,6 +10,7 @@ from lmdepth.analyses.complexity import ComplexitySummary, model_names, summary_
 from lmdepth.analyses.erasure import ErasureSummary
 from lmdepth.claims import report
 from lmdepth.claims.complexity_claims import length_r
+from lmdepth.claims.findings_claims import saved_verdicts
 from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.results import RunResult
@@ -93,6 +94,13 @@ def _lengths(items: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["source", "model", "per_level", "r"])
 
 
+def _items_per_level(slopes: pd.DataFrame, levels: pd.DataFrame) -> list[int]:
+    """Per slope row, the fewest items any of its source's levels holds for its model (below 3, every bootstrap
+    resample is nearly the same item set and the slope's interval means nothing)."""
+    min_n = levels[levels.aggregation == "mean"].groupby(["model", "source"])["n"].min()
+    return [int(min_n.get((m, src), 0)) for m, src in zip(slopes.model, slopes.source)]
+
+
 def slope_table(slopes: pd.DataFrame, levels: pd.DataFrame, items: pd.DataFrame) -> pd.DataFrame:
     """The fitted slopes of the depth score over levels (mean aggregation), with how much the prompt length follows
     the level beside them.
@@ -106,8 +114,7 @@ def slope_table(slopes: pd.DataFrame, levels: pd.DataFrame, items: pd.DataFrame)
     sl = slopes[(slopes.aggregation == "mean")].copy()
     span = sl.source.map({s: max(lv) - min(lv) for s, lv in LEVELS.items()})
     sl["rise over all levels (rel. depth)"] = (sl.rel_slope * span).round(3)
-    min_n = levels[levels.aggregation == "mean"].groupby(["model", "source"])["n"].min()
-    sl["items per level"] = [int(min_n.get((m, src), 0)) for m, src in zip(sl.model, sl.source)]
+    sl["items per level"] = _items_per_level(sl, levels)
     sl["95% CI"] = [f"{lo * sp:+.3f} … {hi * sp:+.3f}" if n >= 3 else f"n/a ({n} per level)"
                     for lo, hi, sp, n in zip(sl.rel_ci_low, sl.rel_ci_high, span, sl["items per level"])]
     sl["slope (layers/level)"] = sl.slope.round(3)
@@ -164,3 +171,71 @@ def completeness_note(result: RunResult) -> str:
     s = ErasureSummary.of(result)
     return (f"Integrated gradients with {s.ig_steps} steps, {s.ig_rule} rule (the paper: 256, left). "
             "Completeness error per layer, |Σ_t IG − (f(X) − f(B))| / |f(X) − f(B)|:")
+
+
+# ---- a positive control from a trained run (chapter 07's depth rows) ------------------------------------------
+
+#: Chapter 07's claim whose rows could be this chapter's positive control: a model trained from scratch whose depth
+#: score rises with the number of operations, measured with this chapter's depth score.
+GROWTH_CLAIM = "moeut.depth_grows"
+
+
+def trained_growth_rows(results_dir: str, profile: str) -> pd.DataFrame:
+    """Chapter 07's "depth grows with the number of operations" rows, one per recipe trained from scratch: those the
+    book build recorded for ``profile`` (chapter 07 executes before this chapter), else those of the latest
+    ``lmdepth run moeut`` into ``results_dir``; empty when chapter 07 has not been run."""
+    for recorded in (profile, None):
+        rows = saved_verdicts(results_dir, recorded)
+        rows = rows[rows.claim_id == GROWTH_CLAIM]
+        if len(rows):
+            return rows.reset_index(drop=True)
+    return rows.reset_index(drop=True)
+
+
+def _rise(r) -> str:
+    return f"{r.estimate:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]" if np.isfinite(r.estimate) else "—"
+
+
+def trained_control_md(growth: pd.DataFrame, verdicts: pd.DataFrame, slopes: pd.DataFrame,
+                       levels: pd.DataFrame) -> str:
+    """Markdown: whether a run trained from scratch is this chapter's positive control, and which of the chapter's
+    ladders could detect a rise of its size — all read off the rows.
+
+    Args:
+        growth: :func:`trained_growth_rows` (estimates: rise of the relative depth score per operation).
+        verdicts: this chapter's verdict rows (estimates: rise of the relative depth score per level).
+        slopes: this chapter's descriptive slopes (``model, source, metric, aggregation, rel_slope, rel_ci_low,
+            rel_ci_high``: relative depth score per level, over all levels as they come); levels: its depth score
+            per level (``n`` items), for the ladders with at least 3 items on every level.
+    """
+    if growth.empty:
+        return ("Chapter 07 has not been run here (`lmdepth run moeut`), so this chapter has no positive control from "
+                "a trained run; the synthetic one stands in.")
+    listed = "; ".join(f"{r.model} {_rise(r)}, n = {r.n}, {r.counted_as}" for r in growth.itertuples())
+    rising = growth[growth.counted_as == "agrees"]
+    if len(rising):
+        best = rising.loc[rising.estimate.idxmax()]
+        size, what = float(best.estimate), f"the control's rise, {best.estimate:.4f} per step"
+        head = (f"**Positive control from a trained run: {best.model}** (chapter 07): its depth score rises by "
+                f"{_rise(best)} of its depth per operation. Chapter 07's rows per recipe: {listed}.")
+    else:
+        finite = growth.estimate[np.isfinite(growth.estimate)]
+        size = float(finite.max()) if len(finite) and finite.max() > 0 else float("nan")
+        what = f"the largest estimated rise, {size:.4f} per step" if np.isfinite(size) else ""
+        head = (f"**No positive control from a trained run yet.** No recipe trained from scratch has a depth score "
+                f"that rises decisively with the number of operations (chapter 07's rows, rise of the relative depth "
+                f"score per operation [95 % CI]: {listed}), so the synthetic control above stands in.")
+    if not np.isfinite(size):
+        return head
+    testable = verdicts[(verdicts.state != "not testable") & ((verdicts.ci_high - verdicts.ci_low) / 2 < size)]
+    sl = slopes[(slopes.aggregation == "mean") & (slopes.metric == "layer_effect")]
+    sl = sl[np.array(_items_per_level(sl, levels)) >= 3]
+    narrow = sl[(sl.rel_ci_high - sl.rel_ci_low) / 2 < size]
+    checks = (", ".join(f"{r.claim} on {r.model}" for r in testable.itertuples()) if len(testable) else
+              f"none of its {len(verdicts)} claim rows (none is testable with an interval that narrow)")
+    ladders = ("; ".join(f"{m}: " + ", ".join(SOURCE_TITLES.get(src, src) for src in g.source)
+                         for m, g in narrow.groupby("model", sort=False)) if len(narrow) else "none")
+    return (f"{head} Could this chapter see a rise of that size ({what})? Its checks that could: {checks}. Its "
+            f"ladders with at least 3 items per level whose descriptive slope (layer effect, mean aggregation, "
+            f"relative depth per level) has a 95 % interval narrower than that on either side — a rise of that size "
+            f"would show there once a model solves the ladder: {ladders}.")
