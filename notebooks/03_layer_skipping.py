@@ -196,10 +196,12 @@ for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.fu
 # so its output change is tiny in both halves and its ratio is a quotient of noise: such a control is no valid
 # control. *2nd half still changes the output* is instead paired with a **random nudge of the skip's size** on the
 # model itself, on the same problems and positions: at every position $p \ge 1$, layer $s$'s output is moved along
-# a fixed random unit vector $u_s$ (one per layer, drawn from `seed` before any run) by the norm of what the layer
-# wrote there, $h'_{s+1} := h_{s+1} + \lVert \Delta_s \rVert_2\, u_s$, instead of losing it, $h'_{s+1} := h_s$.
-# The residual moves exactly as far as when the layer is skipped, in a direction unrelated to what the layer
-# computed, and the output change $Q$ is measured in the same way. The paired interval of the halves ratio,
+# a random unit vector $u_s$ by the norm of what the layer wrote there,
+# $h'_{s+1} := h_{s+1} + \lVert \Delta_s \rVert_2\, u_s$, instead of losing it, $h'_{s+1} := h_s$. The directions
+# (one per layer) are drawn afresh for every problem, seeded by `seed` and the problem's id, so the control is a
+# distribution of random changes, not one draw: the spread between draws is in its per-problem values and in the
+# interval. The residual moves exactly as far as when the layer is skipped, in a direction unrelated to what the
+# layer computed, and the output change $Q$ is measured in the same way. The paired interval of the halves ratio,
 # skip − nudge, asks whether removing what a second-half layer wrote changes the output more, relative to the
 # first half, than a random change of the same size does. The third table shows each run's halves, the twin's as a
 # reference.
@@ -289,7 +291,7 @@ if benchmark and remote is False:  # a timing of this machine; CPU time is the f
 # - **Controls** are not in the paper. The later-effect checks are paired with a random-init twin; the output
 #   change with a random nudge of the skip's size on the same model (the twin's output change is too small in both
 #   halves to make a ratio, and is shown as a reference only). The nudge's directions are standard normal draws of
-#   a generator seeded with `seed`, one per layer, scaled to unit length; another seed is another control.
+#   a generator seeded with `seed` and the problem's id, one per layer and problem, scaled to unit length.
 # - **Beyond the paper:** the mean over problems is stored beside the paper's max; a cutoff layer per model with
 #   a bootstrap interval; verdicts with intervals and a paired control.
 #

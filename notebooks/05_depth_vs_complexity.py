@@ -162,9 +162,8 @@ loaders = complexity.model_loaders(models, device=dev, dtype=dtype, remote=remot
 
 # %% tags=["hide-input"]
 results = complexity.run_grid(models, sources, n_per_level, n_synthetic, n_per_level_compare, n_synthetic_compare,
-                              max_answer_tokens, loaders, seed=seed, n_cuts=n_cuts, hop_cut=hop_cut,
-                              gen_tokens=gen_tokens, n_boot=n_boot, device=dev, dtype=dtype, results_dir=results_dir,
-                              use_cache=use_cache, remote=remote)
+    max_answer_tokens, loaders, seed=seed, n_cuts=n_cuts, hop_cut=hop_cut, gen_tokens=gen_tokens, n_boot=n_boot,
+    device=dev, dtype=dtype, results_dir=results_dir, use_cache=use_cache, remote=remote)
 levels, slopes, solved, items, table = complexity.grid_frames(results)
 md(page.runs_note(results))
 

@@ -690,7 +690,11 @@ def test_the_output_change_is_paired_with_the_nudge_of_the_same_model():
     row = output_change_table(verdicts, real, pd.concat([below, twin]), ["m"]).iloc[0]
     numbers = lambda cell: [float(x) for x in re.findall(r"\d+\.?\d*", cell)]  # noqa: E731
     assert numbers(row["layer skipped: 1st → 2nd half (ratio)"]) == pytest.approx([0.8, 0.8, 1.0, 20], abs=0.02)
-    assert numbers(row["nudge of the same size (control)"]) == pytest.approx([0.8, 0.2, 0.25, 20], abs=0.02)
+    nudge_cell = row["nudge of the same size (control)"]
+    assert numbers(nudge_cell.split(";")[0]) == pytest.approx([0.8, 0.2, 0.25, 20], abs=0.02)
+    control = verdicts.set_index("claim_id").loc[cid]  # the ratio's interval: the spread of its per-problem draws
+    assert nudge_cell.endswith(f"; ratio [{control.control_ci_low:.2f}, {control.control_ci_high:.2f}] over problems "
+                               "and draws")
     assert numbers(row["random-init twin (reference)"]) == pytest.approx([0.5, 0.5, 1.0, 20])
     assert row["ratio, skip − nudge [95 % CI]"] == f"{b.loc[cid, 'paired_diff']:.3g} [{b.loc[cid, 'paired_low']:.3g}, " \
                                                    f"{b.loc[cid, 'paired_high']:.3g}]" and row["counted as"] == "agrees"

@@ -136,6 +136,11 @@ def test_nudge_directions_are_seeded_unit_vectors():
     torch.testing.assert_close(u.norm(dim=-1), torch.ones(6))
     assert torch.equal(u, nudge_directions(6, 32, 0)) and not torch.allclose(u, nudge_directions(6, 32, 1))
     assert (u @ u.T - torch.eye(6)).abs().max() < 0.9  # one direction per layer, not one shared
+    # per problem: seeded by (seed, problem id), so each problem gets its own draw, the same in every run
+    a, b = nudge_directions(6, 32, 0, "p1"), nudge_directions(6, 32, 0, "p2")
+    assert torch.equal(a, nudge_directions(6, 32, 0, "p1")) and not torch.allclose(a, b)
+    assert not torch.allclose(a, nudge_directions(6, 32, 1, "p1")) and not torch.allclose(a, u)
+    torch.testing.assert_close(b.norm(dim=-1), torch.ones(6))
 
 
 @pytest.mark.unit
@@ -227,7 +232,8 @@ def test_a_nudge_run_is_a_control_run_under_its_own_key(tiny_dirs, jsonl, tmp_pa
     nudge = skip_analysis.run(m, nudge=True, **kw)
     assert nudge.path != skip.path and skip_analysis.run(m, **kw).from_cache
     assert nudge.meta["parameters"]["parts"] == ["nudge"] and not nudge.meta["parameters"]["local"]
-    assert "nudge" not in skip.meta and len(nudge.meta["nudge"]["directions_sha256"]) == 16
+    digests = nudge.meta["nudge"]["directions_sha256"]  # a fresh draw per problem
+    assert "nudge" not in skip.meta and set(digests) == set(skip.units.unit) and len(set(digests.values())) == 10
     assert set(nudge.units.variant) == {"nudge"} and set(nudge.units.unit) == set(skip.units.unit)
     pick = lambda r, v: r.units[(r.units.variant == v) & (r.units.metric == "output_change_robust")].value.to_numpy()  # noqa: E731
     assert (pick(nudge, "nudge") > 0).all() and not np.allclose(pick(nudge, "nudge"), pick(skip, "layer"))

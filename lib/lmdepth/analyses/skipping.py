@@ -168,6 +168,7 @@ def run(params: SkipParams | ModelRef | str | None = None, **kwargs: Any) -> Run
                selection=p.selection, parts=parts, local=local, dtype=p.dtype, threshold=p.threshold, n_boot=p.n_boot,
                **({"n_cuts": p.n_cuts, "cut_stride": p.cut_stride} if p.analysis == "future" else {}),
                outputs=2,  # 2: also the per-problem table (runs finished before it recompute from their checkpoints)
+               **({"nudge_draw": "per problem"} if p.nudge else {}),  # was one draw for every problem
                **({"floor": p.floor} if p.floor is not None else {}))  # absent: the keys of runs before it hold
     per_item = {k: v for k, v in key.items() if k not in ("n_examples", "threshold", "n_boot", "outputs")}
     return Job(ANALYSIS, p, key, per_item, refs=ref).execute(
@@ -180,8 +181,9 @@ def _compute(p: SkipParams, ref: ModelRef, parts: list[str], local: bool, key: d
     encoded = [(e.id, lm.encode(e.text, label=f"Example {e.id}")) for e in examples]
     paths = TapPaths.of(lm.adapter)
     names = [v.name for v in variants(parts, local)]
-    # [L, D], drawn before any trace and shipped with it (never [L, T, D])
-    directions = nudge_directions(lm.n_layers, lm.adapter.d_model, p.seed) if p.nudge else None
+    # [L, D] per problem, drawn before its trace and shipped with it (never [L, T, D])
+    directions = ({uid: nudge_directions(lm.n_layers, lm.adapter.d_model, p.seed, uid) for uid, _ in encoded}
+                  if p.nudge else {})
     future = p.analysis == "future"
     cuts_used = {uid: draw_cuts(ids.shape[1], p.n_cuts, p.seed, uid, p.cut_stride) if future else []
                  for uid, ids in encoded}
@@ -189,7 +191,7 @@ def _compute(p: SkipParams, ref: ModelRef, parts: list[str], local: bool, key: d
     def one(uid: str, ids: Any) -> dict[str, np.ndarray]:
         # one session per problem (one request on NDIF): the clean pass, then one batched trace per (layer, cut)
         res = skip_effects(lm.nn, paths, ids, cuts=cuts_used[uid], parts=parts, local=local, current=not future,
-                           config=lm.model.config, remote=lm.remote_mode, floor=p.floor, directions=directions)
+                           config=lm.model.config, remote=lm.remote_mode, floor=p.floor, directions=directions.get(uid))
         return {f"{v}_{x}": r.numpy() for v in names for x, r in zip("EOMQ", res[p.analysis, v])}
 
     items = per_unit(store, encoded, one, desc=f"{p.model_name}: {'nudges' if p.nudge else 'skip effects'} ({p.analysis})")
@@ -204,9 +206,10 @@ def _compute(p: SkipParams, ref: ModelRef, parts: list[str], local: bool, key: d
         "model": lm.provenance(),
         "data": {**selection_record(p.dataset, p.selection, p.seed, examples), "cuts": cuts_used},
         "summary": summary,
-        **({"nudge": {"directions": f"torch.randn(L, d_model) from a CPU generator seeded with {p.seed}, rows scaled "
-                                    "to unit norm (lmdepth.hooks.skip_hooks.nudge_directions)",
-                      "directions_sha256": _digest(directions)}} if directions is not None else {}),
+        **({"nudge": {"directions": f"per problem, torch.randn(L, d_model) from a CPU generator seeded with "
+                                    f"({p.seed}, the problem's id), rows scaled to unit norm "
+                                    "(lmdepth.hooks.skip_hooks.nudge_directions)",
+                      "directions_sha256": {uid: _digest(u) for uid, u in directions.items()}}} if p.nudge else {}),
     }
     units = units_table(p.model_name, p.analysis, [uid for uid, _ in encoded], per_problem)
     return table, meta, units

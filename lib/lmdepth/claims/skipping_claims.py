@@ -45,7 +45,8 @@ NEGLIGIBLE = 0.01
 #: The name of a model's nudge control in per-problem tables (its rows hold the variant "nudge").
 NUDGE_PREFIX = "random-nudge:"
 NUDGE_CONTROL = ("the same model on the same problems and positions with each layer's output moved by the norm of "
-                 "its own contribution along a fixed random unit vector per layer (seeded) instead of skipped: does "
+                 "its own contribution along a random unit vector per layer, drawn afresh for every problem "
+                 "(seeded by the problem), instead of skipped: does "
                  "removing what a layer wrote change the output more, second half relative to first, than a random "
                  "change of the same size? The random-init twin is shown beside it as a reference (an untrained "
                  "model's output barely depends on its input, so its ratio is a quotient of noise)")
@@ -173,7 +174,11 @@ CLAIMS: tuple[ClaimSpec, ...] = (
            history=_HISTORY + _HISTORY_26 + (
                "2026-11-26 (nudge): the control is a random nudge of the skip's size on the same model, problems and "
                "positions (was: the random-init twin, whose output change is below 1 % of the model's in both halves "
-               "for all three packaged models, so the row had no valid control); the twin is shown as a reference.",)),
+               "for all three packaged models, so the row had no valid control); the twin is shown as a reference.",
+               "2026-11-28 (nudge): a fresh random direction per problem (was: one draw of directions for every "
+               "problem, a single draw as the control); the draws' spread is now inside the control's per-problem "
+               "values and its interval. Changed after the row's numbers had been seen, to follow the rule that a "
+               "random control is a distribution; the statistic, rule and threshold are unchanged.")),
     _claim("future", "later_effect", halves_ratio("later_effect", EARLY_LAYERS), halves_ratio("later_effect", 0),
            id="skipping.future_later_small", figure="Fig. 3b",
            claim="future tokens: 2nd half feeds little forward",

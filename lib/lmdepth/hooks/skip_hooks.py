@@ -7,8 +7,9 @@ Introduced in chapter 03. For a skipped layer s and a cut point t, the intervent
 * ``local=True`` (the paper's appendix; book/method.md#method-skipping; part "layer" only): at the intervened positions every later residual is pinned to
   its clean value minus layer s's clean contribution, so the removal is not propagated through later layers there;
 * ``part="nudge"`` (the control of the output change, not a skip): the layer's output := its output +
-  ‖Δ_s‖ · u_s at each intervened position, u_s a fixed random unit vector of layer s (:func:`nudge_directions`): the
-  residual moves by exactly as much as when the layer is skipped, in a direction unrelated to what the layer wrote;
+  ‖Δ_s‖ · u_s at each intervened position, u_s a random unit vector of layer s, drawn per problem
+  (:func:`nudge_directions`): the residual moves by exactly as much as when the layer is skipped, in a direction
+  unrelated to what the layer wrote;
 * effect on layer j: ``e[s, j] = max_p ||Δ_j − Δ'_j|| / max(||Δ_j||, 1e-6)`` over measured positions, with
   Δ_j = h_{j+1} − h_j; effect on the output: ``o[s] = max_p ||P − P'||₂`` (probability vectors).
 
@@ -26,6 +27,7 @@ Two implementations with identical semantics:
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -101,9 +103,13 @@ def clean_pass(adapter: ModelAdapter, ids: torch.Tensor, with_probs: bool = Fals
     return CleanPass(torch.stack(ins), torch.stack(outs), kv, probs)
 
 
-def nudge_directions(n_layers: int, d_model: int, seed: int) -> torch.Tensor:
+def nudge_directions(n_layers: int, d_model: int, seed: int, key: str | None = None) -> torch.Tensor:
     """[L, D] fp32 the nudge control's directions u_l: standard normal draws of a generator seeded with ``seed`` (CPU,
-    drawn in one call, so the same on every machine), each row scaled to unit norm."""
+    drawn in one call, so the same on every machine), each row scaled to unit norm. With ``key`` (a problem's id) the
+    generator is seeded per (seed, key), as :func:`draw_cuts` is: a fresh draw for every problem, the same in every
+    run, so the spread between draws is part of the control's per-problem values and of their interval."""
+    if key is not None:
+        seed = int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "little") >> 1
     u = torch.randn(n_layers, d_model, generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float32)
     return u / u.norm(dim=-1, keepdim=True)
 

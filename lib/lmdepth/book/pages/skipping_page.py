@@ -96,7 +96,8 @@ def output_change_table(verdicts: pd.DataFrame, units: pd.DataFrame, controls: p
     """The output change on all tokens — the statistic that decides *2nd half still changes the output* — per model:
     first- and second-half means (layers 0–1 left out) and their ratio, for the layer skip, for its control (the
     nudge of the same size) and for the random-init twin (a reference), with the paired interval of the ratio
-    (skip − nudge) and how the row counts. "—" where a run is missing."""
+    (skip − nudge) and how the row counts; the nudge's ratio with its 95 % interval, which holds the spread of its
+    per-problem random draws. "—" where a run is missing."""
     values = per_layer("current", ROBUST["output_change"])
     rows = verdicts.set_index(["claim_id", "model"])
 
@@ -115,8 +116,12 @@ def output_change_table(verdicts: pd.DataFrame, units: pd.DataFrame, controls: p
         r = rows.loc[(OUTPUT_CLAIM, m)] if (OUTPUT_CLAIM, m) in rows.index else None
         paired = (f"{r.paired_diff:.3g} [{r.paired_low:.3g}, {r.paired_high:.3g}]"
                   if r is not None and np.isfinite(r.paired_diff) else "—")
+        # the nudge draws afresh per problem: its ratio's interval holds the spread of the draws
+        nudge = halves(controls, nudge_control(m))
+        if nudge != "—" and r is not None and np.isfinite(r.control_ci_low):
+            nudge += f"; ratio [{r.control_ci_low:.2f}, {r.control_ci_high:.2f}] over problems and draws"
         out.append({"model": m, "layer skipped: 1st → 2nd half (ratio)": halves(units, m),
-                    "nudge of the same size (control)": halves(controls, nudge_control(m)),
+                    "nudge of the same size (control)": nudge,
                     "random-init twin (reference)": halves(controls, control_name(m)),
                     "ratio, skip − nudge [95 % CI]": paired,
                     "counted as": r.counted_as if r is not None else "—"})
