@@ -247,7 +247,11 @@ def test_chapter_05_names_a_trained_positive_control_only_from_a_counted_rise():
     assert "has not been run" in cp.trained_control_md(growth([], []), verdicts, slopes, levels)
     none = cp.trained_control_md(growth(["inconclusive"] * 4, [0.006, -0.007, 0.003, 0.001]), verdicts, slopes, levels)
     assert none.startswith("**No positive control from a trained run yet.**") and "+0.0060 [-0.0040, +0.0160]" in none
-    assert "the largest estimated rise, 0.0060" in none and "none of its 1 claim rows" in none
+    assert "the largest estimated rise, 0.0060" in none and "none: not one of its 1 claim rows is testable" in none
+    tested = pd.concat([verdicts, pd.DataFrame([dict(claim="vars", model="m", state="agrees", ci_low=0.0,
+                                                     ci_high=0.1)])])  # testable, but ±0.05 > 0.006
+    assert "none of its 1 testable claim rows has an interval that narrow" in cp.trained_control_md(
+        growth(["inconclusive"] * 4, [0.006, -0.007, 0.003, 0.001]), tested, slopes, levels)
     ladders = none.split("ladders")[1]  # ±0.002 < 0.006 < ±0.05; facts: narrow, but 1 item per level
     assert "m: synthetic arithmetic chains." in ladders and "variable" not in ladders and "fact" not in ladders
     one = cp.trained_control_md(growth(["inconclusive", "agrees", "inconclusive", "inconclusive"],

@@ -75,8 +75,9 @@ def paired(column: str, runs: tuple[str, ...] = RUNS) -> Callable[[pd.DataFrame,
     """Per extrapolation problem: ``column`` of each training seed of each of ``runs`` (a prefix of :data:`RUNS`:
     MoEUT's two, or all four), on the seeds they all have (:func:`shared_seeds`): ``[problems, Σ seeds]`` indexed by
     problem, columns (run, training seed) in that order, the seeds named as replicates
-    (:data:`lmdepth.claims.spec.REPLICATE`): the statistic reads each run's mean over them. A run with no finished seed is one column of NaN (its precondition fails). Only the runs a
-    claim compares are read, so a missing Transformer run cannot block a MoEUT-only claim."""
+    (:data:`lmdepth.claims.spec.REPLICATE`): the statistic reads each run's mean over them. A run with no finished
+    seed is one column of NaN (its precondition fails). Only the runs a claim compares are read, so a missing
+    Transformer run cannot block a MoEUT-only claim."""
 
     def values(units: pd.DataFrame, model: str) -> pd.DataFrame:
         if column not in units:

@@ -227,12 +227,14 @@ def trained_control_md(growth: pd.DataFrame, verdicts: pd.DataFrame, slopes: pd.
                 f"score per operation [95 % CI]: {listed}), so the synthetic control above stands in.")
     if not np.isfinite(size):
         return head
-    testable = verdicts[(verdicts.state != "not testable") & ((verdicts.ci_high - verdicts.ci_low) / 2 < size)]
+    testable = verdicts[verdicts.state != "not testable"]
+    narrow_enough = testable[(testable.ci_high - testable.ci_low) / 2 < size]
     sl = slopes[(slopes.aggregation == "mean") & (slopes.metric == "layer_effect")]
     sl = sl[np.array(_items_per_level(sl, levels)) >= 3]
     narrow = sl[(sl.rel_ci_high - sl.rel_ci_low) / 2 < size]
-    checks = (", ".join(f"{r.claim} on {r.model}" for r in testable.itertuples()) if len(testable) else
-              f"none of its {len(verdicts)} claim rows (none is testable with an interval that narrow)")
+    checks = (", ".join(f"{r.claim} on {r.model}" for r in narrow_enough.itertuples()) if len(narrow_enough) else
+              f"none of its {len(testable)} testable claim rows has an interval that narrow" if len(testable) else
+              f"none: not one of its {len(verdicts)} claim rows is testable")
     ladders = ("; ".join(f"{m}: " + ", ".join(SOURCE_TITLES.get(src, src) for src in g.source)
                          for m, g in narrow.groupby("model", sort=False)) if len(narrow) else "none")
     return (f"{head} Could this chapter see a rise of that size ({what})? Its checks that could: {checks}. Its "
