@@ -121,7 +121,10 @@ models = chapter_models(model_name, compare_models)  # checked: a typo stops her
 # logit lens is written to run on NDIF this way; that is not tested here, without network).
 # The matmul runs in `lens_dtype` (fp32 by default; the paper's models ran in bf16, which the `paper` profile
 # uses — bf16 matmuls are fast on GPUs but several times slower than fp32 on CPUs without bf16 units; log-softmax
-# is always fp32), and each problem is evaluated at
+# is always fp32). In the model's own dtype the lens calls the model's head, as every trace does; another
+# `lens_dtype` multiplies by the lens' own copy of the head's weight in that dtype, which only a run here makes (a
+# hosted model's weights are not readable: remotely the lens needs `lens_dtype` equal to the model's dtype, and says
+# so in one line before anything is sent). Each problem is evaluated at
 # a seeded uniform sample of `positions_per_example` positions, which keeps the per-problem mean over positions
 # unbiased (`positions_per_example=0` evaluates every position, as the paper does).
 #

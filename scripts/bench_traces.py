@@ -22,6 +22,11 @@ the chapter's own selection (chapter 05: spread over its difficulty levels):
   case studies, 32 rows per pass): :func:`~lmdepth.traces.skip_effects.skip_effects`, :mod:`lmdepth.traces.generation`
   and :mod:`lmdepth.traces.erasure_trace` vs :func:`~lmdepth.hooks.skip_hooks.prompt_effects`,
   :mod:`lmdepth.model.generate`, :func:`~lmdepth.hooks.stack.mean_residuals` and :func:`~lmdepth.hooks.stack.erasure_map`;
+* 07 the depth of the comparison runs (MoEUT answer-only seed 0, trained from scratch; the first ``--problems`` of
+  the chapter's four probes, which need no generated data): the skip session of the depth score (whole layer, cut
+  at the first answer token) and the erasure map (positions 1 … T − 2, the mean residual of the chapter's reference
+  problem) through the traces on a generic ``NNsight`` wrapper (:func:`lmdepth.analyses.scratch.traced`) vs
+  :func:`~lmdepth.hooks.skip_hooks.prompt_effects` and :func:`~lmdepth.hooks.stack.erasure_map`;
 * 06 boundary-residual collection (the chapter's texts, batches of up to 2,048 padded tokens, every aligned
   position — planned for this one model, so every eligible token aligns):
   :func:`~lmdepth.traces.boundary_residuals.boundary_residuals_at` vs :func:`~lmdepth.hooks.stack.boundary_residuals`.
@@ -69,7 +74,14 @@ from lmdepth.traces.lens_trace import lens_readings
 from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 from lmdepth.traces.skip_effects import skip_effects
 
-CHAPTERS = ("01-02", "03", "04", "05", "06")
+CHAPTERS = ("01-02", "03", "04", "05", "06", "07")
+#: One entry per forward pass of a model's decoder since the last clear (a pre-hook, :func:`count_forward`).
+FORWARDS: list[int] = []
+
+
+def count_forward(module: torch.nn.Module, args: Any) -> None:
+    """Forward pre-hook of a decoder: count one pass."""
+    FORWARDS.append(1)
 SEED = 0  # the default profile's seed
 
 
@@ -258,7 +270,39 @@ def maps_pairs(lm: LoadedModel, n: int) -> list[Pair]:
                  lambda: [boundary_residuals(stack, ids).float()[:, r, p] for ids, r, p in inputs], _max_diff)]
 
 
-BUILDERS = {"01-02": residual_pairs, "03": skipping_pairs, "04": lens_pairs, "05": complexity_pairs, "06": maps_pairs}
+def scratch_pairs(lm: LoadedModel, n: int) -> list[Pair]:
+    """Chapter 07 on its own MoEUT run (``lm`` is not used: the chapter's models are trained from scratch)."""
+    from lmdepth.analyses.scratch import reference_mean, traced
+    from lmdepth.data.dm_math import PROBES
+    from lmdepth.runtime import REPO_ROOT
+    from lmdepth.scratch.models import adapter_for
+    from lmdepth.scratch.training import load_trained, matched_configs, run_dir
+
+    cfg = next(c for c in matched_configs("default") if (c.arch, c.objective, c.seed) == ("moeut", "answer_only", 0))
+    model, tok, _ = load_trained(run_dir(cfg, REPO_ROOT / "checkpoints" / "dm_math") / "model.pt")
+    model.model.embed_tokens.register_forward_pre_hook(count_forward)  # one call per forward pass
+    inputs = []
+    for q, answer in PROBES[:n]:
+        ids, a = tok.encode_example(q, answer, eos=False)
+        inputs.append((torch.tensor([ids]), a))
+    adapter, stack, (nn_model, paths) = adapter_for(model), AdapterStack(adapter_for(model)), traced(model)
+    mu = reference_mean(model, tok)
+    skip = Pair("07", "depth: skip session (scratch MoEUT)",
+                lambda: [skip_effects(nn_model, paths, x, cuts=[a], parts=("layer",), local=False, current=False,
+                                      config=model.config)["future", "layer"] for x, a in inputs],
+                lambda: [prompt_effects(adapter, x, cuts=[a], parts=("layer",), local=False,
+                                        current=False)["future", "layer"] for x, a in inputs],
+                lambda got, ref: max(_max_diff(g, r) for g, r in zip(got, ref)))
+    erase = Pair("07", "depth: erasure map (scratch MoEUT)",
+                 lambda: [erasure_effects(nn_model, paths, x, a, mu, positions=range(1, x.shape[1] - 1))
+                          for x, a in inputs],
+                 lambda: [erasure_map(stack, x, a, mu, positions=range(1, x.shape[1] - 1)) for x, a in inputs],
+                 _max_diff)
+    return [skip, erase]
+
+
+BUILDERS = {"01-02": residual_pairs, "03": skipping_pairs, "04": lens_pairs, "05": complexity_pairs, "06": maps_pairs,
+            "07": scratch_pairs}
 
 
 # ---- timing -----------------------------------------------------------------------------------------------------------
@@ -324,8 +368,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 def bench(args: argparse.Namespace, chapters: list[str]) -> list[dict[str, Any]]:
     lm = load_model(args.model)
-    forwards: list[int] = []
-    lm.model.get_decoder().register_forward_pre_hook(lambda mod, a: forwards.append(1))  # one per forward pass
+    forwards = FORWARDS
+    lm.model.get_decoder().register_forward_pre_hook(count_forward)
     load0, t0, c0 = os.getloadavg(), time.perf_counter(), time.process_time()
     print(f"model {args.model} ({lm.n_layers} layers), problems/chapter {args.problems}, repeats {args.repeats}, "
           f"torch threads {torch.get_num_threads()}, load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}",

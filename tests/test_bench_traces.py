@@ -37,3 +37,16 @@ def test_the_bench_stops_in_one_line_when_a_trace_differs_from_its_reference(tin
     with pytest.raises(SystemExit, match=r"^01-02 residual metrics: the trace and its reference differ by 0\.001 \(> 1e-05\)$") as e:
         module.main(["--model", str(tiny_dirs["llama"]), "--chapters", "01-02", "--repeats", "1"])
     assert "\n" not in str(e.value)
+
+
+def test_the_bench_times_chapter_07s_traces_on_its_own_scratch_run(tiny_dirs):
+    rows = bench().main(["--model", str(tiny_dirs["llama"]), "--chapters", "07", "--repeats", "1"])
+    assert [(r["chapter"], r["measurement"]) for r in rows] == [("07", "depth: skip session (scratch MoEUT)"),
+                                                               ("07", "depth: erasure map (scratch MoEUT)")]
+    assert all(r["diff"] <= 1e-5 and r["ref_cpu"] > 0 and r["trace_cpu"] > 0 for r in rows)
+    skip, erase = rows
+    assert skip["ref_fw"] == skip["trace_fw"] == 1 + 8  # the clean pass, then one per skipped depth step
+    # the clean pass, then per group of erased positions one pass per boundary; the hooks' short cut needs none for
+    # the last boundary (the trace skips every layer there, but its embedding runs)
+    groups = (erase["trace_fw"] - 1) // 9
+    assert groups >= 1 and erase["trace_fw"] == 1 + 9 * groups and erase["ref_fw"] == 1 + 8 * groups

@@ -209,9 +209,7 @@ def test_an_interrupted_fine_tuned_depth_run_resumes_from_its_last_problem(tmp_p
     monkeypatch.setattr(finetuned, "load_finetuned", lambda path, cfg: (None, Tok(), {}))
     monkeypatch.setattr(finetuned, "evaluate", fake_eval)
     monkeypatch.setattr(finetuned, "problem_depths", fake_depths)
-    monkeypatch.setattr(finetuned, "mean_residuals", lambda stack, ids: None)
-    monkeypatch.setattr(finetuned, "AdapterStack", lambda adapter: None)
-    monkeypatch.setattr(finetuned.ModelAdapter, "for_model", staticmethod(lambda model: None))
+    monkeypatch.setattr(finetuned, "reference_mean", lambda model, tok: None)
     data = type("Data", (), {"split": lambda self, s: [f"{s} a", f"{s} b"]})()
     sample = ["p0", "p1", "p2", "p3"]
     store = RunStore(tmp_path, "dm_math_ft_depth", "run", {"k": 1})

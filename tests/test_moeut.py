@@ -208,15 +208,40 @@ def test_causal_and_kv_cache_match_full_forward(model):
     assert model(x, logits_to_keep=1).logits.shape[1] == 1
 
 
-def test_skipping_fast_path_equals_naive_on_scratch_models(model):
-    """The chapter-03 skip code (KV-prefix reuse included) runs unchanged on both architectures."""
+def test_the_skip_trace_equals_the_naive_loop_on_scratch_models(model):
+    """Chapter 07 runs chapter 03's skip trace (KV-prefix reuse included, every part, local rows) on a generic
+    NNsight wrapper of both architectures — MoEUT's depth steps are distinct modules over shared weights — and it
+    equals the naive loop (one full forward per intervention)."""
+    from lmdepth.analyses.scratch import traced
+    from lmdepth.traces.skip_effects import skip_effects
+
     ad = adapter_for(model)
     x = ids(12)
-    fast = skip_hooks.prompt_effects(ad, x, cuts=[6, 9], parts=("layer", "mlp"), local=True)
-    naive = skip_hooks.prompt_effects_naive(ad, x, cuts=[6, 9], parts=("layer", "mlp"), local=True)
-    for key in fast:
-        torch.testing.assert_close(fast[key][0], naive[key][0], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(fast[key][1], naive[key][1], rtol=1e-4, atol=1e-5)
+    naive = skip_hooks.prompt_effects_naive(ad, x, cuts=[6, 9], parts=("layer", "attention", "mlp"), local=True)
+    nn_model, paths = traced(model)
+    traced_ = skip_effects(nn_model, paths, x, cuts=[6, 9], parts=("layer", "attention", "mlp"), config=model.config)
+    assert set(traced_) == set(naive)
+    for key in naive:
+        torch.testing.assert_close(traced_[key][0], naive[key][0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(traced_[key][1], naive[key][1], rtol=1e-4, atol=1e-5)
+    assert float(naive["future", "layer"][0].abs().sum()) > 0  # the skips change something
+
+
+def test_the_erasure_trace_equals_the_hooked_map_on_scratch_models(model):
+    """Chapter 07's erasure (positions 1 … T − 2, the mean residual of another text erased in) through the erasure
+    trace equals the plain-hook map, position by position; a position not erased stays 0."""
+    from lmdepth.analyses.scratch import traced
+    from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
+    from lmdepth.traces.erasure_trace import boundary_sums, erasure_effects
+
+    stack, (nn_model, paths) = AdapterStack(adapter_for(model)), traced(model)
+    other, x = ids(9, seed=1), ids(12)
+    mu = mean_residuals(stack, [other])
+    torch.testing.assert_close(boundary_sums(nn_model, paths, other) / other.shape[1], mu, rtol=1e-5, atol=1e-6)
+    ref = erasure_map(stack, x, 8, mu, batch_size=4, positions=range(1, 11))
+    got = erasure_effects(nn_model, paths, x, 8, mu, batch_size=4, positions=range(1, 11))
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    assert float(got[:, 1:11].sum()) > 0 and float(got[:, [0, 11]].abs().sum()) == 0
 
 
 def test_moeut_entropy_regulariser_only_in_training():

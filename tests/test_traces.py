@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmdepth.errors import RemoteUnavailable
+from lmdepth.errors import ParameterError, RemoteUnavailable
 from lmdepth.metrics.residual_stats import residual_token_metrics
 from lmdepth.model.families import ModelAdapter
 from lmdepth.model.taps import hooked_residuals
@@ -552,6 +552,12 @@ def test_lens_trace_equals_the_reference_here_and_under_the_strict_server(family
     for lens_dtype in ("float32", "bfloat16"):
         for remote in (False, "local"):
             before = len(server.REQUESTS)
+            if lens_dtype == "bfloat16" and remote:  # another dtype than the fp32 head's needs its weight read
+                with pytest.raises(ParameterError, match="^lens_dtype bfloat16 differs from the hosted model's head "
+                                                         r"\(float32\).*pass lens_dtype float32$"):
+                    _lens_case(model, ids, positions, lens_dtype, tr, remote)
+                assert len(server.REQUESTS) == before  # refused before anything was sent
+                continue
             ref, ref_check, got, check = _lens_case(model, ids, positions, lens_dtype, tr, remote)
             assert got.shape == (2, 3, adapter.n_layers, 4)
             assert (got - ref).abs().max() <= 1e-5, (lens_dtype, remote)
@@ -564,6 +570,41 @@ def test_lens_trace_equals_the_reference_here_and_under_the_strict_server(family
                 assert record.result_bytes < 4 * got.numel() + 4_000
                 assert not [m for m in record.modules if m.split(".")[0] == "lmdepth"]
     assert (got[1] - got[0]).abs().max() > 1e-3  # the translators change the reading: the comparison can fail
+
+
+class _HiddenHead(torch.nn.Module):
+    """A head whose weight cannot be read as ``.weight`` (as on a server that proxies module calls only)."""
+
+    def __init__(self, head: torch.nn.Linear):
+        super().__init__()
+        self.hidden = torch.nn.Parameter(head.weight.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.hidden)
+
+
+@pytest.mark.integration
+def test_the_lens_in_the_heads_own_dtype_calls_the_head_and_never_reads_its_weight(ids):
+    """The logit and tuned lens through a head that has no ``weight`` attribute: equal to the reference read through
+    the real head, here and under the strict server; a lens dtype that needs the weight fails on it."""
+    model = tiny_model("llama")
+    adapter = ModelAdapter.for_model(model)
+    tr = _random_translators(adapter)
+    positions = torch.tensor([0, 3, ids.shape[1] - 1])
+    ref, ref_check, _, _ = _lens_case(model, ids, positions, "float32", tr, False)
+    model.lm_head = _HiddenHead(model.lm_head)
+    assert not hasattr(model.lm_head, "weight")
+    from lmdepth.model.registry import LoadedModel
+    from lmdepth.traces.lens_trace import lens_readings
+
+    lm = LoadedModel("tiny", model, tiny_tokenizer(), adapter, "local")
+    tensors = (tr.A.detach(), tr.b.detach(), tr.scale)
+    for remote in (False, "local"):
+        got, check = lens_readings(lm.nn, TapPaths.of(adapter), ids, positions, "float32", None, tensors,
+                                   remote=remote)
+        assert (got - ref).abs().max() <= 1e-5 and abs(check - ref_check) <= 1e-6
+    with pytest.raises(Exception, match="weight"):  # the lens' own bf16 copy needs the weight: it is read
+        lens_readings(lm.nn, TapPaths.of(adapter), ids, positions, "bfloat16", None, None)
 
 
 @pytest.mark.integration

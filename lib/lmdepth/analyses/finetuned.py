@@ -13,14 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
-from lmdepth.analyses.scratch import SAMPLE_DATA_KEYS, announce_missing, depth_sample, problem_depths
+from lmdepth.analyses.scratch import (
+    SAMPLE_DATA_KEYS,
+    announce_missing,
+    depth_sample,
+    problem_depths,
+    reference_mean,
+)
 from lmdepth.claims.scratch_claims import FINETUNED_RUN
-from lmdepth.data.dm_math import ERASURE_REFERENCE, MathData
-from lmdepth.hooks.stack import AdapterStack, mean_residuals
+from lmdepth.data.dm_math import MathData
 from lmdepth.metrics.depth import depth_score, layer_effect, partial_slope
-from lmdepth.model.families import ModelAdapter
 from lmdepth.results import RunStore
 from lmdepth.runtime import progress as progress_bar
 from lmdepth.scratch.evaluate import evaluate
@@ -104,8 +107,7 @@ def _evaluate_and_depths(store: RunStore, cfg: FinetuneConfig, path: Path, data:
             got = _as_arrays(evaluate(model, tok, data.split(split)))
             store.save_item(f"evaluation {split}", got)
         evals.append(pd.DataFrame(got).assign(split=split))
-    ref = tok.encode_example(*ERASURE_REFERENCE, eos=False)[0]
-    mu = mean_residuals(AdapterStack(ModelAdapter.for_model(model)), [torch.tensor([ref])])
+    mu = reference_mean(model, tok)
     rows = []
     for i, example in enumerate(progress_bar(sample, f"depth of {path.parent.name}")):
         got = store.load_item(f"problem {i}")

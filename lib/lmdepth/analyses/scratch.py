@@ -9,8 +9,10 @@ Four runs — MoEUT and a dense Transformer, each trained with the question mode
 * the depth score of :mod:`lmdepth.analyses.complexity` against the number of operations in the problem
   (:func:`depth_by_operations`).
 
-The erasure and skip code is the same as for the pretrained models: a from-scratch model is wrapped in a
-:class:`~lmdepth.model.families.ModelAdapter` whose "layers" are the depth steps (block applications for MoEUT).
+The erasure and skip code is the same as for the pretrained models — the same nnsight traces
+(:mod:`lmdepth.traces.skip_effects`, :mod:`lmdepth.traces.erasure_trace`), here on a generic ``NNsight`` wrapper
+(:func:`traced`): a from-scratch model's taps are those of a :class:`~lmdepth.model.families.ModelAdapter` whose
+"layers" are the depth steps (block applications for MoEUT, a distinct module per step over the shared weights).
 
 The chapter's parameters (:class:`ScratchParams`), display tables, prose, claims (:func:`claims`) and checks
 (:func:`check_results`) are built here from those results.
@@ -33,8 +35,6 @@ import torch
 from lmdepth.data.dm_math import ERASURE_REFERENCE, PROBES, MathData, MathExample
 from lmdepth.data.dm_tokens import CharTokenizer
 from lmdepth.errors import DataError
-from lmdepth.hooks.skip_hooks import prompt_effects
-from lmdepth.hooks.stack import AdapterStack, erasure_map, mean_residuals
 from lmdepth.metrics.bootstrap import draws, percentile_interval
 from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics
 from lmdepth.metrics.intervals import exact_match
@@ -58,6 +58,9 @@ from lmdepth.scratch.training import (
     safe_load,
     train_run,
 )
+from lmdepth.traces.erasure_trace import boundary_sums, erasure_effects
+from lmdepth.traces.residual_metrics import TapPaths
+from lmdepth.traces.skip_effects import skip_effects
 
 ARCH_LABELS = {"moeut": "MoEUT", "transformer": "Transformer"}
 
@@ -310,15 +313,14 @@ def probe_erasure(run: TrainedRun, probes: Sequence[tuple[str, str]] = PROBES,
          :func:`lmdepth.charts.erasure_charts.map_chart`, with ``model`` = the run name;
          per probe: greedy answer, whether it is right, the number of tokens and the answer start).
     """
-    stack = AdapterStack(adapter_for(run.model))
-    ref_ids, _ = run.tok.encode_example(*reference, eos=False)
-    mu = mean_residuals(stack, [torch.tensor([ref_ids], device=device)])  # [L+1, D]
+    nn_model, paths = traced(run.model)
+    mu = reference_mean(run.model, run.tok, reference, device=device)  # [L+1, D]
     rows, info = [], {}
     for q, a in probes:
         ids, a_start = run.tok.encode_example(q, a, eos=False)
         T = len(ids)
-        er = erasure_map(stack, torch.tensor([ids], device=device), a_start, mu, batch_size=batch_size,
-                         positions=range(1, T - 1))[:-1]  # [L, T]
+        er = erasure_effects(nn_model, paths, torch.tensor([ids], device=device), a_start, mu, batch_size=batch_size,
+                             positions=range(1, T - 1))[:-1]  # [L, T]
         labels = run.tok.tokens(ids)
         rows += [{"model": run.name, "prompt": q, "method": "erasure", "layer": l, "position": p, "token": labels[p],
                   "is_answer": p >= a_start, "value": float(er[l, p])} for l in range(er.shape[0]) for p in range(T)]
@@ -375,10 +377,30 @@ def model_adapter(model: torch.nn.Module) -> ModelAdapter:
     return adapter_for(model) if isinstance(model, ScratchLM) else ModelAdapter.for_model(model)
 
 
+def traced(model: torch.nn.Module) -> tuple[Any, TapPaths]:
+    """(nnsight wrapper, taps) the traces run this chapter's models on: a generic ``NNsight`` wrapper — a from-scratch
+    model has no Hugging Face class for ``TransformersModel`` and the fine-tuned one needs none, as these traces pass
+    token ids — and the taps of :func:`model_adapter`. Wrapping is cheap (milliseconds) and leaves the model's
+    outputs as they were."""
+    from nnsight import NNsight
+
+    return NNsight(model), TapPaths.of(model_adapter(model))
+
+
+@torch.no_grad()
+def reference_mean(model: torch.nn.Module, tok: Any, reference: tuple[str, str] = ERASURE_REFERENCE,
+                   device: str = "cpu") -> torch.Tensor:
+    """[L+1, D] fp32 the erasure value of this chapter's models: the mean over every position of ``reference``'s
+    ``" Q: {q} A: {a}"`` (no EOS) of the residual at each boundary (the authors' value for these models)."""
+    nn_model, paths = traced(model)
+    ids = torch.tensor([tok.encode_example(*reference, eos=False)[0]], device=device)
+    return boundary_sums(nn_model, paths, ids) / ids.shape[1]
+
+
 @torch.no_grad()
 def skip_depth_effects(model: torch.nn.Module, tok: Any, examples: Sequence[MathExample], device: str = "cpu",
                        ) -> tuple[np.ndarray, np.ndarray]:
-    """Layer-skip effects of each example for the depth score (:func:`lmdepth.hooks.skip_hooks.prompt_effects`, part
+    """Layer-skip effects of each example for the depth score (:func:`lmdepth.traces.skip_effects.skip_effects`, part
     "layer", future version), on a from-scratch or a (fine-tuned) pretrained model with its tokenizer.
 
     The cut is the first answer token: each depth step is skipped on the whole prompt (positions 1 … a−1) and the
@@ -387,12 +409,12 @@ def skip_depth_effects(model: torch.nn.Module, tok: Any, examples: Sequence[Math
     Returns:
         E [P, L, L] and O [P, L].
     """
-    adapter = model_adapter(model)
+    nn_model, paths = traced(model)
     Es, Os = [], []
     for e in examples:
         ids, a_start = tok.encode_example(e.question, e.answer, eos=False)
-        effects = prompt_effects(adapter, torch.tensor([ids], device=device), cuts=[a_start], parts=("layer",),
-                                 local=False, current=False)
+        effects = skip_effects(nn_model, paths, torch.tensor([ids], device=device), cuts=[a_start], parts=("layer",),
+                               local=False, current=False, config=model.config)
         E, O = effects["future", "layer"]
         Es.append(E.numpy())
         Os.append(O.numpy())
@@ -427,12 +449,12 @@ def problem_depths(model: torch.nn.Module, tok: Any, sample: Sequence[MathExampl
     """
     E, O = skip_depth_effects(model, tok, sample, device=device)
     L = E.shape[-1]
-    stack = AdapterStack(model_adapter(model))
+    nn_model, paths = traced(model)
     erased = []
     for e in sample:
         ids, a_start = tok.encode_example(e.question, e.answer, eos=False)
-        er = erasure_map(stack, torch.tensor([ids], device=device), a_start, reference_mean,
-                         positions=range(1, len(ids) - 1))[:-1]  # [L, T]: the final output has no row
+        er = erasure_effects(nn_model, paths, torch.tensor([ids], device=device), a_start, reference_mean,
+                             positions=range(1, len(ids) - 1))[:-1]  # [L, T]: the final output has no row
         erased.append(question_depth(er[:, 1:a_start].numpy()))
     return pd.DataFrame({"unit": np.arange(len(sample)), "split": [e.split for e in sample],
                          "n_operations": [e.n_operations for e in sample], "question": [e.question for e in sample],
@@ -489,9 +511,7 @@ def comparison_depths(runs: dict[str, TrainedRun], data: MathData, per_example: 
         done = store.load_verified()
         if done is None:
             if r.path not in ref_ids:
-                ref_ids[r.path] = mean_residuals(AdapterStack(model_adapter(r.model)),
-                                                 [torch.tensor([r.tok.encode_example(*ERASURE_REFERENCE, eos=False)[0]],
-                                                               device=device)])
+                ref_ids[r.path] = reference_mean(r.model, r.tok, device=device)
             t0 = time.time()
             table = problem_depths(r.model, r.tok, sample, ref_ids[r.path], device=device)
             done = store.finalize(table, {"run": name, "wall_time_s": round(time.time() - t0, 1)})

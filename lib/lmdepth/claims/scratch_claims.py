@@ -159,8 +159,8 @@ _HISTORY = ("2026-11-23: a competence gate (exact match above the constant-answe
             "training runs.",
             _SHARED_SEEDS)
 
-SEED_CONTROL = ("the training seeds: a seed-level sign-flip test of each seed's own statistic (with 3 seeds its "
-                "smallest p is 1/8, so 3 seeds cannot decide)")
+SEED_CONTROL = ("the training seeds: a seed-level sign-flip test of each seed's own statistic (with n seeds its "
+                "smallest p is 1/2ⁿ: 3 or 4 seeds cannot reach 0.05, 5 can)")
 CLAIMS: tuple[ClaimSpec, ...] = (
     ClaimSpec(
         id="moeut.exact_match_gain", chapter="moeut", figure="Fig. 9",

@@ -15,7 +15,8 @@ Introduced in chapter 03. For a skipped layer s and a cut point t, the intervent
 
 ``t=None`` is the "all tokens" variant: intervene at every position ≥ 1, measure at every position.
 
-Two implementations with identical semantics:
+Two plain-hook implementations with identical semantics, the reference twins of the trace every chapter runs
+(:func:`lmdepth.traces.skip_effects.skip_effects`; chapters 03, 05, 07 and the explorer):
 
 * :func:`naive_effect` — one full forward pass per (prompt, cut point, skipped layer, part), full logits, as
   the authors' code does. The baseline for the benchmark and the reference in the tests.

@@ -8,6 +8,11 @@ block b − 1 (so b = L is the final residual before the final norm). It serves 
 has an adapter for (plain forward hooks) and the from-scratch models of chapter 07 (whose blocks are *applications*
 of shared layers).
 
+What runs here: integrated gradients (it needs gradients through the model, which a trace's block does not take
+remotely). The erasure map and the mean residuals are the plain-hook reference twins of
+:mod:`lmdepth.traces.erasure_trace`, which chapters 05 and 07 run; the tests and ``scripts/bench_traces.py`` hold the
+trace to them.
+
 * **Erasure**: replace the residual at (boundary b, token t) by an uninformative mean residual μ_b and measure
   ``max over answer-predicting positions of ||P − P'||₂``. Batched: one erased position per batch element, with
   the clean sequence as element 0 (so a null erasure gives exactly 0, book/method.md#method-numerics); blocks before b are not run.

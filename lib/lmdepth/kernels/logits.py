@@ -49,6 +49,17 @@ def linear_logits_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return softcap_(out, cap)
 
 
+def lens_logits(head: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, dtype: torch.dtype,
+                weight: torch.Tensor | None, bias: torch.Tensor | None, cap: float | None, z: torch.Tensor | None,
+                z_mm: torch.Tensor | None) -> torch.Tensor:
+    """[n, d] normed residuals → [n, V] fp32 soft-capped lens logits: by calling the model's head on ``x`` in
+    ``dtype``, the head's own (``weight`` None: a hosted model's weights are never read), else
+    :func:`linear_logits_into` with the lens' own copy of the weight in another dtype, through the buffers."""
+    if weight is None:
+        return softcap_(head(x.to(dtype)).float(), cap)  # a fresh tensor, whatever the dtype: capped in place
+    return linear_logits_into(x, weight, bias, cap, z, z_mm)
+
+
 def top_tokens(head: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[torch.Tensor], torch.Tensor],
                hs: list[torch.Tensor], cap: float | None, k: int) -> torch.return_types.topk:
     """The logit lens' top-k tokens of residuals [D] each (possibly on several devices; moved to the last one's):
@@ -57,4 +68,4 @@ def top_tokens(head: Callable[[torch.Tensor], torch.Tensor], norm: Callable[[tor
     return unembed(head, norm, x, cap).softmax(-1).topk(k, dim=-1)
 
 
-__all__ = ["softcap", "softcap_", "unembed", "linear_logits", "linear_logits_into", "top_tokens"]
+__all__ = ["softcap", "softcap_", "unembed", "linear_logits", "linear_logits_into", "lens_logits", "top_tokens"]

@@ -13,6 +13,7 @@ which the tests hold it to; :func:`boundary_sums` (divided by the token count) i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -44,8 +45,9 @@ def boundary_sums(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, remot
 
 
 def erasure_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, a_start: int, means: torch.Tensor,
-                    batch_size: int = 32, softcap: float | None = None, remote: bool | str = False) -> torch.Tensor:
-    """Effect of erasing the residual at each (boundary, token) on the answer predictions (every position erased).
+                    batch_size: int = 32, softcap: float | None = None, remote: bool | str = False,
+                    positions: Sequence[int] | None = None) -> torch.Tensor:
+    """Effect of erasing the residual at each (boundary, token) on the answer predictions.
 
     Args:
         nn_model: the remotable nnsight wrapper (``LoadedModel.nn``).
@@ -55,16 +57,21 @@ def erasure_effects(nn_model: Any, paths: TapPaths, input_ids: torch.Tensor, a_s
         batch_size: rows per trace (the clean copy plus ``batch_size − 1`` erased positions).
         softcap: the model's ``final_logit_softcapping`` (Gemma) or None.
         remote: ``False`` (here), ``True`` (NDIF) or ``"local"`` (strict simulation).
+        positions: the token positions erased (None: every one, BOS included, as the authors' code for the
+            pretrained models; chapter 07's models erase 1 … T − 2, as the authors' script for them).
 
     Returns:
-        [L + 1, T] fp32: row 0 = embeddings, row b = output of block b − 1.
+        [L + 1, T] fp32: row 0 = embeddings, row b = output of block b − 1 (0 at a position not erased).
     """
     if batch_size < 2:
         raise ValueError("batch_size must be at least 2 (the clean copy plus one erased position)")
     L, T = paths.n_layers, int(input_ids.shape[1])
     envoys = paths.envoys(nn_model)  # envoys for the block (it must not read `envoys`, a library object)
     layers, norm, head = envoys.layers, envoys.final_norm, envoys.lm_head
-    groups = [list(range(i, min(i + batch_size - 1, T))) for i in range(0, T, batch_size - 1)]
+    erased = list(range(T)) if positions is None else [int(p) for p in positions]
+    if any(not 0 <= p < T for p in erased):
+        raise ValueError(f"erased positions must be in 0..{T - 1} for this prompt of {T} tokens")
+    groups = [erased[i:i + batch_size - 1] for i in range(0, len(erased), batch_size - 1)]
     pred = torch.arange(a_start - 1, T - 1)  # the positions whose next token is an answer token
     means = means.detach().cpu()
     with torch.no_grad(), nn_model.session(**trace_kwargs(nn_model, remote,
