@@ -75,6 +75,7 @@ from lmdepth.traces.residual_metrics import TapPaths, residual_metrics
 from lmdepth.traces.skip_effects import skip_effects
 
 CHAPTERS = ("01-02", "03", "04", "05", "06", "07")
+SEED = 0  # the default profile's seed
 #: One entry per forward pass of a model's decoder since the last clear (a pre-hook, :func:`count_forward`).
 FORWARDS: list[int] = []
 
@@ -82,7 +83,6 @@ FORWARDS: list[int] = []
 def count_forward(module: torch.nn.Module, args: Any) -> None:
     """Forward pre-hook of a decoder: count one pass."""
     FORWARDS.append(1)
-SEED = 0  # the default profile's seed
 
 
 @dataclass(frozen=True)
@@ -285,7 +285,8 @@ def scratch_pairs(lm: LoadedModel, n: int) -> list[Pair]:
     for q, answer in PROBES[:n]:
         ids, a = tok.encode_example(q, answer, eos=False)
         inputs.append((torch.tensor([ids]), a))
-    adapter, stack, (nn_model, paths) = adapter_for(model), AdapterStack(adapter_for(model)), traced(model)
+    adapter = adapter_for(model)
+    stack, (nn_model, paths) = AdapterStack(adapter), traced(model)
     mu = reference_mean(model, tok)
     skip = Pair("07", "depth: skip session (scratch MoEUT)",
                 lambda: [skip_effects(nn_model, paths, x, cuts=[a], parts=("layer",), local=False, current=False,
