@@ -107,3 +107,24 @@ def test_the_traces_on_a_gpu_equal_the_cpu(family):
             v.cpu().float() for k in sorted(skip) for v in skip[k] if k != ("clean", "lens")]
     for here, there in zip(out["cpu"], out["cuda"]):
         torch.testing.assert_close(there, here, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.integration
+def test_chapter_07s_traces_run_its_transformer_with_the_weights_off_the_cpu():
+    """Chapter 07's depth traces (skip session with every part, the erasure value, the erasure map) on its
+    from-scratch Transformer behind the generic NNsight wrapper, weights on ``meta``. (MoEUT's expert routing counts
+    tokens per expert with ``bincount``, whose output shape depends on the values: PyTorch has no ``meta`` kernel for
+    it, so the proxy cannot run MoEUT at all.)"""
+    from lmdepth.analyses.scratch import traced
+    from lmdepth.scratch.models import DenseConfig, build_model
+    from lmdepth.traces.erasure_trace import boundary_sums, erasure_effects
+
+    model = build_model(DenseConfig(vocab_size=99, d_model=D, n_layers=L, n_heads=2, d_head=16, d_ff=64)).eval()
+    nn_model, paths = traced(model)
+    model.to("meta")
+    x = torch.randint(4, 99, (1, 12), generator=torch.Generator().manual_seed(0)).to("meta")
+    with MetaValues():
+        effects = skip_effects(nn_model, paths, x, cuts=(6, 9), parts=("layer", "attention", "mlp"), config=model.config)
+        assert len(effects) == 8 and boundary_sums(nn_model, paths, x).shape == (L + 1, D)
+        assert erasure_effects(nn_model, paths, x, 8, torch.zeros(L + 1, D), batch_size=4,
+                               positions=range(1, 11)).shape == (L + 1, 12)
