@@ -271,3 +271,18 @@ def test_chapter_05_executes_after_chapter_07_and_is_stale_when_its_verdicts_cha
     manifest.write_text('{"verdicts": {"a.csv": "2"}}')
     assert build.build_hash("complexity", "default", tmp_path) != before["complexity"]
     assert build.build_hash("norms", "default", tmp_path) == before["norms"]
+
+
+@pytest.mark.unit
+def test_the_depth_paragraph_names_only_the_seed_counts_that_cannot_reach_005():
+    from lmdepth.book.pages.scratch_page import depth_md
+
+    def row(seeds: int) -> dict:
+        return dict(claim_id="moeut.depth_grows", claim="depth grows", model=f"recipe {seeds}", estimate=0.01,
+                    ci_low=0.001, ci_high=0.02, n=100, control_valid=True, control_ci_low=0.0, control_ci_high=0.02,
+                    p_value=0.5 ** seeds, state="inconclusive", reason="", counted_as="inconclusive",
+                    control_state=f"seed-level sign-flip test over {seeds} seeds")
+
+    text = depth_md(pd.DataFrame([row(3), row(4), row(5)]))
+    assert "over 3 seeds 1/8, over 4 seeds 1/16:" in text and "over 5 seeds 1/32" not in text
+    assert "cannot go below" not in depth_md(pd.DataFrame([row(5)]))

@@ -357,9 +357,10 @@ def depth_md(verdicts: pd.DataFrame) -> str:
     if verdicts.empty:
         return ""
     seeds = {int(m) for m in verdicts.control_state.str.extract(r"over (\d+) seeds")[0].dropna()}
-    power = (f" With {', '.join(map(str, sorted(seeds)))} seeds per recipe, the seed-level test cannot go below p = "
-             f"1/{2 ** min(seeds)}: a row whose interval lies on one side is *inconclusive* until more seeds are "
-             "trained (5 seeds reach 1/32)." if seeds and 2.0 ** -min(seeds) > 0.05 else "")
+    short = sorted(n for n in seeds if 2.0 ** -n > 0.05)  # seed counts whose test cannot reach p ≤ 0.05
+    power = (" The seed-level test over n seeds cannot go below p = 1/2ⁿ — "
+             + ", ".join(f"over {n} seeds 1/{2 ** n}" for n in short) + ": a row read over so few seeds whose interval "
+             "lies on one side is *inconclusive* until more seeds are trained (5 seeds reach 1/32)." if short else "")
     return ("**What the depth rows show** (the table above). " + "; ".join(_depth_row(r) for r in verdicts.itertuples())
             + "." + power)
 
