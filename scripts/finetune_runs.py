@@ -28,10 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lmdepth.analyses.scratch import operation_sample, skip_depth_effects
+from lmdepth.analyses.scratch import snapshot_writer as scratch_snapshots
 from lmdepth.data.dm_tokens import collate
-from lmdepth.results import atomic_write
-from lmdepth.scratch.evaluate import evaluate
 from lmdepth.scratch.finetune import (
     FinetuneConfig,
     answer_loss,
@@ -42,36 +40,11 @@ from lmdepth.scratch.finetune import (
     with_adapters,
 )
 
-N_CURVE = 200  # problems per split in each snapshot's exact match
-N_PER_OPERATIONS = 12  # chapter 07's depth sample: problems per number of operations and split
-SAMPLE_SEED = 0  # chapter 07's default seed
-
 
 def snapshot_writer(cfg: FinetuneConfig, out_dir: str, data_dir: str):
-    """The ``on_snapshot`` of one run: exact match and the depth sample's skip effects, one file per step."""
-    data = load_data(cfg, data_dir)
-    curve = {s: data.split(s)[:N_CURVE] for s in ("interpolate", "extrapolate")}
-    sample = operation_sample(data.interpolate, N_PER_OPERATIONS, seed=SAMPLE_SEED) + \
-        operation_sample(data.extrapolate, N_PER_OPERATIONS, seed=SAMPLE_SEED + 1)
-
-    def on_snapshot(step: int, model: torch.nn.Module, tok) -> None:
-        path = finetune_dir(cfg, out_dir) / f"snapshot-{step:05d}.npz"
-        if path.exists():
-            return
-        t0 = time.time()
-        base = model.get_base_model()
-        em = {s: evaluate(base, tok, ex).correct.to_numpy() for s, ex in curve.items()}
-        E, O = skip_depth_effects(base, tok, sample)
-        solved = evaluate(base, tok, sample).correct.to_numpy()
-        arrays = dict(step=np.array(step), E=E.astype(np.float32), O=O.astype(np.float32),
-                      n_operations=np.array([e.n_operations for e in sample]),
-                      split=np.array([e.split for e in sample]), question=np.array([e.question for e in sample]),
-                      solved=solved, interpolate=em["interpolate"], extrapolate=em["extrapolate"])
-        atomic_write(path, lambda tmp: np.savez_compressed(open(tmp, "wb"), **arrays))
-        print(f"seed {cfg.seed} step {step}: exact match interpolate {em['interpolate'].mean():.1%}, extrapolate "
-              f"{em['extrapolate'].mean():.1%}; snapshot in {time.time() - t0:.0f} s", flush=True)
-
-    return on_snapshot
+    """The ``on_snapshot`` of one run (``lmdepth.analyses.scratch.snapshot_writer``), measuring the base model under
+    the adapters."""
+    return scratch_snapshots(finetune_dir(cfg, out_dir), load_data(cfg, data_dir), base=lambda m: m.get_base_model())
 
 
 def measure_step(cfg: FinetuneConfig, data_dir: str, n: int = 5) -> None:

@@ -7,6 +7,13 @@ started again across sessions.
     .venv/bin/python scripts/train_matched_runs.py            # the whole queue, in order
     .venv/bin/python scripts/train_matched_runs.py --list     # each run's key and state, nothing trained
     .venv/bin/python scripts/train_matched_runs.py --only transformer:answer_only:2   # that run alone
+    .venv/bin/python scripts/train_matched_runs.py --task chains   # the depth score's positive control (pointer chains)
+
+``--task chains`` trains the positive control of the depth score (``lmdepth.scratch.training.chain_configs``:
+the same answer-only Transformer on pointer chains of 1 … 6 hops, five seeds, 30,000 steps) into
+``checkpoints/chains``. Every run stores a snapshot of its depth score at step 0 and every 10 % of training
+(``snapshot-<step>.npz`` beside the run; ``lmdepth.analyses.scratch.snapshot_writer``); a run resumed from a
+checkpoint stores the snapshots still ahead of it.
 
 Two processes may share the queue (one core each): a run being trained holds a lock beside its folder, and the
 other process skips it.
@@ -24,23 +31,35 @@ import fcntl
 import time
 from pathlib import Path
 
-from lmdepth.analyses.scratch import run_state
-from lmdepth.scratch.training import matched_configs, run_dir, train_run
+from lmdepth.analyses.scratch import run_state, snapshot_writer
+from lmdepth.scratch.training import (
+    SNAPSHOTS_PER_RUN,
+    chain_configs,
+    load_data,
+    matched_configs,
+    run_dir,
+    train_run,
+)
 
-#: (arch, objective, seed, config) in training order: answer-only first (the objective of the chapter's headline
-#: rows), the Transformer first (it decides whether the arms reach matched competence at this learning rate).
-QUEUE = [(c.arch, c.objective, c.seed, c) for c in matched_configs("default")]
+#: (arch, objective, seed, config) in training order per task: for the comparison, answer-only first (the objective
+#: of the chapter's headline rows), the Transformer first (it decides whether the arms reach matched competence at
+#: this learning rate); the positive control seed by seed.
+QUEUES = {"comparison": [(c.arch, c.objective, c.seed, c) for c in matched_configs("default")],
+          "chains": [(c.arch, c.objective, c.seed, c) for c in chain_configs("default")]}
+CHECKPOINT_DIRS = {"comparison": "checkpoints/dm_math", "chains": "checkpoints/chains"}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint-dir", default="checkpoints/dm_math")
+    ap.add_argument("--task", choices=tuple(QUEUES), default="comparison")
+    ap.add_argument("--checkpoint-dir", help="default: checkpoints/dm_math (comparison), checkpoints/chains (chains)")
     ap.add_argument("--data-dir", default="results/dm_math_data")
     ap.add_argument("--list", action="store_true", help="print each run's key and state; train nothing")
     ap.add_argument("--only", action="append", metavar="ARCH:OBJECTIVE:SEED",
                     help="train only these runs of the queue (repeatable), e.g. transformer:answer_only:2")
     args = ap.parse_args()
-    queue = QUEUE
+    args.checkpoint_dir = args.checkpoint_dir or CHECKPOINT_DIRS[args.task]
+    queue = QUEUE = QUEUES[args.task]
     if args.only:
         wanted = {tuple(o.split(":")) for o in args.only}
         queue = [r for r in QUEUE if (r[0], r[1], str(r[2])) in wanted]
@@ -61,7 +80,9 @@ def main() -> None:
                 print(f"{cfg.name} seed {seed}: {rd.name} is being trained by another process: skipped", flush=True)
                 continue
             t0 = time.time()
-            path = train_run(cfg, args.checkpoint_dir, data_dir=args.data_dir, progress=False)
+            on_snapshot = snapshot_writer(rd, load_data(cfg, args.data_dir))
+            path = train_run(cfg, args.checkpoint_dir, data_dir=args.data_dir, progress=False,
+                             on_snapshot=on_snapshot, snapshot_every=cfg.steps // SNAPSHOTS_PER_RUN)
             print(f"{cfg.name} seed {seed}: {path} ({time.time() - t0:.0f} s in this call)", flush=True)
 
 

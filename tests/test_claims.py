@@ -317,7 +317,8 @@ def table_for(metric: str, curves, n: int = 20, model: str = "m", seed: int = 0)
 MO, MA, TO, TA = "moeut-lm", "moeut-answer_only", "transformer-lm", "transformer-answer_only"
 FIVE_SEEDS = (0, 1, 2, 3, 4)
 #: The row each depth claim is asked of (:func:`verdict_of`).
-DEPTH_MODEL = {"moeut.depth_grows": "MoEUT, question not modelled", "moeut.finetuned_flat": sc.FINETUNED}
+DEPTH_MODEL = {"moeut.depth_grows": "MoEUT, question not modelled", "moeut.finetuned_flat": sc.FINETUNED,
+               "moeut.chain_depth_grows": sc.CHAIN_RECIPE}
 
 
 def depth_units(curves: dict[str, callable], n: int = 20, seed: int = 0, seeds=FIVE_SEEDS,
@@ -329,13 +330,13 @@ def depth_units(curves: dict[str, callable], n: int = 20, seed: int = 0, seeds=F
     which (run, seed, problem) is solved."""
     rng = np.random.default_rng(seed)
     ops_of = [k for k in range(2, 7) for _ in range(n)] if n >= 10 else [2 + (i >= 5) for i in range(n)]
-    labels = {r: lab for lab, r in sc.RECIPES.items()} | {sc.FINETUNED_RUN: sc.FINETUNED}
+    labels = {r: lab for lab, r in sc.RECIPES.items()} | {sc.FINETUNED_RUN: sc.FINETUNED, sc.CHAIN_RUN: sc.CHAIN_RECIPE}
     rows = []
     for run, f in curves.items():
         for sd in seeds:
             for i, ops in enumerate(ops_of):
                 d = float(f(ops, sd, rng))
-                rows.append(dict(run=run, model=labels[run], train_seed=sd, unit=i, n_operations=ops,
+                rows.append(dict(run=run, model=labels.get(run, run), train_seed=sd, unit=i, n_operations=ops,
                                  split="interpolate" if ops <= 4 else "extrapolate", question=f"q{i}",
                                  depth_layer=d, depth_answer=d, erasure_depth=d, solved=bool(solved(run, sd, ops, i)),
                                  lr=1e-3, path=f"{run}/{sd}", interpolation_em=1.0))
@@ -355,22 +356,27 @@ def level(value, noise=0.01):
     return lambda ops, sd, rng: value + rng.normal(0, noise)
 
 
-SCENARIOS["moeut.depth_grows"] = {
-    "agrees": ("depth", {MA: grows(0.03)}), "disagrees": ("depth", {MA: grows(-0.03)}),
-    "inconclusive": ("depth", {MA: seed_dependent([0.03, -0.03, 0.03, -0.03, 0.0])})}
+SCENARIOS["moeut.depth_grows"] = {  # a flat row lies below δ: 'disagrees' (a rise of 0 is not a rise of δ)
+    "agrees": ("depth", {MA: grows(3 * sc.DEPTH_DELTA)}), "disagrees": ("depth", {MA: grows(0.0)}),
+    "inconclusive": ("depth", {MA: seed_dependent([sc.DEPTH_DELTA + d for d in (0.03, -0.03, 0.03, -0.03, 0)])})}
+SCENARIOS["moeut.chain_depth_grows"] = {k: ("depth", {sc.CHAIN_RUN: next(iter(v[1].values()))})
+                                        for k, v in SCENARIOS["moeut.depth_grows"].items()}
 SCENARIOS["moeut.finetuned_flat"] = {
     "agrees": ("depth", {sc.FINETUNED_RUN: grows(0.0, 0.002)}),
     "disagrees": ("depth", {sc.FINETUNED_RUN: grows(0.05)}),
     "inconclusive": ("depth", {sc.FINETUNED_RUN: seed_dependent([sc.FT_MARGIN + d for d in (0.03, -0.03, 0.03, -0.03, 0)])})}
+#: The untrained twins of the pair, alike (no gap before training): the pair rows count what training adds.
+TWINS = {sc.UNTRAINED["moeut"]: level(0.5), sc.UNTRAINED["transformer"]: level(0.5)}
 for _claim in ("moeut.deeper_than_transformer", "moeut.deeper_erasure"):
     SCENARIOS[_claim] = {
-        "agrees": ("depth", {MA: level(0.6), TA: level(0.4)}), "disagrees": ("depth", {MA: level(0.4), TA: level(0.6)}),
+        "agrees": ("depth", {MA: level(0.6), TA: level(0.4), **TWINS}),
+        "disagrees": ("depth", {MA: level(0.4), TA: level(0.6), **TWINS}),
         "inconclusive": ("depth", {MA: lambda ops, sd, rng: 0.5 + (0.1 if sd % 2 else -0.1) + rng.normal(0, 0.01),
-                                   TA: level(0.5)})}
+                                   TA: level(0.5), **TWINS})}
 SCENARIOS["moeut.input_dependent"] = {
-    "agrees": ("depth", {MA: level(0.5, 0.1), TA: level(0.5, 0.01)}),
-    "disagrees": ("depth", {MA: level(0.5, 0.01), TA: level(0.5, 0.1)}),
-    "inconclusive": ("depth", {MA: level(0.5, 0.05), TA: level(0.5, 0.05)})}
+    "agrees": ("depth", {MA: level(0.5, 0.1), TA: level(0.5, 0.01), **TWINS}),
+    "disagrees": ("depth", {MA: level(0.5, 0.01), TA: level(0.5, 0.1), **TWINS}),
+    "inconclusive": ("depth", {MA: level(0.5, 0.05), TA: level(0.5, 0.05), **TWINS})}
 SCENARIOS["moeut.exact_match_gain"] = {
     "agrees": ("runs", {MO: (0.3, 1), MA: (0.7, 1)}), "disagrees": ("runs", {MO: (0.7, 1), MA: (0.3, 1)}),
     "inconclusive": ("runs", {MO: (0.5, 1), MA: (0.48, 1)})}

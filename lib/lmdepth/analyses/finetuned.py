@@ -20,10 +20,10 @@ from lmdepth.analyses.scratch import (
     depth_sample,
     problem_depths,
     reference_mean,
+    snapshot_curve,
 )
 from lmdepth.claims.scratch_claims import FINETUNED_RUN
 from lmdepth.data.dm_math import MathData
-from lmdepth.metrics.depth import depth_score, layer_effect, partial_slope
 from lmdepth.results import RunStore
 from lmdepth.runtime import progress as progress_bar
 from lmdepth.scratch.evaluate import evaluate
@@ -119,29 +119,9 @@ def _evaluate_and_depths(store: RunStore, cfg: FinetuneConfig, path: Path, data:
 
 
 def over_training(checkpoint_dir: str | Path, configs: list[FinetuneConfig] | None = None) -> pd.DataFrame:
-    """The depth score over fine-tuning, from each run's stored snapshots: per (seed, step) the exact match on the
-    learning-curve problems of each split, the mean relative depth score (layer effect) of the depth sample, and
-    its within-split rise per operation on every problem of the sample (solved or not: early snapshots solve
-    none) and on the solved ones (NaN with fewer than two numbers of operations solved in a split).
-
-    Returns:
-        ``seed, step, interpolate, extrapolate, depth, rise, rise_solved, n_solved``; empty when no snapshot exists.
-    """
-    rows = []
-    for cfg in configs or finetune_configs():
-        for f in sorted(finetune_dir(cfg, checkpoint_dir).glob("snapshot-*.npz")):
-            with np.load(f) as z:
-                E, ops, split, solved = z["E"], z["n_operations"], z["split"], z["solved"].astype(bool)
-                L = E.shape[-1]
-                depth = depth_score(layer_effect(E)) / (L - 1)  # [P]
-                extra = (split == "extrapolate").astype(float)
-                rows.append({"seed": cfg.seed, "step": int(z["step"]), "interpolate": float(z["interpolate"].mean()),
-                             "extrapolate": float(z["extrapolate"].mean()), "depth": float(np.nanmean(depth)),
-                             "rise": partial_slope(depth, ops, extra),
-                             "rise_solved": partial_slope(depth[solved], ops[solved], extra[solved])
-                             if solved.sum() >= 4 else float("nan"),
-                             "n_solved": int(solved.sum())})
-    return pd.DataFrame(rows)
+    """The depth score over fine-tuning, from each run's stored snapshots (:func:`~lmdepth.analyses.scratch.
+    snapshot_curve`; step 0 is the pretrained model)."""
+    return snapshot_curve([(cfg.seed, finetune_dir(cfg, checkpoint_dir)) for cfg in configs or finetune_configs()])
 
 
 __all__ = ["finetune_states", "finetuned_depths", "over_training"]

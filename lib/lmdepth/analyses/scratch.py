@@ -32,18 +32,19 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lmdepth.claims.scratch_claims import UNTRAINED
 from lmdepth.data.dm_math import ERASURE_REFERENCE, PROBES, MathData, MathExample
 from lmdepth.data.dm_tokens import CharTokenizer
 from lmdepth.errors import DataError
 from lmdepth.metrics.bootstrap import draws, percentile_interval
-from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics
+from lmdepth.metrics.depth import depth_score, group_statistics, layer_effect, level_statistics, partial_slope
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.model.families import ModelAdapter
 from lmdepth.params import Params, param
-from lmdepth.results import RunStore
+from lmdepth.results import RunStore, atomic_write
 from lmdepth.runtime import progress as progress_bar
 from lmdepth.scratch.evaluate import evaluate, greedy_answer
-from lmdepth.scratch.models import ScratchLM, adapter_for
+from lmdepth.scratch.models import ScratchLM, adapter_for, build_model
 from lmdepth.scratch.shipped import finished_model
 from lmdepth.scratch.training import (
     ARCHS,
@@ -167,15 +168,17 @@ def trained_runs(profile: str, checkpoint_dir: str | Path, data_dir: str | Path,
 
 
 def matched_runs(profile: str, checkpoint_dir: str | Path, device: str = "cpu",
-                 loaded: dict[str, TrainedRun] | None = None) -> tuple[dict[str, TrainedRun], pd.DataFrame]:
-    """Chapter 07's comparison runs (:func:`~lmdepth.scratch.training.matched_configs`) that are finished, keyed
-    ``"<run> seed <s>"`` (each run's ``name`` stays ``<arch>-<objective>``), and the state of every planned run:
-    ``run, seed, lr, state, steps`` (state ``finished``, ``training`` with the step of its last checkpoint, or ``not
-    trained``). Looked up like :func:`trained_runs`, but never trained here: the twelve runs take ~20 CPU-hours
+                 loaded: dict[str, TrainedRun] | None = None, configs: Sequence[TrainConfig] | None = None,
+                 ) -> tuple[dict[str, TrainedRun], pd.DataFrame]:
+    """Chapter 07's comparison runs (:func:`~lmdepth.scratch.training.matched_configs`; or ``configs``, e.g. the
+    positive control's :func:`~lmdepth.scratch.training.chain_configs`) that are finished, keyed ``"<run> seed
+    <s>"`` (each run's ``name`` stays ``<arch>-<objective>``), and the state of every planned run: ``run, seed, lr,
+    state, steps`` (state ``finished``, ``training`` with the step of its last checkpoint, or ``not trained``).
+    Looked up like :func:`trained_runs`, but never trained here: they take hours each on a CPU
     (``scripts/train_matched_runs.py``). A run already in ``loaded`` (the chapter's own runs) is not loaded again."""
     reuse = {r.path: r for r in (loaded or {}).values()}
     runs, rows = {}, []
-    for cfg in matched_configs(profile):
+    for cfg in matched_configs(profile) if configs is None else configs:
         state, step, path = run_state(cfg, checkpoint_dir)
         if path is not None:
             if path not in reuse:
@@ -427,6 +430,71 @@ def depth_by_operations(run: TrainedRun, examples: Sequence[MathExample], device
     return skip_depth_effects(run.model, run.tok, examples, device=device)
 
 
+#: Problems per split in a snapshot's exact match, and per number of operations (and split) in its depth sample.
+SNAPSHOT_CURVE, SNAPSHOT_PER_OPERATIONS = 200, 12
+
+
+def snapshot_writer(run_folder: Path, data: MathData, sample_seed: int = 0,
+                    base: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m,
+                    ) -> Callable[[int, torch.nn.Module, Any], None]:
+    """The ``on_snapshot(step, model, tok)`` of one training run: ``run_folder/snapshot-<step>.npz`` with the exact
+    match on the first :data:`SNAPSHOT_CURVE` problems of each evaluation split, and the layer-skip effects of the
+    depth score (:func:`skip_depth_effects`: E [P, L, L], O [P, L]) on the operation sample of both splits with each
+    problem's correctness (what :func:`lmdepth.analyses.finetuned.over_training` reads). A snapshot already written
+    is kept. ``base`` maps the trained model to the one to measure (a fine-tuned model's base under its adapters)."""
+    curve = {s: data.split(s)[:SNAPSHOT_CURVE] for s in ("interpolate", "extrapolate")}
+    sample = operation_sample(data.interpolate, SNAPSHOT_PER_OPERATIONS, seed=sample_seed) + \
+        operation_sample(data.extrapolate, SNAPSHOT_PER_OPERATIONS, seed=sample_seed + 1)
+
+    def on_snapshot(step: int, model: torch.nn.Module, tok: Any) -> None:
+        path = Path(run_folder) / f"snapshot-{step:05d}.npz"
+        if path.exists():
+            return
+        t0 = time.time()
+        m = base(model)
+        em = {s: evaluate(m, tok, ex).correct.to_numpy() for s, ex in curve.items()}
+        E, O = skip_depth_effects(m, tok, sample)
+        arrays = dict(step=np.array(step), E=E.astype(np.float32), O=O.astype(np.float32),
+                      n_operations=np.array([e.n_operations for e in sample]),
+                      split=np.array([e.split for e in sample]), question=np.array([e.question for e in sample]),
+                      solved=evaluate(m, tok, sample).correct.to_numpy(), interpolate=em["interpolate"],
+                      extrapolate=em["extrapolate"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: np.savez_compressed(open(tmp, "wb"), **arrays))
+        print(f"{Path(run_folder).name} step {step}: exact match interpolate {em['interpolate'].mean():.1%}, "
+              f"extrapolate {em['extrapolate'].mean():.1%}; snapshot in {time.time() - t0:.0f} s", flush=True)
+
+    return on_snapshot
+
+
+def snapshot_curve(folders: Sequence[tuple[int, Path]]) -> pd.DataFrame:
+    """The depth score over training, from the snapshots :func:`snapshot_writer` stored in each ``(seed, run
+    folder)``: per (seed, step) the exact match on the learning-curve problems of each split, the mean relative depth
+    score (layer effect) of the snapshot's depth sample, and its within-split rise per operation on every problem
+    of the sample (solved or not: early snapshots solve none) and on the solved ones (NaN with fewer than 4).
+
+    Returns:
+        ``seed, folder`` (the run folder's name), ``step, interpolate, extrapolate, depth, rise, rise_solved,
+        n_solved``; empty when no snapshot exists.
+    """
+    rows = []
+    for seed, folder in folders:
+        for f in sorted(Path(folder).glob("snapshot-*.npz")):
+            with np.load(f) as z:
+                E, ops, split, solved = z["E"], z["n_operations"], z["split"], z["solved"].astype(bool)
+                L = E.shape[-1]
+                depth = depth_score(layer_effect(E)) / (L - 1)  # [P]
+                extra = (split == "extrapolate").astype(float)
+                rows.append({"seed": seed, "folder": Path(folder).name, "step": int(z["step"]),
+                             "interpolate": float(z["interpolate"].mean()),
+                             "extrapolate": float(z["extrapolate"].mean()), "depth": float(np.nanmean(depth)),
+                             "rise": partial_slope(depth, ops, extra),
+                             "rise_solved": partial_slope(depth[solved], ops[solved], extra[solved])
+                             if solved.sum() >= 4 else float("nan"),
+                             "n_solved": int(solved.sum())})
+    return pd.DataFrame(rows)
+
+
 # ---- depth per problem on the comparison runs (the paper's §5 depth questions) ------------------------------------
 
 #: What of the generated data fixes the depth sample's problems (the evaluation splits).
@@ -523,6 +591,46 @@ def comparison_depths(runs: dict[str, TrainedRun], data: MathData, per_example: 
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
+#: The ``run`` of the untrained twins' rows in :func:`untrained_depths`, by architecture (what the claims read).
+INIT_RUNS = UNTRAINED
+
+
+def untrained_depths(data: MathData, n_per_operations: int, seed: int, results_dir: str | Path,
+                     seeds: Sequence[int], profile: str = "default", device: str = "cpu",
+                     progress: bool = True) -> pd.DataFrame:
+    """:func:`problem_depths` of the untrained twins of chapter 07's comparison runs on the same depth sample: for
+    each architecture and training seed s, the weights run s starts from (:func:`~lmdepth.scratch.models.build_model`
+    with seed s, the comparison recipe's configuration), so run s minus its twin is what training added. Stored like
+    :func:`comparison_depths` (``results_dir/dm_math_depth/<arch>-untrained-seed<s>/``).
+
+    Returns:
+        :data:`DEPTH_COLUMNS` plus ``solved`` (False: the twins are not read for it), ``run`` (:data:`INIT_RUNS`),
+        ``arch, objective, train_seed, lr, path``, one row per (twin, problem).
+    """
+    sample = depth_sample(data, n_per_operations, seed)
+    tok = CharTokenizer()
+    twins = [(arch, sd, matched) for arch in ARCHS for sd in seeds
+             for matched in [c for c in matched_configs(profile) if c.arch == arch and c.seed == sd][:1]]
+    stores = {(arch, sd): RunStore(results_dir, "dm_math_depth", f"{arch}-untrained-seed{sd}",
+                                   {"n_per_operations": n_per_operations, "seed": seed, "model": cfg.model,
+                                    "init_seed": sd, "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS},
+                                    "n_sample": len(sample)})
+              for arch, sd, cfg in twins}
+    announce_missing(list(stores.values()), "the depth of the untrained twins:", len(sample))
+    frames = []
+    for arch, sd, cfg in progress_bar(twins, "untrained twins") if progress else twins:
+        store = stores[arch, sd]
+        done = store.load_verified()
+        if done is None:
+            model = build_model(cfg.model_config(tok.vocab_size), seed=sd).to(device).eval()
+            t0 = time.time()
+            table = problem_depths(model, tok, sample, reference_mean(model, tok, device=device), device=device)
+            done = store.finalize(table, {"run": INIT_RUNS[arch], "wall_time_s": round(time.time() - t0, 1)})
+        frames.append(done.table.assign(solved=False, run=INIT_RUNS[arch], arch=arch, objective="untrained",
+                                        train_seed=sd, lr=cfg.lr, path=str(store.dir)))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 # ---- what chapter 07 shows: parameters, tables, prose, claims and checks ----------------------------------------
 
 @dataclass(frozen=True)
@@ -537,6 +645,8 @@ class ScratchParams(Params):
                                         "problems per number of operations and split")
     finetune_dir: str | Path = param("checkpoints/dm_math_ft", help="the fine-tuned pretrained runs "
                                      "(scripts/finetune_runs.py); '' reads none")
+    chain_dir: str | Path = param("checkpoints/chains", help="the depth score's positive control, trained on pointer "
+                                  "chains (scripts/train_matched_runs.py --task chains); '' reads none")
     n_boot: int = param(1000, lo=10, hi=100_000, help="bootstrap resamples for the intervals")
     seed: int = param(0, lo=0, hi=2**32 - 1, help="seed of the problem sample and the bootstrap")
     device: str = param("cpu", help="'cpu', 'cuda', 'auto' …")

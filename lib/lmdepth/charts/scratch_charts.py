@@ -123,11 +123,13 @@ DEPTH_METRICS = {"depth_layer": "depth score (layer effect)", "depth_answer": "d
                  "erasure_depth": "erasure depth"}
 
 
-def depth_recipe_chart(units: pd.DataFrame, height: int = 220):
+def depth_recipe_chart(units: pd.DataFrame, height: int = 220, split_at: float = 4.5,
+                       x_title: str = "Operations in the problem"):
     """The depth questions' data: a relative depth summary per number of operations, one line per run (its mean over
     training seeds) and one small point per seed, on the problems every seed of the run solves (the problems the
     claims read); a radio button picks the summary (the claims read the layer effect's depth score and the erasure
-    depth). The dashed rule separates the interpolation split (2–4 operations) from the extrapolation split (5–6)."""
+    depth). The dashed rule at ``split_at`` separates the interpolation split (2–4 operations; pointer chains: 1–6
+    hops) from the extrapolation split (5–6; 7–8)."""
     rows = []
     for run, u in units.groupby("run", sort=False):
         s = solved_by_all(u).melt(id_vars=["train_seed", "n_operations", "unit"], value_vars=list(DEPTH_METRICS),
@@ -143,7 +145,7 @@ def depth_recipe_chart(units: pd.DataFrame, height: int = 220):
                       bind=alt.binding_radio(options=list(DEPTH_METRICS.values()), name="Depth: "))
     pick = alt.selection_point(fields=["run"], bind="legend")
     base = alt.Chart(d).transform_filter(alt.datum.metric == which)
-    x = alt.X("n_operations:Q", title="Operations in the problem", axis=alt.Axis(tickMinStep=1, format="d"),
+    x = alt.X("n_operations:Q", title=x_title, axis=alt.Axis(tickMinStep=1, format="d"),
               scale=alt.Scale(zero=False))
     color = alt.Color("run:N", scale=_run_scale(names), legend=alt.Legend(title="Run", orient="bottom", columns=2))
     y = alt.Y("depth:Q", title="Relative depth (0 = first step, 1 = last)", scale=alt.Scale(zero=False))
@@ -153,7 +155,7 @@ def depth_recipe_chart(units: pd.DataFrame, height: int = 220):
                  alt.Tooltip("depth:Q", format=".3f")])
     mean = base.mark_line().encode(x=x, y="mean(depth):Q", color=color, detail="run:N",
                                    opacity=alt.condition(pick, alt.value(1.0), alt.value(0.1)))
-    split = alt.Chart(pd.DataFrame({"x": [4.5]})).mark_rule(strokeDash=[4, 3], color="gray").encode(x="x:Q")
+    split = alt.Chart(pd.DataFrame({"x": [split_at]})).mark_rule(strokeDash=[4, 3], color="gray").encode(x="x:Q")
     return alt.layer(split, mean, seeds).add_params(which, pick).properties(width=NARROW, height=height)
 
 

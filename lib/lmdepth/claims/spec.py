@@ -309,6 +309,9 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
       alternative built from the model's own values must reach "disagrees", and the paired interval is real −
       alternative.
 
+    A seed-level row also carries ``detectable`` (:func:`detectable`): the smallest true statistic its interval and
+    seeds would call 'agrees' with 80 % power (NaN for other rows).
+
     ``control_valid`` False (with ``control_note``) when the control was not run, shares too few units, is flat
     across layers, is saturated, or its difference is undefined: such a row is shown and not counted.
 
@@ -337,7 +340,8 @@ def evaluate(spec: ClaimSpec, units: pd.DataFrame, model: str, control_units: pd
            "control": spec.control, "control_model": control_model, "headline": spec.headline and sized,
            "control_state": "", "control_reason": "", "control_estimate": NAN, "control_ci_low": NAN,
            "control_ci_high": NAN, "paired_diff": NAN, "paired_low": NAN, "paired_high": NAN, "p_value": NAN,
-           "side": Side.NONE, "paper_side": None, "control_valid": False, "control_note": "", "discriminates": False}
+           "side": Side.NONE, "paper_side": None, "control_valid": False, "control_note": "", "discriminates": False,
+           "detectable": NAN}
     if real.state == "not testable":  # nothing to discriminate; the control is still shown where it ran
         row["control_note"] = "the check itself is not testable"
     if spec.seeds:
@@ -391,6 +395,26 @@ def per_seed_statistics(spec: ClaimSpec, units: pd.DataFrame, model: str) -> tup
     return [float(spec.reduce(full[:, starts + i])) for i in range(sizes[0])], ""
 
 
+#: z-values of the detectable effect: a two-sided 95 % interval (1.96) and a one-sided 5 % test (1.645), each with
+#: 80 % power (0.842).
+_Z_INTERVAL, _Z_TEST, _Z_POWER = 1.96, 1.645, 0.842
+
+
+def detectable(rule: Rule, ci_low: float, ci_high: float, per_seed: list[float], powered: bool) -> float:
+    """The smallest true value of the statistic a seed-level row would call 'agrees' with 80 % power (normal
+    approximations): beyond the threshold by the larger of what its interval (half-width / 1.96 as the standard
+    error) and its seeds (their standard deviation / √n) could resolve. Infinite where the seeds cannot reach the
+    test's level at all (fewer than 5); NaN for a window rule, or without an interval."""
+    if rule.side == "between" or not (np.isfinite(ci_low) and np.isfinite(ci_high)):
+        return NAN
+    if not powered:
+        return float("inf") if rule.side == "above" else float("-inf")
+    se_interval = (ci_high - ci_low) / (2 * _Z_INTERVAL)
+    se_seeds = float(np.std(per_seed, ddof=1)) / np.sqrt(len(per_seed)) if len(per_seed) > 1 else NAN
+    distance = max((_Z_INTERVAL + _Z_POWER) * se_interval, (_Z_TEST + _Z_POWER) * se_seeds)
+    return float(rule.threshold + distance if rule.side == "above" else rule.threshold - distance)
+
+
 def _seed_level(spec: ClaimSpec, units: pd.DataFrame, model: str, real: Verdict) -> dict[str, Any]:
     """The seed-level control: the sign-flip test of the per-seed statistics on the side the interval lies on. An
     interval on one side decides only where the test rejects; otherwise the row is inconclusive, naming its seeds."""
@@ -410,7 +434,8 @@ def _seed_level(spec: ClaimSpec, units: pd.DataFrame, model: str, real: Verdict)
                paired_diff=float(np.median(per_seed)) - spec.rule.threshold,
                paired_low=min(per_seed) - spec.rule.threshold, paired_high=max(per_seed) - spec.rule.threshold,
                side=(Side.EVERY_SEED if test.rejects else
-                     Side.TOO_FEW_SEEDS if not test.powered else Side.SEEDS_INCONSISTENT))
+                     Side.TOO_FEW_SEEDS if not test.powered else Side.SEEDS_INCONSISTENT),
+               detectable=detectable(spec.rule, real.ci_low, real.ci_high, per_seed, test.powered))
     if real.state == "inconclusive" or test.rejects:
         return out
     power = (f"with {n} seeds the test cannot go below p = 1/{2 ** n}" if not test.powered else

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from lmdepth.data.chains import CHAIN_EXTRAPOLATE, CHAIN_MODULES, chain_sampler, hops
 from lmdepth.errors import DataError, MissingPackageError
 from lmdepth.results import atomic_write_text
 
@@ -54,6 +55,7 @@ EXTRAPOLATE = {
     "mul_div_multiple": "mul_div_multiple_longer",
     "mixed": "mixed_longer",
     "add_sub_multiple_small": "add_sub_multiple_small_longer",  # this book's variant (SMALL_MODULES)
+    **CHAIN_EXTRAPOLATE,  # the depth score's positive control (lmdepth.data.chains)
 }
 #: Modules of this book built from the generator's own expression sampler (``sample.arithmetic.arithmetic``) with
 #: smaller numbers, for models small enough to train on a CPU (chapter 07). ``add_sub_multiple_small``: an
@@ -184,8 +186,9 @@ def _arithmetic() -> Any:
 def small_module_settings(modules: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The :data:`SMALL_MODULES` settings of ``modules`` and of their extrapolation splits ({} for the generator's
     own modules): what a cache key must hold so that changed settings are never served stale data."""
-    names = [n for m in modules for n in (m, EXTRAPOLATE.get(m)) if n in SMALL_MODULES]
-    return {n: {k: list(v) if isinstance(v, tuple) else v for k, v in SMALL_MODULES[n].items()} for n in names}
+    own = SMALL_MODULES | CHAIN_MODULES
+    names = [n for m in modules for n in (m, EXTRAPOLATE.get(m)) if n in own]
+    return {n: {k: list(v) if isinstance(v, tuple) else v for k, v in own[n].items()} for n in names}
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,12 @@ def module_generators(split: str, modules: Sequence[str]) -> dict[str, Any]:
     """
     if split not in (*TRAIN_LEVELS, "interpolate", "extrapolate"):
         raise DataError(f"Unknown split {split!r}: use one of {[*TRAIN_LEVELS, 'interpolate', 'extrapolate']}.")
+    chains = [m for m in modules if m in CHAIN_MODULES]
+    if chains:  # no generator needed
+        if len(chains) != len(modules):
+            raise DataError(f"The chain modules {chains} cannot be mixed with arithmetic modules in one run.")
+        names = [EXTRAPOLATE[m] if split == "extrapolate" else m for m in modules]
+        return {n: chain_sampler(**CHAIN_MODULES[n]) for n in names}
     arith = _arithmetic()
     gen = importlib.import_module("mathematics_dataset.generate")
     small = [m for m in modules if m in SMALL_MODULES]
@@ -274,7 +283,8 @@ class MathExample:
 
     @property
     def n_operations(self) -> int | None:
-        return n_operations(self.question)
+        """Arithmetic operations (:func:`n_operations`), or, for a pointer-chain question, its hops."""
+        return hops(self.question) if self.module in CHAIN_MODULES else n_operations(self.question)
 
 
 def generate_split(split: str, modules: Sequence[str], n_per_module: int, seed: int,

@@ -32,6 +32,7 @@ import pickle
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -216,10 +217,12 @@ def run_config(profile: str, arch: str, objective: str, **overrides: Any) -> Tra
 #: one lucky seed.
 MATCHED_LR = 1e-3
 MATCHED_SEEDS = (0, 1, 2)
-#: The question-not-modelled runs get two more seeds: chapter 07's MoEUT − Transformer depth rows are decided by a
-#: sign-flip test over seeds, whose p-value cannot go below 1/8 with three seeds (1/32 with five).
+#: Every recipe gets two more seeds: chapter 07's rows are decided by a sign-flip test over seeds, whose p-value
+#: cannot go below 1/8 with three seeds (1/32 with five). The question-not-modelled runs got them first (the
+#: MoEUT − Transformer depth rows); the question-modelled ones follow (2026-12-01), so that no row of the chapter is
+#: inconclusive only for lack of seeds.
 PAIR_SEEDS = MATCHED_SEEDS + (3, 4)
-SEEDS_OF = {"answer_only": PAIR_SEEDS, "lm": MATCHED_SEEDS}
+SEEDS_OF = {"answer_only": PAIR_SEEDS, "lm": PAIR_SEEDS}
 
 
 def matched_configs(profile: str = "default") -> list[TrainConfig]:
@@ -229,6 +232,27 @@ def matched_configs(profile: str = "default") -> list[TrainConfig]:
     CPU), never by the book."""
     return [run_config(profile, arch, objective, lr=MATCHED_LR, seed=seed, threads=1)
             for objective in ("answer_only", "lm") for seed in SEEDS_OF[objective] for arch in ("transformer", "moeut")]
+
+
+#: The depth score's positive control (chapter 07; :mod:`lmdepth.data.chains`): chapter 07's answer-only recipe on
+#: pointer chains of 1 … 6 hops instead of sums. Steps sized from a measured step (0.22 CPU-s for the Transformer,
+#: 0.43 for MoEUT, 32 problems of ~62 characters, one thread): 30,000 steps ≈ 1.8 CPU-hours for the Transformer.
+#: Set on 2026-12-01 before any chain run was trained.
+CHAIN_MODULE = "pointer_chain"
+CHAIN_STEPS = {"default": 30_000, "quick": 30_000, "smoke": 30}  # the paper profile has none (no GPU run planned)
+CHAIN_SEEDS = PAIR_SEEDS
+CHAIN_ARCHS = ("transformer",)  # MoEUT (~3.6 CPU-hours a run) once the Transformer's seeds are in
+#: Snapshots over training: the depth score at ~10 % steps (scripts/train_matched_runs.py writes them).
+SNAPSHOTS_PER_RUN = 10
+
+
+def chain_configs(profile: str = "default", archs: tuple[str, ...] = CHAIN_ARCHS) -> list[TrainConfig]:
+    """The positive-control runs of ``profile`` (answer-only, :data:`MATCHED_LR`, :data:`CHAIN_SEEDS`), seed by seed
+    (none for a profile without :data:`CHAIN_STEPS`)."""
+    if profile not in CHAIN_STEPS:
+        return []
+    return [run_config(profile, arch, "answer_only", lr=MATCHED_LR, seed=seed, threads=1, modules=(CHAIN_MODULE,),
+                       steps=CHAIN_STEPS[profile]) for seed in CHAIN_SEEDS for arch in archs]
 
 
 # ---- data ------------------------------------------------------------------------------------------------------
@@ -312,8 +336,8 @@ def safe_load(path: Path, device: str | torch.device = "cpu") -> dict[str, Any]:
                         "checkpoints.") from None
 
 
-def _progress_bar(total: int, initial: int, desc: str):
-    if os.environ.get("LMDEPTH_PROGRESS", "1") == "0":
+def _progress_bar(total: int, initial: int, desc: str, show: bool = True):
+    if not show or os.environ.get("LMDEPTH_PROGRESS", "1") == "0":
         return None
     from tqdm.std import tqdm
 
@@ -343,6 +367,39 @@ def guarded_step(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], g
                                f"last checkpoint ({ckpt}) is kept. Lower the learning rate (`lr`) or raise `warmup`.")
 
 
+#: ``on_snapshot(step, model, tok)``: called with the model in eval mode and gradients off (see :func:`train_run`).
+Snapshot = Callable[[int, ScratchLM, CharTokenizer], None]
+
+
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices but the embeddings (biases, norms and embeddings undecayed)."""
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
+
+
+def _resume(ckpt: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: str
+            ) -> tuple[int, list, list, float, float, list]:
+    """Load a resume checkpoint into ``model``, ``opt`` and the RNGs (nothing when there is none); returns (step,
+    loss history, learning curve, wall s, CPU s, skipped updates)."""
+    if not ckpt.exists():
+        return 0, [], [], 0.0, 0.0, []
+    state = safe_load(ckpt, device)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    _set_rng_state(state["rng"])
+    return (state["step"], state["history"], state.get("curve", []), state["wall_time_s"], state.get("cpu_time_s", 0.0),
+            state.get("skipped_updates", []))
+
+
+def _due(step: int, cfg: TrainConfig, snapshot_every: int) -> tuple[bool, bool, bool]:
+    """Whether a learning-curve point, a snapshot and a resume checkpoint are due after ``step``."""
+    return (bool(cfg.eval_every) and (step % cfg.eval_every == 0 or step == cfg.steps),
+            bool(snapshot_every) and step % snapshot_every == 0,
+            step % cfg.ckpt_every == 0 and step < cfg.steps)
+
+
 def train_run(
     cfg: TrainConfig,
     out_dir: str | Path,
@@ -350,6 +407,8 @@ def train_run(
     stop_after: int | None = None,
     progress: bool = True,
     device: str = "cpu",
+    on_snapshot: Snapshot | None = None,
+    snapshot_every: int = 0,
 ) -> Path | None:
     """Train one run, resuming from its checkpoint; a no-op when the finished model already exists.
 
@@ -361,6 +420,10 @@ def train_run(
             long run over several calls; the next call resumes).
         progress: show a text progress bar with the running loss (off when ``LMDEPTH_PROGRESS=0``).
         device: ``"cpu"`` or ``"cuda"``.
+        on_snapshot, snapshot_every: called at step 0 and every ``snapshot_every`` steps (the last included), outside
+            the run's timed training; it must leave every RNG untouched (an evaluation does), so that the weights
+            are those of a run without snapshots. A resumed run calls it again at the step it resumes from (a
+            writer that keeps what it has already written makes that free).
 
     Returns:
         The path of the finished ``model.pt``, or None if the call stopped before the last step.
@@ -369,24 +432,12 @@ def train_run(
     final, ckpt = rd / "model.pt", rd / "ckpt.pt"
     if final.exists():
         return final
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.threads or torch.get_num_threads())
     data = load_data(cfg, data_dir or out_dir)
     tok = CharTokenizer()
     model = build_model(cfg.model_config(tok.vocab_size), seed=cfg.seed).to(device).train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
-    step, history, curve, wall, cpu, skipped = 0, [], [], 0.0, 0.0, []
-    if ckpt.exists():
-        state = safe_load(ckpt, device)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, history, wall = state["step"], state["history"], state["wall_time_s"]
-        cpu = state.get("cpu_time_s", 0.0)
-        curve, skipped = state.get("curve", []), state.get("skipped_updates", [])
-        _set_rng_state(state["rng"])
+    opt = _optimizer(model, cfg)
+    step, history, curve, wall, cpu, skipped = _resume(ckpt, model, opt, device)
     probes = {s: data.split(s)[: cfg.n_curve] for s in ("interpolate", "extrapolate")}
 
     def curve_point() -> None:
@@ -402,14 +453,32 @@ def train_run(
                  "skipped_updates": skipped}
         atomic_write(ckpt, lambda tmp: torch.save(state, tmp))
 
+    def snapshot() -> None:
+        model.eval()
+        with torch.no_grad():
+            on_snapshot(step, model, tok)
+        model.train()
+
+    every = snapshot_every if on_snapshot else 0
+    if _due(step, cfg, every)[1]:
+        snapshot()
     end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
-    bar = _progress_bar(cfg.steps, step, cfg.name) if progress else None
+    bar = _progress_bar(cfg.steps, step, cfg.name, show=progress)
     t0, c0 = time.time(), time.process_time()  # wall and this process's CPU time (all threads)
 
     def lap() -> None:
         """Add the time since the last lap to the run's wall and CPU time."""
         nonlocal wall, cpu, t0, c0
         wall, cpu = wall + time.time() - t0, cpu + time.process_time() - c0
+        t0, c0 = time.time(), time.process_time()
+
+    def between_steps() -> None:
+        """The learning curve, snapshots and checkpoints due after this step (none of it is training time)."""
+        nonlocal t0, c0
+        lap()
+        for go, act in zip(_due(step, cfg, every), (curve_point, snapshot, save_ckpt)):
+            if go:
+                act()
         t0, c0 = time.time(), time.process_time()
 
     running = None
@@ -430,13 +499,7 @@ def train_run(
                 running = value if running is None else 0.98 * running + 0.02 * value
             history.append((step, value))
             _tick(bar, running)
-            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                lap()
-                curve_point()
-                t0, c0 = time.time(), time.process_time()  # the curve is not training time
-            if step % cfg.ckpt_every == 0 and step < cfg.steps:
-                lap()
-                save_ckpt()
+            between_steps()
     finally:
         if bar is not None:
             bar.close()

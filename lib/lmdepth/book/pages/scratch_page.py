@@ -18,8 +18,10 @@ from lmdepth.analyses.scratch import (
     extrapolation_gains,
 )
 from lmdepth.claims import report
+from lmdepth.claims import scratch_claims as sc
 from lmdepth.claims.scratch_claims import RUNS, SUBJECT, comparable, units_of
 from lmdepth.data.dm_math import EXTRAPOLATE, MathData
+from lmdepth.metrics.verdicts import State
 from lmdepth.scratch.shipped import PACKAGE_RUNS
 from lmdepth.scratch.training import OBJECTIVE_LABELS, TrainConfig, run_config
 
@@ -337,18 +339,42 @@ def finetune_table(states: pd.DataFrame, curve: pd.DataFrame | None = None) -> p
     return out
 
 
+#: The rise rows (a slope per operation or hop) and the depth steps that turn their relative depth into layers.
+RISE_CLAIMS = {"moeut.depth_grows": sc.DEPTH_STEPS, "moeut.chain_depth_grows": sc.DEPTH_STEPS,
+               "moeut.finetuned_flat": sc.FT_LAYERS}
+
+
+def _layers(x: float, steps: int) -> str:
+    return f"{x * (steps - 1):+.2f} layer"
+
+
+def _detectable(r, steps: int) -> str:
+    """What an undecided rise row's seeds could have detected (80 % power), in layers per operation."""
+    at = getattr(r, "detectable", float("nan"))  # rows saved before it was recorded have none
+    if r.state != "inconclusive" or pd.isna(at):
+        return ""
+    if abs(at) == float("inf"):
+        return "; its seeds could not have detected a rise of any size (too few to reach p ≤ 0.05)"
+    return f"; its seeds and problems could have detected a rise of {_layers(at, steps)} per operation"
+
+
 def _depth_row(r) -> str:
-    """One depth verdict row in words: the claim for its model, the statistic with the interval that decides it,
-    the seeds' own values, the state and how it is counted."""
+    """One depth verdict row in words: the claim for its model, the statistic with the interval that decides it
+    (a rise also in layers per operation, beside the δ that counts), the seeds' own values, the state, how it is
+    counted, and — undecided — the smallest rise its seeds could have detected."""
     if r.state == "not testable":
         return f"*{r.claim}* ({r.model}): not testable ({r.reason})"
-    unit = "of depth per operation" if r.claim_id in ("moeut.depth_grows", "moeut.finetuned_flat") else "of depth"
+    steps = RISE_CLAIMS.get(r.claim_id)
+    unit = "of depth per operation" if steps else "of depth"
+    layers = (f" ({_layers(r.estimate, steps)} per operation, [{_layers(r.ci_low, steps)}, "
+              f"{_layers(r.ci_high, steps)}]; δ = {sc.LAYERS_PER_OPERATION:g} layer per operation)"
+              if steps and r.claim_id != "moeut.finetuned_flat" else "")
     seeds = (f"; the seeds' own values {r.control_ci_low:+.4f} … {r.control_ci_high:+.4f}, sign-flip p = "
              f"{r.p_value:.3g}" if r.control_valid else "")
     read = r.state + (f" — {r.reason}" if r.reason else "")
     counted = "" if r.counted_as == r.state else f"; counted as {r.counted_as}"
-    return (f"*{r.claim}* ({r.model}): {r.estimate:+.4f} {unit} [{r.ci_low:+.4f}, {r.ci_high:+.4f}], n = {r.n} "
-            f"problems{seeds} ({read}{counted})")
+    return (f"*{r.claim}* ({r.model}): {r.estimate:+.4f} {unit} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]{layers}, "
+            f"n = {r.n} problems{seeds}{_detectable(r, steps) if steps else ''} ({read}{counted})")
 
 
 def depth_md(verdicts: pd.DataFrame) -> str:
@@ -380,3 +406,50 @@ def over_training_md(curve: pd.DataFrame, states: pd.DataFrame) -> str:
                      f"with {b['interpolate']:.0%}")
     return ("**Depth over fine-tuning** (the figure above; every problem of the depth sample, solved or not — the "
             "first snapshots solve none). " + "; ".join(parts) + ".")
+
+
+# ---- the depth score's positive control (section "Can the depth score see depth grow?") --------------------------
+
+#: What the positive control's state means for every flat depth row of the book (chapters 05 and 07).
+CHAIN_READING = {
+    State.AGREES: "The depth score rises with the number of lookups that must run in sequence: the instrument can "
+                  "see depth grow in models of this size, so a flat row on arithmetic is a finding about that task, "
+                  "not a blind spot of the score.",
+    State.DISAGREES: "Even on a task whose steps must run in sequence, the depth score does not rise by δ: in models "
+                     "of this size the depth score does not see sequential depth, and no flat depth row of this "
+                     "book (chapters 05 and 07) can be read as evidence that depth does not grow.",
+    State.INCONCLUSIVE: "The positive control cannot decide yet, so the flat depth rows of this book have no "
+                        "control that shows the score could see a rise.",
+    State.NOT_TESTABLE: "The positive control is not testable yet, so the flat depth rows of this book have no "
+                        "control that shows the score could see a rise.",
+}
+
+
+def chain_accuracy_table(accuracy: pd.DataFrame) -> pd.DataFrame:
+    """Exact match of each positive-control seed per number of hops (columns), interpolation split (1–6 hops)
+    and extrapolation split (7–8)."""
+    if accuracy.empty:
+        return pd.DataFrame()
+    t = accuracy.assign(cell=accuracy.exact_match.map(lambda v: f"{v:.0%}"))
+    out = t.pivot_table(index=["split", "train_seed"], columns="n_operations", values="cell", aggfunc="first")
+    out.columns = [f"{int(k)} hop{'' if k == 1 else 's'}" for k in out.columns]
+    return out.reset_index().rename(columns={"train_seed": "seed"}).fillna("")
+
+
+def chain_md(states: pd.DataFrame, verdicts: pd.DataFrame) -> str:
+    """The positive control in words: how many of its runs are finished, its row (as every depth row), and what its
+    state means for the book's flat rows."""
+    done = int((states.state == "finished").sum()) if len(states) else 0
+    where = (f"{done} of {len(states)} positive-control runs finished"
+             + (f"; {', '.join(f'seed {r.seed} {r.state} ({r.steps} steps)' for r in states.itertuples() if r.state != 'finished')}"
+                if done < len(states) else "") + " (`scripts/train_matched_runs.py --task chains`).")
+    rows = verdicts[verdicts.claim_id.isin(sc.CHAIN_CLAIMS)]
+    if rows.empty:
+        return f"**The positive control.** {where}"
+    r = rows.iloc[0]
+    return f"**The positive control.** {where} {_depth_row(r)}. {CHAIN_READING[State(r.state)]}"
+
+
+def pair_gaps_table(gaps: pd.DataFrame) -> pd.DataFrame:
+    """:func:`~lmdepth.analyses.depth_questions.pair_gaps`, numbers to four decimals."""
+    return gaps.round(4)

@@ -1,0 +1,114 @@
+"""The depth score's positive control: pointer-chain questions checked by an independent solver (answers, hop
+counts, the design rules of :mod:`lmdepth.data.chains`), their data keys, and the training runs' snapshots (they
+leave the trained weights as they would be without them)."""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lmdepth.analyses.scratch import snapshot_curve, snapshot_writer
+from lmdepth.data import chains
+from lmdepth.data.dm_math import data_key, generate_split
+from lmdepth.errors import DataError
+from lmdepth.scratch import training as tr
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def solve(question: str) -> tuple[str, int, int]:
+    """Read only the text: (the queried variable's digit, its number of lookups, how many chains end in a digit)."""
+    body, query = re.fullmatch(r"(.*)\. What is ([a-z])\?", question).groups()
+    table: dict[str, str] = {}
+    for part in body.split(";"):
+        lhs, rhs = part.split("=")
+        assert lhs not in table, f"{lhs} assigned twice"
+        table[lhs] = rhs
+    var, n = query, 0
+    while not table[var].isdigit():
+        var, n = table[var], n + 1
+    return table[var], n + 1, sum(v.isdigit() for v in table.values())
+
+
+@pytest.mark.unit
+def test_every_question_is_solved_by_following_its_chain_and_keeps_the_design_rules():
+    rng = random.Random(0)
+    for k in range(1, 9):
+        digits = Counter()
+        for _ in range(200):
+            p = chains.chain_question(k, rng)
+            answer, hops, n_chains = solve(p.question)
+            assert answer == str(p.answer) and hops == k == chains.hops(p.question)
+            body = p.question.split(". What")[0].split(";")
+            assert len(body) == chains.STATEMENTS  # the same length whatever k
+            ends = [s[-1] for s in body if s[-1].isdigit()]
+            assert len(ends) == len(set(ends)) == n_chains  # every chain its own digit: the answer occurs once
+            digits[answer] += 1
+        assert len(digits) == 10  # every digit can be the answer
+    with pytest.raises(DataError):
+        chains.chain_question(11, rng)
+    assert chains.hops("What is 2 + 3?") is None and chains.hops("a=b;b=a. What is a?") is None  # a cycle
+
+
+@pytest.mark.unit
+def test_the_splits_draw_their_hop_counts_and_are_reproducible():
+    interp = generate_split("interpolate", ("pointer_chain",), 600, seed=0)
+    extra = generate_split("extrapolate", ("pointer_chain",), 100, seed=0)
+    assert set(e.n_operations for e in interp) == {1, 2, 3, 4, 5, 6}
+    assert set(e.n_operations for e in extra) == {7, 8} and {e.module for e in extra} == {"pointer_chain_longer"}
+    assert all(solve(e.question)[0] == e.answer for e in interp + extra)
+    assert [e.question for e in generate_split("interpolate", ("pointer_chain",), 600, seed=0)] == \
+        [e.question for e in interp]
+    assert data_key(("pointer_chain",), 10, 10, 0) != data_key(("add_sub_multiple_small",), 10, 10, 0)
+    with pytest.raises(DataError, match="cannot be mixed"):
+        generate_split("interpolate", ("pointer_chain", "add_sub_multiple_small"), 2, seed=0)
+
+
+@pytest.mark.unit
+def test_the_positive_control_runs_are_the_comparison_recipe_on_chains():
+    configs = tr.chain_configs("default")
+    assert [c.seed for c in configs] == list(tr.CHAIN_SEEDS) and len(configs) == 5
+    ref = tr.run_config("default", "transformer", "answer_only", lr=tr.MATCHED_LR)
+    for c in configs:
+        assert (c.arch, c.objective, c.lr, c.model, c.modules) == (ref.arch, ref.objective, ref.lr, ref.model,
+                                                                     ("pointer_chain",))
+        assert c.steps == 30_000
+    assert tr.chain_configs("paper") == []
+    assert len({tr.run_dir(c, "x").name for c in configs}) == 5
+
+
+@pytest.mark.integration
+def test_snapshots_leave_the_trained_weights_as_they_would_be_without_them(tmp_path):
+    """A chain run trained with a snapshot every 3 steps, interrupted once, ends with the weights of the same run
+    trained straight through without snapshots; its snapshots are read back as the depth over training."""
+    cfg = tr.chain_configs("smoke")[0]
+    plain = tr.train_run(cfg, tmp_path / "plain", data_dir=tmp_path / "data", progress=False)
+    rd = tr.run_dir(cfg, tmp_path / "snap")
+    write = snapshot_writer(rd, tr.load_data(cfg, tmp_path / "data"))
+    assert tr.train_run(cfg, tmp_path / "snap", data_dir=tmp_path / "data", progress=False, stop_after=10,
+                        on_snapshot=write, snapshot_every=3) is None
+    snapped = tr.train_run(cfg, tmp_path / "snap", data_dir=tmp_path / "data", progress=False, on_snapshot=write,
+                           snapshot_every=3)
+    a, b = torch.load(plain, weights_only=False), torch.load(snapped, weights_only=False)
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    steps = sorted(int(f.stem.split("-")[1]) for f in rd.glob("snapshot-*.npz"))
+    assert steps == list(range(0, cfg.steps + 1, 3))
+    curve = snapshot_curve([(cfg.seed, rd)])
+    assert list(curve.step) == steps and curve["interpolate"].between(0, 1).all()
+    with np.load(rd / "snapshot-00000.npz") as z:
+        assert set(z["n_operations"]) == {1, 2, 3, 4, 5, 6, 7, 8} and z["E"].shape[1:] == (4, 4)
+
+
+@pytest.mark.unit
+def test_the_training_script_lists_the_positive_control_queue():
+    out = subprocess.run([sys.executable, "scripts/train_matched_runs.py", "--task", "chains", "--list",
+                          "--checkpoint-dir", "/nonexistent"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.count("transformer-answer_only seed") == 5 and "of 30,000" in out.stdout
