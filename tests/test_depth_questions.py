@@ -327,3 +327,21 @@ def test_the_pair_rows_count_only_what_training_adds_beyond_the_architecture():
     assert row.estimate == pytest.approx(0.2, abs=0.01) and row.counted_as == "agrees"
     row = report.check("moeut", t[t.run != TU], [sc.SUBJECT], only=["moeut.deeper_than_transformer"]).iloc[0]
     assert row.state == "not testable" and "transformer-untrained seed 0" in row.reason
+
+
+@pytest.mark.unit
+def test_the_repeatable_spread_sees_what_problems_repeat_across_seeds_and_not_seed_noise():
+    """Seed noise alone (sd 0.1, nothing repeats) has a repeatable spread near 0 although each seed's own spread is
+    0.1; a problem-specific depth (sd 0.05) repeated in every seed under that noise is recovered; and a MoEUT whose
+    spread is only seed noise is not 'more input-dependent' than a Transformer whose problems repeat."""
+    rng = np.random.default_rng(0)
+    ops = np.repeat(np.arange(2, 7), 40)
+    noise = rng.normal(0, 0.1, (200, 5))
+    assert sc.repeatable_spread(noise, ops) < 0.02 and noise.std() > 0.09
+    own = rng.normal(0, 0.05, (200, 1))
+    assert sc.repeatable_spread(own + noise, ops) == pytest.approx(0.05, abs=0.015)
+    noisy = depth_table(lambda run, sd, ops, rng: 0.5 + (rng.normal(0, 0.1) if run == MA else 0.0)
+                        + (0.05 * np.random.default_rng(hash(ops) % 97).normal() if run == TA else 0.0),
+                        runs=(MA, TA, MU, TU))
+    row = report.check("moeut", noisy, [sc.SUBJECT], only=["moeut.input_dependent"]).iloc[0]
+    assert row.control_kind == "permutation" and row.counted_as != "agrees"
