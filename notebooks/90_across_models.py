@@ -56,8 +56,10 @@ setup(0)
 source = atlas.summary_source(results_dir, profile)
 table = atlas.atlas_table(results_dir, only=source.only)
 shown = atlas.shown_models(table, models)
+# every row the build recorded, less those of a model not picked: with every model picked, the rows the
+# introduction counts (the runs trained in chapter 07 and its comparisons included)
+verdicts = findings.shown(findings.saved_verdicts(results_dir, profile=source.profile), shown, among=set(table.model))
 table = table[table.model.isin(shown)]
-verdicts = findings.shown(findings.saved_verdicts(results_dir, profile=source.profile), shown)
 anything = bool(len(table) or len(verdicts))
 if not anything:
     md(f"*Nothing has been run under `{results_dir}` yet, so there is nothing to summarise: run a chapter first "
@@ -77,17 +79,17 @@ claims_forest(verdicts[~findings.numberless(verdicts)])  # a check with no numbe
 md(findings.numberless_line(verdicts)) if len(verdicts) else None
 
 # %% [markdown]
-# **Reading the verdicts** (the whole rule: {ref}`Method: verdicts <method-verdicts>`). Each check is decided
-# from its 95 % interval, and counted as:
+# **Reading the verdicts** (the rule: {ref}`Method <method-verdicts>`; in plain words: {ref}`the seven states
+# <method-states>`). Each check is decided from its 95 % interval, and counted as:
 #
 # - **agrees** / **disagrees**: the whole interval on the paper's side / on the other side;
-# - **inconclusive**: the interval straddles the threshold, or training seeds too few to decide (3 seeds);
+# - **inconclusive**: the interval straddles the threshold, or too few training seeds to decide;
 # - **not testable**: a precondition failed (fewer than 10 units, a saturated statistic, a model that does not do
 #   the task, a claim it depends on); the row says which;
 # - **no valid control**: the control was not run, or cannot vary;
 # - **not discriminating**: the paired interval of model − control contains 0;
-# - **explained by its control**: an agreement whose control (an untrained twin, a random nudge) shows the pattern
-#   at least as strongly;
+# - **explained by its control**: its control (an untrained twin, a random nudge) shows the paper's pattern at
+#   least as strongly: not an agreement;
 # - **not counted**: a chapter-only claim, or a sample below its claim's size rule;
 # - **fragile** (a mark): with layers 0–1 kept, or by the paper's aggregation, the statistic crosses the threshold.
 #

@@ -260,9 +260,9 @@ def test_a_row_whose_alternative_aggregation_lands_on_the_other_side_is_fragile_
 
 
 def test_the_introduction_answers_per_question_of_the_paper_from_the_rows():
-    """Each question of the paper gets one line with the states of its counted rows (only those that occur) and
-    how many more are shown but not counted; a question with no row says it was not checked."""
-    from lmdepth.claims.findings_claims import QUESTIONS, intro_summary, per_question
+    """Each question of the paper gets one line with the states of its chapters' counted rows (only those that
+    occur) and how many more are shown but not counted; a question with no row says it was not checked."""
+    from lmdepth.claims.answers import QUESTIONS, landing_md, per_question
 
     ids = {"norms": next(c for c in REGISTRY if c.startswith("norms.")),
            "complexity": next(c for c in REGISTRY if c.startswith("complexity."))}
@@ -276,7 +276,7 @@ def test_the_introduction_answers_per_question_of_the_paper_from_the_rows():
     assert lines[0].endswith("(chapters 01–02): agrees 1, disagrees 1.")
     assert lines[3].endswith("(chapter 05): not testable 1; 1 more shown, not counted.")
     assert all(line.endswith("not checked in this build.") for i, line in enumerate(lines) if i not in (0, 3))
-    assert text in intro_summary(rows, "default")
+    assert text in landing_md(rows, "default")
 
 
 def test_sides_are_codes_that_pages_render_and_old_records_still_read():
@@ -297,20 +297,26 @@ def test_the_introduction_leads_with_the_headline_picture_then_the_answers_then_
     from lmdepth.book import build
 
     states = ["agrees", "disagrees", "inconclusive"]
-    rows = pd.DataFrame({"claim_id": ["norms.second_half_smaller", "skipping.later_layers", "lens.settles"],
+    rows = pd.DataFrame({"claim_id": ["norms.second_half_less", "skipping.current_later_small", "lens.logit_overlap_mid"],
                          "claim": ["a", "b", "c"], "figure": ["2a", "3", "4"], "model": "m", "state": states,
-                         "counted_as": states, "headline": True, "side": ""})
+                         "counted_as": states, "headline": True, "side": "", "rule": "x < 1", "estimate": 0.5})
     monkeypatch.setattr(build, "check_verdicts", lambda root: None)
     monkeypatch.setattr(build, "saved_verdicts", lambda results_dir, profile: rows)
     text = build.write_findings_summary(tmp_path, tmp_path, "default").read_text()
-    picture, answers, paragraph = (text.index("```{figure} headline.png"), text.index("**Per question of the paper**"),
-                                   text.index("**What this build found**"))
-    assert picture == 0 and picture < answers < paragraph
+    picture, answers, states, counts, paragraph = (
+        text.index("```{figure} headline.png"), text.index("**What the book answers**"),
+        text.index("````{dropdown} What the seven verdict states mean"), text.index("**Per question of the paper**"),
+        text.index("**What this build found**"))
+    assert picture == 0 and picture < answers < states < counts < paragraph
+    assert (tmp_path / "verdict_states.md").read_text().startswith("Each (claim × model) check is counted")
+    assert list(pd.read_csv(tmp_path / "book" / "default" / "answers.csv")["category"])[:4] == [
+        "supported", "contradicted", "can't tell: too few units or seeds", "not checked in this build"]
     png = (tmp_path / "headline.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 2000  # a drawn picture, not an empty one
     monkeypatch.setattr(build, "saved_verdicts", lambda results_dir, profile: rows.iloc[:0])
     text = build.write_findings_summary(tmp_path, tmp_path, "default").read_text()
     assert "headline.png" not in text and not (tmp_path / "headline.png").exists()
+    assert not (tmp_path / "book" / "default" / "answers.csv").exists()  # none left from before
 
 
 def test_checks_without_a_number_leave_the_forest_for_one_line_per_chapter():

@@ -34,7 +34,8 @@ from lmdepth.book.chapters import (
     profiles_dir,
 )
 from lmdepth.charts.findings_charts import headline_bar
-from lmdepth.claims.findings_claims import intro_summary, saved_verdicts
+from lmdepth.claims.answers import STATES_FILE, answers_table, landing_md, states_md
+from lmdepth.claims.findings_claims import saved_verdicts
 from lmdepth.errors import DataError, ParameterError
 from lmdepth.results import (
     BOOK_RECORD_ENV,
@@ -309,13 +310,27 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
 HEADLINE_PICTURE = "headline.png"
 
 
+#: The answers per question (:func:`lmdepth.claims.answers.answers_table`), beside the chapters' verdict records.
+ANSWERS_CSV = "answers.csv"
+
+
 def write_findings_summary(book_dir: Path, results_dir: Path, profile: str) -> Path:
     """``<book_dir>/findings.md``: what this build found, included by the introduction — the headline as a picture
-    (:data:`HEADLINE_PICTURE`, the findings page's bar), the answer per question, then the paragraph with the counts —
-    from the verdicts the chapters recorded for ``profile``; stops (:func:`check_verdicts`) where they are not whole."""
-    check_verdicts(book_record_root(results_dir, profile))
+    (:data:`HEADLINE_PICTURE`, the findings page's bar), the answer per question, the states and the counts folded,
+    then the paragraph with the counts — from the verdicts the chapters recorded for ``profile``; stops
+    (:func:`check_verdicts`) where they are not whole. Beside it, the states in plain words
+    (:data:`~lmdepth.claims.answers.STATES_FILE`, which the Method page includes too), and beside the verdicts the
+    answers as a CSV (:data:`ANSWERS_CSV`)."""
+    record_root = book_record_root(results_dir, profile)
+    check_verdicts(record_root)
     verdicts = saved_verdicts(results_dir, profile)
-    text = intro_summary(verdicts, Path(profile).stem)
+    text = landing_md(verdicts, Path(profile).stem)
+    atomic_write_text(book_dir / STATES_FILE, states_md(verdicts) + "\n")
+    if len(verdicts):
+        record_root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(record_root / ANSWERS_CSV, answers_table(verdicts).to_csv(index=False))
+    else:  # no answers of an earlier build beside no verdicts
+        (record_root / ANSWERS_CSV).unlink(missing_ok=True)
     chart = headline_bar(verdicts) if len(verdicts) else None
     picture = book_dir / HEADLINE_PICTURE
     if chart is None:

@@ -25,14 +25,17 @@ from lmdepth.claims.findings_claims import interval, normalized, state_counts
 from lmdepth.claims.report import HEADLINE_STATES, side_text
 from lmdepth.claims.spec import BUILT_IN, PAIRED, PERMUTATION, SEEDS
 
+#: One hue per reader category (:data:`lmdepth.claims.answers.READING_OF`), none shared between two categories: the
+#: two states a reader reads as "the control shows it too" are two shades of one blue, so "explained by its control"
+#: never looks like a kind of agreement (green).
 STATE_COLORS = {
     "agrees": "#1b7837",
     "disagrees": "#c51b7d",
     "inconclusive": "#e08214",
     "not testable": "#969696",
     "no valid control": "#8073ac",
-    "not discriminating": "#4393c3",
-    "explained by its control": "#a6dba0",
+    "not discriminating": "#2166ac",
+    "explained by its control": "#92c5de",
 }
 OTHER_COLOR = "#bdbdbd"  # a state this version does not know (an old verdict CSV)
 #: States drawn hollow whatever the row's headline flag: nothing was decided against a control.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -90,16 +89,13 @@ def saved_verdicts(results_dir: str | Path, profile: str | None = None) -> pd.Da
     return out.sort_values("claim_id", key=lambda c: c.map(order), kind="stable", ignore_index=True)
 
 
-def shown(verdicts: pd.DataFrame, models: list[str]) -> pd.DataFrame:
-    """The rows of ``models``, and of subjects that are not one model (a map ``A → B`` between two of them,
-    ``MoEUT vs Transformer``)."""
-    def keep(subject: str) -> bool:
-        if subject in models:
-            return True
-        if "→" in subject:
-            return all(m.strip() in models for m in subject.split("→"))
-        return " vs " in subject
-    return verdicts[verdicts.model.map(keep)]
+def shown(verdicts: pd.DataFrame, models: list[str], among: set[str] | list[str]) -> pd.DataFrame:
+    """The rows the findings page shows for ``models``, picked from ``among`` (every model the page could show):
+    all rows but those of a model of ``among`` that was not picked (of a map ``A → B``, either end). A subject that
+    is none of ``among`` (a run trained here, a fine-tuned model, a comparison such as ``MoEUT vs Transformer``) is
+    always shown, so with every model picked the page counts the rows the introduction counts."""
+    hidden = set(among) - set(models)
+    return verdicts[[not any(m.strip() in hidden for m in str(s).split("→")) for s in verdicts["model"]]]
 
 
 def _cell(r) -> str:
@@ -343,40 +339,6 @@ def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-#: The paper's questions, in its order, and which registered claims ask each: (the question, the chapters that
-#: answer it, a claim id → belongs). Chapter 07's depth claims (§5) answer the fourth question on models trained here.
-QUESTIONS: tuple[tuple[str, str, Callable[[str, str], bool]], ...] = (
-    ("the second half contributes less", "chapters 01–02", lambda cid, fig: cid.split(".")[0] in ("norms", "cosine")),
-    ("skipping a second-half layer changes later layers and tokens little", "chapter 03", lambda cid, fig: cid.startswith("skipping.")),
-    ("the prediction settles from mid-depth", "chapter 04", lambda cid, fig: cid.startswith("lens.")),
-    ("depth does not grow with difficulty, on pretrained models", "chapter 05",
-     lambda cid, fig: cid.startswith("complexity.")),
-    ("models trained from scratch use more depth for more steps, fine-tuning does not; MoEUT is deeper", "chapter 07",
-     lambda cid, fig: cid.startswith("moeut.") and fig.startswith("§5")),
-    ("a deeper model stretches a shallower one's computation", "chapter 06", lambda cid, fig: cid.startswith("maps.")),
-    ("MoEUT without a loss on the question does better (exploratory)", "chapter 07",
-     lambda cid, fig: cid.startswith("moeut.") and not fig.startswith("§5")),
-)
-
-
-def per_question(verdicts: pd.DataFrame) -> str:
-    """Markdown: per question of the paper, how its counted rows came out (the states that occur, with their
-    counts) and how many more rows are shown but not counted — what this build could and could not decide."""
-    if "claim_id" not in verdicts.columns:
-        return ""
-    v = normalized(verdicts)
-    lines = []
-    for question, where, asks in QUESTIONS:
-        rows = v[[asks(c, f) for c, f in zip(v["claim_id"], v["figure"])]]
-        counted = rows[rows["headline"]]
-        states = counted["counted_as"].value_counts().reindex(list(HEADLINE_STATES)).dropna().astype(int)
-        said = ", ".join(f"{s} {n}" for s, n in states.items()) or "no counted row"
-        rest = len(rows) - len(counted)
-        lines.append(f"- *{question}* ({where}): {said}" + (f"; {rest} more shown, not counted" if rest else "")
-                     + ("." if len(rows) else " — not checked in this build."))
-    return "**Per question of the paper** (counted rows):\n\n" + "\n".join(lines)
-
-
 def numberless(verdicts: pd.DataFrame) -> pd.Series:
     """Per verdict row: not testable and without a statistic to place (a model that does not do the task, too few
     units) — what the findings page's forest plot leaves out, one line per chapter instead (:func:`numberless_line`).
@@ -397,16 +359,15 @@ def numberless_line(verdicts: pd.DataFrame) -> str:
 
 
 def intro_summary(verdicts: pd.DataFrame, profile: str) -> str:
-    """Markdown for the book's introduction: the answer per question (:func:`per_question`), then what this build
-    found, with the counts per state (computed by the build from the verdicts the chapters saved; nothing here is
-    written by hand)."""
+    """Markdown for the book's introduction: what this build found, with the counts per state (computed by the build
+    from the verdicts the chapters saved; nothing here is written by hand). The answers per question come before it
+    (:func:`lmdepth.claims.answers.landing_md`)."""
     if verdicts.empty:
         return (f"*No verdicts are recorded for the `{profile}` profile yet: `lmdepth book --profile {profile}` "
                 "executes the chapters and fills this paragraph.*")
     v = verdicts[verdicts["headline"].astype(bool)]
     c = v["counted_as"].value_counts().reindex(list(HEADLINE_STATES), fill_value=0)
-    answers = f"{per_question(verdicts)}\n\n" if "claim_id" in verdicts.columns else ""
-    return (f"{answers}**What this build found** (`{profile}` profile, recomputed whenever the book is built). Of the "
+    return (f"**What this build found** (`{profile}` profile, recomputed whenever the book is built). Of the "
             f"{len(v)} (claim × model) checks of the claims registry, **{_count(c['agrees'], 'agrees', 'agree')}** "
             f"with the paper, **{_count(c['disagrees'], 'disagrees', 'disagree')}**, "
             f"{_count(c['inconclusive'], 'is', 'are')} inconclusive, {_count(c['not testable'], 'is', 'are')} not "
