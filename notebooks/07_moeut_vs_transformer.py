@@ -364,7 +364,10 @@ charts.depth_recipe_chart(dq.units[dq.units.run == moeut_claims.CHAIN_RUN], spli
 md(page.chain_md(dq.chain_states, dq.verdicts))
 
 # %% mystnb={"figure": {"caption": "The positive control over training: top, the rise of the depth score per hop within the splits on every problem of the snapshot's sample; bottom, exact match on 200 problems of each split; one line per seed, a snapshot every 10 % of training (step 0: the untrained weights).", "name": "fig-moeut-chain-training"}}
-charts.over_training_chart(dq.chain_over_training)
+charts.over_training_chart(dq.chain_over_training, step="Training step", per="hop")
+
+# %% mystnb={"figure": {"caption": "The comparison runs trained since snapshots are stored, over training: top, the rise of the depth score per operation within the splits on every problem of the snapshot's sample; bottom, exact match on 200 problems of each split; a snapshot every 10 % of training (a run resumed from a checkpoint has the snapshots after it).", "name": "fig-moeut-comparison-training"}}
+charts.over_training_chart(dq.comparison_over_training, step="Training step")
 
 # %% mystnb={"figure": {"caption": "Depth over fine-tuning (SmolLM2-135M): top, the rise of the depth score per operation within the splits on every problem of the depth sample; bottom, exact match on 200 problems of each split. Step 0 is the pretrained model; one snapshot every 10 % of training.", "name": "fig-moeut-depth-training"}}
 charts.over_training_chart(dq.over_training)

@@ -130,7 +130,7 @@ def test_every_question_names_registered_claims_and_its_chapters_anchor():
         assert q.claims and all(c in REGISTRY for c in q.claims), q.key
         assert {REGISTRY[c].chapter for c in q.claims} <= set(q.chapters)
         assert q.anchor == f"claims-{REGISTRY[q.claims[0]].chapter}"
-    assert len(QUESTIONS) == 6 and QUESTIONS[0].claims == (TITLE,)
+    assert len(QUESTIONS) == 7 and QUESTIONS[0].claims == (TITLE,)  # the five findings, §5 from scratch, MoEUT
 
 
 def test_the_states_are_defined_once_grouped_by_what_a_reader_takes_from_them():

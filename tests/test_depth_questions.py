@@ -256,7 +256,7 @@ def test_chapter_05_names_a_trained_positive_control_only_from_a_counted_rise():
     from lmdepth.book.pages import complexity_page as cp
 
     def growth(states, estimates):
-        return pd.DataFrame([dict(claim_id=cp.GROWTH_CLAIM, model=m, n=150, estimate=e, ci_low=e - 0.01,
+        return pd.DataFrame([dict(claim_id=cp.GROWTH_CLAIMS[1], model=m, n=150, estimate=e, ci_low=e - 0.01,
                                   ci_high=e + 0.01, counted_as=s)
                              for m, s, e in zip(sc.RECIPES, states, estimates)])
 
@@ -280,6 +280,13 @@ def test_chapter_05_names_a_trained_positive_control_only_from_a_counted_rise():
                                        [0.03, 0.02, 0.003, 0.001]), verdicts, slopes, levels)
     assert one.startswith("**Positive control from a trained run: MoEUT, question not modelled**")
     assert "the control's rise, 0.0200" in one
+    # the pointer-chain control flat too: the chapter says its flat rows are no evidence, and only then
+    chain = pd.DataFrame([dict(claim_id=cp.CHAIN_CLAIM, model=sc.CHAIN_RECIPE, n=200, estimate=0.001, ci_low=-0.004,
+                               ci_high=0.006, counted_as="disagrees")])
+    flat = growth(["disagrees"] * 4, [0.002, -0.001, 0.003, 0.001])
+    blind = cp.trained_control_md(pd.concat([chain, flat]), verdicts, slopes, levels)
+    assert "does not see sequential depth" in blind and sc.CHAIN_RECIPE in blind
+    assert "does not see sequential depth" not in cp.trained_control_md(flat, verdicts, slopes, levels)
 
 
 @pytest.mark.unit
@@ -305,7 +312,7 @@ def test_the_depth_paragraph_names_only_the_seed_counts_that_cannot_reach_005():
         return dict(claim_id="moeut.depth_grows", claim="depth grows", model=f"recipe {seeds}", estimate=0.01,
                     ci_low=0.001, ci_high=0.02, n=100, control_valid=True, control_ci_low=0.0, control_ci_high=0.02,
                     p_value=0.5 ** seeds, state="inconclusive", reason="", counted_as="inconclusive",
-                    control_state=f"seed-level sign-flip test over {seeds} seeds")
+                    control_state=f"seed-level sign-flip test over {seeds} seeds", control_kind="seed-level")
 
     text = depth_md(pd.DataFrame([row(3), row(4), row(5)]))
     assert "over 3 seeds 1/8, over 4 seeds 1/16:" in text and "over 5 seeds 1/32" not in text

@@ -158,7 +158,9 @@ def ask(matched: dict[str, TrainedRun], data: MathData, per_example: pd.DataFram
     comparison = matched_configs(params.profile)
     names = {run_dir(c, params.runs_dir).name: c.name for c in comparison}
     curve = snapshot_curve([(c.seed, run_dir(c, params.runs_dir)) for c in comparison])
-    curve = curve.assign(run=curve.folder.map(names)) if len(curve) else curve
+    if len(curve):  # one line per (recipe, seed)
+        curve = curve.assign(run=curve.folder.map(names))
+        curve = curve.assign(seed=curve.run + " seed " + curve.seed.astype(str))
     return DepthQuestions(units, verdicts, states, over_training(finetune_dir) if finetune_dir else pd.DataFrame(),
                           chapter, chain_states, _accuracy_by_hops(chain_eval), chain_curve, curve)
 

@@ -159,17 +159,19 @@ def depth_recipe_chart(units: pd.DataFrame, height: int = 220, split_at: float =
     return alt.layer(split, mean, seeds).add_params(which, pick).properties(width=NARROW, height=height)
 
 
-def over_training_chart(curve: pd.DataFrame, height: int = 160):
-    """The fine-tuned runs over training: the within-split rise of the depth score per operation on the depth
-    sample (top) and exact match on the learning-curve problems (bottom), one line per seed; step 0 is the
-    pretrained model. None when no snapshot is stored."""
+def over_training_chart(curve: pd.DataFrame, height: int = 160, step: str = "Fine-tuning step",
+                        per: str = "operation"):
+    """Runs over training (:func:`lmdepth.analyses.scratch.snapshot_curve`): the within-split rise of the depth
+    score per ``per`` on the snapshots' depth sample (top) and exact match on the learning-curve problems (bottom),
+    one line per seed (``seed``: a number or a label); step 0 is the weights training starts from. None when no
+    snapshot is stored."""
     if curve.empty:
         return None
     d = curve.assign(seed=curve.seed.astype(str)).round(5)
-    x = alt.X("step:Q", title="Fine-tuning step")
+    x = alt.X("step:Q", title=step)
     color = alt.Color("seed:N", title="Seed", legend=alt.Legend(orient="bottom"))
     rise = alt.Chart(d).mark_line(point=True).encode(
-        x=x, y=alt.Y("rise:Q", title="Rise per operation"), color=color,
+        x=x, y=alt.Y("rise:Q", title=f"Rise per {per}"), color=color,
         tooltip=["seed:N", "step:Q", alt.Tooltip("rise:Q", format=".4f"), alt.Tooltip("depth:Q", format=".3f")])
     zero = alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color="gray").encode(y="y:Q")
     em = alt.Chart(d).transform_fold(["interpolate", "extrapolate"], as_=["split", "exact match"]).mark_line(

@@ -107,7 +107,13 @@ def _of(chapter: str) -> tuple[str, ...]:
     return tuple(cid for cid, spec in REGISTRY.items() if spec.chapter == chapter)
 
 
-#: The paper's five findings and its MoEUT experiment, in its order. Which claims state each is a choice of the book
+#: Chapter 07's rows on the §5 contrast: depth grows from scratch, not after fine-tuning, and the positive control
+#: (shown, not counted) that says whether the depth score could see it grow.
+_FROM_SCRATCH = ("moeut.depth_grows", "moeut.finetuned_flat", "moeut.chain_depth_grows")
+
+#: The paper's five findings, its §5 contrast of models trained from scratch with pretrained ones (the same chapter as
+#: the MoEUT experiment, but a question of its own: "depth grows" and "more input-dependent" answer different
+#: things), and its MoEUT experiment, in its order. Which claims state each is a choice of the book
 #: (the paper's title claim for the first; chapter 03's claims on later layers and future tokens, not on the output,
 #: for the second), made here once.
 QUESTIONS: tuple[Question, ...] = (
@@ -121,8 +127,11 @@ QUESTIONS: tuple[Question, ...] = (
              _of("complexity")),
     Question("stretch", "a deeper model stretches a shallower one's computation", "chapter 06", ("maps",),
              ("maps.relative_beats_absolute", "maps.best_near_equal_depth"), noun="model pairs"),
+    Question("from_scratch", "models trained from scratch use more depth for more steps; fine-tuning does not",
+             "chapter 07", ("moeut",), _FROM_SCRATCH, noun="recipes"),
     Question("moeut", "a MoEUT trained without a loss on the question uses more of its depth (exploratory)",
-             "chapter 07", ("moeut",), _of("moeut"), noun="runs and comparisons"),
+             "chapter 07", ("moeut",), tuple(c for c in _of("moeut") if c not in _FROM_SCRATCH),
+             noun="runs and comparisons"),
 )
 
 
@@ -392,7 +401,9 @@ def per_question(verdicts: pd.DataFrame) -> str:
     v = normalized(verdicts)
     lines = []
     for q in QUESTIONS:
-        rows = v[v["claim_id"].map(lambda c: c in REGISTRY and REGISTRY[c].chapter in q.chapters)]
+        # a chapter that several questions share (07) counts each question's own claims only, so no row counts twice
+        others = {c for o in QUESTIONS if o is not q and set(o.chapters) & set(q.chapters) for c in o.claims}
+        rows = v[v["claim_id"].map(lambda c: c in REGISTRY and REGISTRY[c].chapter in q.chapters and c not in others)]
         counted = rows[rows["headline"]]
         states = counted["counted_as"].value_counts().reindex(list(HEADLINE_STATES)).dropna().astype(int)
         said = ", ".join(f"{s} {n}" for s, n in states.items()) or "no counted row"

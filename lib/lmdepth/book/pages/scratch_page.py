@@ -348,14 +348,27 @@ def _layers(x: float, steps: int) -> str:
     return f"{x * (steps - 1):+.2f} layer"
 
 
-def _detectable(r, steps: int) -> str:
-    """What an undecided rise row's seeds could have detected (80 % power), in layers per operation."""
+def _detectable(r, steps: int | None) -> str:
+    """What an undecided seed-level row could have detected (80 % power): a rise in layers per operation, a
+    difference in layers of depth."""
     at = getattr(r, "detectable", float("nan"))  # rows saved before it was recorded have none
     if r.state != "inconclusive" or pd.isna(at):
         return ""
+    what = "a rise" if steps else "a difference"
     if abs(at) == float("inf"):
-        return "; its seeds could not have detected a rise of any size (too few to reach p ≤ 0.05)"
-    return f"; its seeds and problems could have detected a rise of {_layers(at, steps)} per operation"
+        return f"; its seeds could not have detected {what} of any size (too few to reach p ≤ 0.05)"
+    size = f"{_layers(at, steps)} per operation" if steps else f"{_layers(at, sc.DEPTH_STEPS)} of depth ({at:+.4f})"
+    return f"; its seeds and problems could have detected {what} of {size}"
+
+
+def _control_words(r) -> str:
+    """The row's control in numbers: the seeds' own values and their sign-flip test, or the seeds-alone null."""
+    if not r.control_valid:
+        return ""
+    if r.control_kind == "permutation":
+        return (f"; seeds alone give {r.control_ci_low:+.4f} … {r.control_ci_high:+.4f} (95 % of the null), "
+                f"p = {r.p_value:.3g}")
+    return f"; the seeds' own values {r.control_ci_low:+.4f} … {r.control_ci_high:+.4f}, sign-flip p = {r.p_value:.3g}"
 
 
 def _depth_row(r) -> str:
@@ -369,12 +382,10 @@ def _depth_row(r) -> str:
     layers = (f" ({_layers(r.estimate, steps)} per operation, [{_layers(r.ci_low, steps)}, "
               f"{_layers(r.ci_high, steps)}]; δ = {sc.LAYERS_PER_OPERATION:g} layer per operation)"
               if steps and r.claim_id != "moeut.finetuned_flat" else "")
-    seeds = (f"; the seeds' own values {r.control_ci_low:+.4f} … {r.control_ci_high:+.4f}, sign-flip p = "
-             f"{r.p_value:.3g}" if r.control_valid else "")
     read = r.state + (f" — {r.reason}" if r.reason else "")
     counted = "" if r.counted_as == r.state else f"; counted as {r.counted_as}"
     return (f"*{r.claim}* ({r.model}): {r.estimate:+.4f} {unit} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]{layers}, "
-            f"n = {r.n} problems{seeds}{_detectable(r, steps) if steps else ''} ({read}{counted})")
+            f"n = {r.n} problems{_control_words(r)}{_detectable(r, steps)} ({read}{counted})")
 
 
 def depth_md(verdicts: pd.DataFrame) -> str:
@@ -387,8 +398,9 @@ def depth_md(verdicts: pd.DataFrame) -> str:
     power = (" The seed-level test over n seeds cannot go below p = 1/2ⁿ — "
              + ", ".join(f"over {n} seeds 1/{2 ** n}" for n in short) + ": a row read over so few seeds whose interval "
              "lies on one side is *inconclusive* until more seeds are trained (5 seeds reach 1/32)." if short else "")
-    return ("**What the depth rows show** (the table above). " + "; ".join(_depth_row(r) for r in verdicts.itertuples())
-            + "." + power)
+    return ("**What the depth rows show** (the table above):\n\n" + "\n".join(f"- {_depth_row(r)}."
+                                                                         for r in verdicts.itertuples())
+            + ("\n\n" + power.strip() if power else ""))
 
 
 def over_training_md(curve: pd.DataFrame, states: pd.DataFrame) -> str:
@@ -429,7 +441,7 @@ def chain_accuracy_table(accuracy: pd.DataFrame) -> pd.DataFrame:
     """Exact match of each positive-control seed per number of hops (columns), interpolation split (1–6 hops)
     and extrapolation split (7–8)."""
     if accuracy.empty:
-        return pd.DataFrame()
+        return pd.DataFrame({"state": ["no positive-control run is finished yet"]})
     t = accuracy.assign(cell=accuracy.exact_match.map(lambda v: f"{v:.0%}"))
     out = t.pivot_table(index=["split", "train_seed"], columns="n_operations", values="cell", aggfunc="first")
     out.columns = [f"{int(k)} hop{'' if k == 1 else 's'}" for k in out.columns]
