@@ -28,8 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lmdepth.analyses.finetuned import finetune_states
 from lmdepth.analyses.scratch import snapshot_writer as scratch_snapshots
 from lmdepth.data.dm_tokens import collate
+from lmdepth.errors import LmDepthError
 from lmdepth.scratch.finetune import (
     FinetuneConfig,
     answer_loss,
@@ -75,6 +77,9 @@ def main() -> None:
     ap.add_argument("--only", type=int, action="append", metavar="SEED", help="train only these seeds")
     ap.add_argument("--measure-step", action="store_true", help="time a few training steps; write nothing")
     args = ap.parse_args()
+    seeds = [c.seed for c in finetune_configs()]
+    if args.only and set(args.only) - set(seeds):
+        ap.error(f"--only names seeds of the queue, one of {seeds}; got {sorted(set(args.only) - set(seeds))}")
     queue = [c for c in finetune_configs() if not args.only or c.seed in args.only]
     if args.measure_step:
         measure_step(queue[0], args.data_dir)
@@ -83,9 +88,8 @@ def main() -> None:
         rd = finetune_dir(cfg, args.checkpoint_dir)
         if args.list:
             snaps = sorted(rd.glob("snapshot-*.npz"))
-            state = "finished" if (rd / "adapter.pt").exists() else ("training" if (rd / "ckpt.pt").exists()
-                                                                      else "not trained")
-            print(f"seed {cfg.seed}: {rd.name} {state}, {len(snaps)} snapshots")
+            state = finetune_states(args.checkpoint_dir, [cfg]).iloc[0]
+            print(f"seed {cfg.seed}: {rd.name} {state.state} ({state.steps}), {len(snaps)} snapshots")
             continue
         Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         with open(Path(args.checkpoint_dir) / f".{rd.name}.lock", "w") as lock:
@@ -101,4 +105,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except LmDepthError as e:  # a damaged checkpoint, a full disk …: one line, nothing lost
+        raise SystemExit(f"finetune_runs.py: {e}") from None

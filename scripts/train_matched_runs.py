@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from lmdepth.analyses.scratch import run_state, snapshot_writer
+from lmdepth.errors import LmDepthError
 from lmdepth.scratch.training import (
     SNAPSHOTS_PER_RUN,
     chain_configs,
@@ -87,4 +88,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except LmDepthError as e:  # a damaged checkpoint, a full disk …: one line, nothing lost
+        raise SystemExit(f"train_matched_runs.py: {e}") from None

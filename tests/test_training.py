@@ -183,6 +183,61 @@ def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("damage", ["cut", "empty"])
+def test_a_damaged_resume_checkpoint_is_named_set_aside_and_the_run_trains_from_step_0(damage, data_dir, tmp_path,
+                                                                                       capsys):
+    """A cut or empty ``ckpt.pt`` (no torch traceback): one line names it, it is kept aside (hidden, so git ignores
+    it), and the run trains from step 0 to the weights of an uninterrupted run; the comparison list says so too."""
+    from lmdepth.analyses.scratch import run_state
+
+    c = cfg("transformer", "answer_only", steps=6)
+    straight = tr.train_run(c, tmp_path / "a", data_dir=data_dir, progress=False)
+    assert tr.train_run(c, tmp_path / "b", data_dir=data_dir, stop_after=3, progress=False) is None
+    ckpt = tr.run_dir(c, tmp_path / "b") / "ckpt.pt"
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[: len(data) // 2] if damage == "cut" else b"")
+    assert run_state(c, tmp_path / "b")[0].startswith("training (its checkpoint is damaged")
+    capsys.readouterr()
+    resumed = tr.train_run(c, tmp_path / "b", data_dir=data_dir, progress=False)
+    err = capsys.readouterr().err
+    assert err.count("is damaged and cannot be read") == 1 and "Traceback" not in err and "from step 0" in err
+    kept = list(ckpt.parent.glob(".ckpt.pt.damaged-*"))
+    assert len(kept) == 1 and kept[0].read_bytes() == ckpt_bytes(data, damage)
+    a, b = torch.load(straight, weights_only=False), torch.load(resumed, weights_only=False)
+    assert all(torch.equal(v, b["state_dict"][k]) for k, v in a["state_dict"].items())
+
+
+def ckpt_bytes(data: bytes, damage: str) -> bytes:
+    return data[: len(data) // 2] if damage == "cut" else b""
+
+
+@pytest.mark.integration
+def test_a_cut_finished_model_is_never_listed_or_served_as_finished(data_dir, tmp_path):
+    from lmdepth.analyses.scratch import run_state
+    from lmdepth.errors import DamagedFile
+
+    c = cfg("transformer", "answer_only", steps=2)
+    final = tr.train_run(c, tmp_path, data_dir=data_dir, progress=False)
+    final.write_bytes(final.read_bytes()[:1000])
+    state, step, path = run_state(c, tmp_path)
+    assert state.startswith("damaged") and path is None and step == 0
+    with pytest.raises(DamagedFile, match="model.pt is damaged"):
+        tr.train_run(c, tmp_path, data_dir=data_dir, progress=False)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("argv, says", [(["--device", "tpu"], "device must be"), (["--threads", "-1"], "at least 1")])
+def test_lmdepth_train_refuses_a_bad_device_or_thread_count_in_one_line(argv, says, tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "lmdepth.book.cli", "train", "--profile", "smoke", "--checkpoint-dir",
+                          str(tmp_path), *argv], capture_output=True, text=True)
+    assert out.returncode != 0 and says in out.stderr and "Traceback" not in out.stderr
+    assert not any(tmp_path.iterdir())  # before any work
+
+
+@pytest.mark.integration
 def test_the_learning_curve_leaves_the_training_untouched(data_dir, tmp_path):
     plain = torch.load(tr.train_run(cfg("moeut", "lm", steps=6), tmp_path / "a", data_dir=data_dir, progress=False),
                        weights_only=False)
@@ -327,3 +382,15 @@ def test_evaluate_and_greedy_answer_on_a_tiny_model(data_dir):
     assert df["n_operations"].notna().all()
     ans = ev.greedy_answer(model, tok, dm.PROBES[0][0], max_new_tokens=5)
     assert isinstance(ans, str) and len(ans) <= 5
+
+
+@pytest.mark.unit
+def test_the_fine_tuning_script_refuses_a_seed_outside_its_queue():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "scripts/finetune_runs.py", "--only", "7", "--list"], cwd=root,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--only names seeds of the queue" in out.stderr and "[7]" in out.stderr

@@ -29,6 +29,10 @@ class DataError(LmDepthError, ValueError):
     """A data file is empty, malformed, or a prompt does not fit the model."""
 
 
+class DamagedFile(DataError):
+    """A checkpoint or model file that cannot be read (cut, empty, not a checkpoint): the message names it."""
+
+
 class StorageFull(LmDepthError):
     """The disk (or quota) filled while the library wrote a file: nothing partial is kept under the file's name."""
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from lmdepth import __version__
+from lmdepth.errors import ParameterError
 
 T = TypeVar("T")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,9 +39,16 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_device(device: str) -> str:
-    """``"auto"`` → cuda if available, else cpu."""
+    """``"auto"`` → cuda if available, else cpu; any other name must be a device torch knows and this machine has
+    (:class:`~lmdepth.errors.ParameterError` in one line otherwise, before any work)."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ParameterError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}.") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ParameterError(f"device {device!r}: this machine has no CUDA GPU; use 'cpu' or 'auto'.")
     return device
 
 

@@ -28,7 +28,7 @@ from lmdepth.results import RunStore
 from lmdepth.runtime import progress as progress_bar
 from lmdepth.scratch.evaluate import evaluate
 from lmdepth.scratch.finetune import FinetuneConfig, finetune_configs, finetune_dir, load_finetuned
-from lmdepth.scratch.training import safe_load
+from lmdepth.scratch.training import readable, safe_load
 
 
 def finetune_states(checkpoint_dir: str | Path, configs: list[FinetuneConfig] | None = None) -> pd.DataFrame:
@@ -38,9 +38,11 @@ def finetune_states(checkpoint_dir: str | Path, configs: list[FinetuneConfig] | 
     for cfg in configs or finetune_configs():
         rd = finetune_dir(cfg, checkpoint_dir)
         if (rd / "adapter.pt").is_file() and (rd / "meta.json").is_file():
-            state, step = "finished", cfg.steps
+            state, step = ("finished", cfg.steps) if readable(rd / "adapter.pt") else ("damaged (adapter.pt is cut "
+                                                                                        "or empty)", 0)
         elif (rd / "ckpt.pt").is_file():
-            state, step = "training", int(safe_load(rd / "ckpt.pt")["step"])
+            state, step = (("training", int(safe_load(rd / "ckpt.pt")["step"])) if readable(rd / "ckpt.pt") else
+                           ("training (its checkpoint is damaged: the next run starts again)", 0))
         else:
             state, step = "not trained", 0
         rows.append({"run": cfg.name, "seed": cfg.seed, "state": state, "steps": f"{step:,} of {cfg.steps:,}",

@@ -54,6 +54,7 @@ from lmdepth.scratch.training import (
     TrainConfig,
     load_trained,
     matched_configs,
+    readable,
     run_config,
     run_dir,
     safe_load,
@@ -174,7 +175,8 @@ def matched_runs(profile: str, checkpoint_dir: str | Path, device: str = "cpu",
     positive control's :func:`~lmdepth.scratch.training.chain_configs`) that are finished, keyed ``"<run> seed
     <s>"`` (each run's ``name`` stays ``<arch>-<objective>``), and the state of every planned run: ``run, seed, lr,
     state, steps`` (state ``finished``, ``training`` with the step of its last checkpoint, or ``not trained``).
-    Looked up like :func:`trained_runs`, but never trained here: they take hours each on a CPU
+    A damaged run (its ``model.pt`` cut or empty) is listed as such and not read. Looked up like
+    :func:`trained_runs`, but never trained here: they take hours each on a CPU
     (``scripts/train_matched_runs.py``). A run already in ``loaded`` (the chapter's own runs) is not loaded again."""
     reuse = {r.path: r for r in (loaded or {}).values()}
     runs, rows = {}, []
@@ -197,8 +199,10 @@ def run_state(cfg: TrainConfig, checkpoint_dir: str | Path) -> tuple[str, int, P
     folder = run_dir(cfg, checkpoint_dir)
     path = finished_model(folder.name, checkpoint_dir)
     if path is not None:
-        return "finished", cfg.steps, path
+        return ("finished", cfg.steps, path) if readable(path) else (f"damaged ({path} is cut or empty)", 0, None)
     if (folder / "ckpt.pt").is_file():
+        if not readable(folder / "ckpt.pt"):
+            return "training (its checkpoint is damaged: the next run starts again)", 0, None
         return "training", int(safe_load(folder / "ckpt.pt")["step"]), None
     return "not trained", 0, None
 

@@ -139,6 +139,9 @@ def _train(args: argparse.Namespace) -> int:
     unknown = [r for r in args.runs or [] if r not in names]
     if unknown:
         raise ParameterError(f"Unknown run(s) {unknown}; the runs are {names}.")
+    if args.threads is not None and args.threads < 1:
+        raise ParameterError(f"--threads must be at least 1, got {args.threads}.")
+    device = resolve_device(args.device)  # a device this machine lacks: one line before any work
     for name in args.runs or names:
         arch, objective = name.split("-", 1)
         cfg = run_config(args.profile, arch, objective, **({"threads": args.threads} if args.threads else {}))
@@ -148,7 +151,7 @@ def _train(args: argparse.Namespace) -> int:
                   "do. To retrain it, give another --checkpoint-dir (e.g. /tmp/my-dm-math-runs) or delete that folder.")
             continue
         t0 = time.time()
-        path = train_run(cfg, args.checkpoint_dir, data_dir=args.data_dir, device=resolve_device(args.device))
+        path = train_run(cfg, args.checkpoint_dir, data_dir=args.data_dir, device=device)
         print(f"lmdepth: {name} ({args.profile}) finished: {path} ({time.time() - t0:.0f} s in this call)")
     return 0
 

@@ -46,7 +46,9 @@ from lmdepth.scratch.training import (
     batch_indices,
     guarded_step,
     lr_at,
+    resume_state,
     safe_load,
+    whole,
 )
 
 #: Every linear map of a Llama-family layer (attention and MLP): the adapters reach every weight matrix a full
@@ -167,7 +169,7 @@ def finetune_run(cfg: FinetuneConfig, out_dir: str | Path, data_dir: str | Path,
     rd = finetune_dir(cfg, out_dir)
     final, ckpt = rd / "adapter.pt", rd / "ckpt.pt"
     if final.exists():
-        return final
+        return whole(final)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = load_data(cfg, data_dir)
@@ -175,8 +177,8 @@ def finetune_run(cfg: FinetuneConfig, out_dir: str | Path, data_dir: str | Path,
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     step, history, wall, cpu, skipped = 0, [], 0.0, 0.0, []
-    if ckpt.exists():
-        state = safe_load(ckpt)
+    state = resume_state(ckpt)
+    if state is not None:
         model.load_state_dict(state["adapters"], strict=False)
         opt.load_state_dict(state["optimizer"])
         step, history, wall, cpu, skipped = (state["step"], state["history"], state["wall_time_s"], state["cpu_time_s"],

@@ -32,6 +32,7 @@ import pickle
 import random
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,8 +52,8 @@ from lmdepth.data.dm_math import (
     small_module_settings,
 )
 from lmdepth.data.dm_tokens import CharTokenizer, collate
-from lmdepth.errors import DataError, ParameterError, TrainingDiverged
-from lmdepth.results import atomic_write, atomic_write_text, discard
+from lmdepth.errors import DamagedFile, DataError, ParameterError, TrainingDiverged
+from lmdepth.results import atomic_write, atomic_write_text, discard, git_tracked
 from lmdepth.runtime import environment
 from lmdepth.scratch.evaluate import exact_match
 from lmdepth.scratch.models import (
@@ -334,6 +335,52 @@ def safe_load(path: Path, device: str | torch.device = "cpu") -> dict[str, Any]:
         raise DataError(f"{path} is not a plain checkpoint of tensors and numbers (it would run code when "
                         f"loaded), so it is refused: {str(e).splitlines()[0]}. Retrain it, or use the committed "
                         "checkpoints.") from None
+    except (RuntimeError, EOFError, OSError) as e:  # a cut or empty file: torch's zip reader or the unpickler
+        if not Path(path).exists():
+            raise
+        raise DamagedFile(f"{path} is damaged and cannot be read ({Path(path).stat().st_size:,} bytes; "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'ends early'}).") from None
+
+
+def readable(path: Path) -> bool:
+    """Whether ``path`` is a whole checkpoint file: torch saves a zip, whose directory sits at its end, so a cut or
+    empty file is told apart without loading it."""
+    return zipfile.is_zipfile(path)
+
+
+def resume_state(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, Any] | None:
+    """A resume checkpoint's contents; None when there is none, or when it is damaged (cut, empty) and untracked:
+    then it is moved aside (:func:`set_aside`, one line says so) and the run starts from step 0. A damaged checkpoint
+    that git tracks is refused in one line (restoring it is its owner's call)."""
+    if not ckpt.exists():
+        return None
+    try:
+        return safe_load(ckpt, device)
+    except DamagedFile as e:
+        tracked = git_tracked(ckpt.parent)
+        if tracked is None or ckpt.name in tracked:
+            raise DamagedFile(f"{e} It is tracked by git (or git cannot be asked): restore it with `git checkout -- "
+                              f"{ckpt}`, or remove it with `git rm` to train the run from step 0.") from None
+        print(f"lmdepth: {e} Moved aside to {set_aside(ckpt).name}; training the run from step 0.", file=sys.stderr,
+              flush=True)
+        return None
+
+
+def whole(final: Path) -> Path:
+    """A finished run's ``model.pt``, refused in one line when it is damaged (a cut file is not a finished run)."""
+    if not readable(final):
+        raise DamagedFile(f"{final} is damaged (cut or empty: {final.stat().st_size:,} bytes), so the run is not "
+                          f"finished; restore it (`git checkout -- {final}` where git tracks it) or delete it to "
+                          "train the run again.")
+    return final
+
+
+def set_aside(path: Path) -> Path:
+    """Move a damaged, untracked file aside as a hidden ``.<name>.damaged-<UTC time>`` beside it (git ignores it,
+    nothing is deleted); returns where it went."""
+    aside = path.with_name(f".{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+    os.rename(path, aside)
+    return aside
 
 
 def _progress_bar(total: int, initial: int, desc: str, show: bool = True):
@@ -383,9 +430,9 @@ def _resume(ckpt: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, devi
             ) -> tuple[int, list, list, float, float, list]:
     """Load a resume checkpoint into ``model``, ``opt`` and the RNGs (nothing when there is none); returns (step,
     loss history, learning curve, wall s, CPU s, skipped updates)."""
-    if not ckpt.exists():
+    state = resume_state(ckpt, device)
+    if state is None:
         return 0, [], [], 0.0, 0.0, []
-    state = safe_load(ckpt, device)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     _set_rng_state(state["rng"])
@@ -431,7 +478,7 @@ def train_run(
     rd = run_dir(cfg, out_dir)
     final, ckpt = rd / "model.pt", rd / "ckpt.pt"
     if final.exists():
-        return final
+        return whole(final)
     torch.set_num_threads(cfg.threads or torch.get_num_threads())
     data = load_data(cfg, data_dir or out_dir)
     tok = CharTokenizer()
