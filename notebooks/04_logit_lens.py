@@ -44,13 +44,18 @@ import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
     REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
-    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
     if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
-        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
-        os.chdir("lmdepth-book")
-    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
-                   "-r requirements-assets.txt", shell=True, check=True)
+        if REPO:
+            subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        if os.path.isdir("lmdepth-book"):  # the clone, or one made by hand (no address here: the Reproducibility page)
+            os.chdir("lmdepth-book")
+    if os.path.isfile("pyproject.toml"):  # inside the clone
+        # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+        subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                       "-r requirements-assets.txt", shell=True, check=True)
+    else:  # no address and no clone: how to make one, and the notebook goes on (it needs the library installed)
+        print("No repository address in this notebook: run `!git clone -q --depth 1 ADDRESS lmdepth-book` with the "
+              "repository's address, then this cell again (the book's Reproducibility page, 'Open a chapter in Colab').")
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -77,8 +82,10 @@ results_dir: str = "results"  # where tidy tables, sidecars and tuned-lens trans
 from lmdepth.analyses import bigram, lens, residual
 from lmdepth.charts.lens_charts import lens_across_models, lens_layers, settling_chart, training_curves
 from lmdepth.book.cost import announce_cost
+from lmdepth.book.measurement import show_measurement
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
 from lmdepth.claims import report
+from lmdepth.claims.paper_values import reported
 from lmdepth.book.pages import lens_page as page
 from lmdepth.model.translators import TunedLensRecipe
 from lmdepth.runtime import environment, resolve_device
@@ -127,7 +134,11 @@ models = chapter_models(model_name, compare_models)  # checked: a typo stops her
 # so in one line before anything is sent). Each problem is evaluated at
 # a seeded uniform sample of `positions_per_example` positions, which keeps the per-problem mean over positions
 # unbiased (`positions_per_example=0` evaluates every position, as the paper does).
-#
+
+# %% tags=["hide-input"]
+show_measurement("lens")
+
+# %% [markdown]
 # ## The tuned lens, trained here
 #
 # One affine translator per layer, $h \mapsto h + A_l h + s_l b_l$ ($A_l \in \mathbb{R}^{d\times d}$, $b_l \in
@@ -188,8 +199,8 @@ if tuned_lens and not curves.empty:
 res_tables, _ = residual.run_many(models, **common_kw)
 transitions = {m: residual.cosine_transition_layer(res_tables, model=m) for m in models}
 
-# %% mystnb={"figure": {"caption": "Logit lens and tuned lens per layer: KL divergence to the model's output distribution (left, log scale; the radio button switches the direction — the paper uses KL(P_lens ‖ P_final)) and top-5 overlap with the output's top 5 (right; dotted: the 0.2 threshold). x = l is the residual entering layer l (0 = embeddings). Bands: bootstrap 95 % intervals over problems. Dashed gray: where the cosine phase-transition layer of chapter 02 writes.", "name": "fig-lens-layers"}}
-lens_layers(all_tables, model_name, transitions[model_name])
+# %% mystnb={"figure": {"caption": "Logit lens and tuned lens per layer: KL divergence to the model's output distribution (left, log scale; the radio button switches the direction — the paper uses KL(P_lens ‖ P_final)) and top-5 overlap with the output's top 5 (right; dotted: the 0.2 threshold). x = l is the residual entering layer l (0 = embeddings). Bands: bootstrap 95 % intervals over problems. Dashed gray: where the cosine phase-transition layer of chapter 02 writes. Dashed dark, labelled 'paper': the depth from which the paper's model's KL falls and overlap rises sharply, its middle (Fig. 4), at the same relative depth of this model; hover it for the paper's words.", "name": "fig-lens-layers"}}
+lens_layers(all_tables, model_name, transitions[model_name], paper=reported("lens"))
 
 # %% tags=["hide-input"]
 summary = lens.settling_summary(all_tables, transitions)
@@ -221,8 +232,8 @@ lens_across_models(all_tables, "top5_overlap", "Top-5 overlap")
 # %% tags=["hide-input"]
 show_table(lens.summary_wide(summary), caption="Where each lens settles per model, as layer (l/L), beside the cosine transition")
 
-# %% mystnb={"figure": {"caption": "Where the prediction settles, per model, on relative depth: first layer with KL below 10 % of the lens' maximum, with KL below 10 % of the logit lens' maximum (tuned lens), and with top-5 overlap above 0.2; gray tick: the cosine phase transition ((t + 0.5)/L). Marks at 1.0 never crossed the threshold before the output.", "name": "fig-lens-settling"}}
-settling_chart(summary)
+# %% mystnb={"figure": {"caption": "Where the prediction settles, per model, on relative depth: first layer with KL below 10 % of the lens' maximum, with KL below 10 % of the logit lens' maximum (tuned lens), and with top-5 overlap above 0.2; gray tick: the cosine phase transition ((t + 0.5)/L). Marks at 1.0 never crossed the threshold before the output. Dashed dark, labelled 'paper': where the paper's model settles, from mid-depth (Fig. 4).", "name": "fig-lens-settling"}}
+settling_chart(summary, paper=reported("lens"))
 
 # %% tags=["hide-input"]
 if tuned_lens:

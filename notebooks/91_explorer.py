@@ -15,16 +15,16 @@
 #
 # Type a prompt, pick a model and a layer, and see, computed on the spot for that one prompt:
 #
-# - how much each layer's attention, MLP and whole block write into the residual stream (chapter
-#   {doc}`01_residual_norms`'s relative contributions, averaged over the prompt's tokens);
+# - how much each layer's attention, MLP and whole block write into the residual stream (the relative
+#   contributions of chapter {doc}`01 <01_residual_norms>`, averaged over the prompt's tokens);
 # - what the **logit lens** reads from the residual entering each layer at a chosen token (chapter
-#   {doc}`04_logit_lens`): its top tokens and the top-1 probability;
+#   {doc}`04 <04_logit_lens>`): its top tokens and the top-1 probability;
 # - what **skipping** the chosen layer does to every later layer and to the output (chapter
-#   {doc}`03_layer_skipping`, "all tokens" variant: the layer's output := its input at every position ≥ 1).
+#   {doc}`03 <03_layer_skipping>`, "all tokens" variant: the layer's output := its input at every position ≥ 1).
 #
 # The interactive form needs a live kernel: run `lmdepth explore` (this page as a local web app, offline; `--model`
-# and `-p` set its parameters), open it in Jupyter, or use the Colab button at the top. On the static page below, the
-# same computation is shown once for a fixed example.
+# and `-p` set its parameters), open this notebook in Jupyter, or open it in Colab (**In Colab**, below). On the static
+# page below, the same computation is shown once for a fixed example.
 #
 # The three computations are one nnsight session, chapter 03's skip session for the chosen layer, whose clean pass
 # also reads the contributions and the logit lens: two forward passes per prompt, the clean one and the skipped one.
@@ -44,13 +44,18 @@ import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
     REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
-    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
     if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
-        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
-        os.chdir("lmdepth-book")
-    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
-                   "-r requirements-assets.txt", shell=True, check=True)
+        if REPO:
+            subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        if os.path.isdir("lmdepth-book"):  # the clone, or one made by hand (no address here: the Reproducibility page)
+            os.chdir("lmdepth-book")
+    if os.path.isfile("pyproject.toml"):  # inside the clone
+        # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+        subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                       "-r requirements-assets.txt", shell=True, check=True)
+    else:  # no address and no clone: how to make one, and the notebook goes on (it needs the library installed)
+        print("No repository address in this notebook: run `!git clone -q --depth 1 ADDRESS lmdepth-book` with the "
+              "repository's address, then this cell again (the book's Reproducibility page, 'Open a chapter in Colab').")
 
 # %% tags=["parameters"]
 model_name: str = "smollm2-135m"  # model of the static example (and the first in the picker)
@@ -68,6 +73,8 @@ remote: object = False  # false: here; true: on NDIF (a hosted hub id; NDIF_API_
 import os
 
 from lmdepth.book import explorer
+from lmdepth.book.build import repository_url
+from lmdepth.book.repository_buttons import colab_md
 from lmdepth.charts.explorer_charts import exploration_charts
 from lmdepth.book.notebook import md, setup, show_table
 from lmdepth.params import check_remote, check_type
@@ -82,6 +89,9 @@ lm = explorer.load(model_name, resolve_device(device), dtype, remote)  # remote=
 if not 0 <= skip_layer < lm.adapter.n_layers:
     raise ValueError(f"skip_layer must be in 0..{lm.adapter.n_layers - 1} for {model_name}, got {skip_layer}")
 live = os.environ.get("LMDEPTH_BOOK_BUILD") != "1"
+
+# %% tags=["hide-input"]
+md(colab_md(repository_url()))
 
 # %% [markdown]
 # ## Live explorer *(live kernel only)*

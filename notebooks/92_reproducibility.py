@@ -48,13 +48,18 @@ import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover
     REPO = ""  # repository.url of _config.yml, written here by `lmdepth book`; "" until the book is published
-    assert REPO, "This notebook names no repository to clone: set repository.url in _config.yml (README, 'Colab')."
     if os.path.basename(os.getcwd()) != "lmdepth-book":  # first run: clone (unless a clone is there), go inside
-        subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
-        os.chdir("lmdepth-book")
-    # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
-    subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
-                   "-r requirements-assets.txt", shell=True, check=True)
+        if REPO:
+            subprocess.run(f"[ -d lmdepth-book ] || git clone -q --depth 1 {REPO} lmdepth-book", shell=True, check=True)
+        if os.path.isdir("lmdepth-book"):  # the clone, or one made by hand (no address here: the Reproducibility page)
+            os.chdir("lmdepth-book")
+    if os.path.isfile("pyproject.toml"):  # inside the clone
+        # check=True: a failed install stops here, loudly, instead of failing later with a confusing import error
+        subprocess.run(f"{sys.executable} -m pip install -q . && {sys.executable} -m pip install -q --no-deps "
+                       "-r requirements-assets.txt", shell=True, check=True)
+    else:  # no address and no clone: how to make one, and the notebook goes on (it needs the library installed)
+        print("No repository address in this notebook: run `!git clone -q --depth 1 ADDRESS lmdepth-book` with the "
+              "repository's address, then this cell again (the book's Reproducibility page, 'Open a chapter in Colab').")
 
 # %% tags=["parameters"]
 book_dir: str = "book"  # where the executed chapter notebooks are (their build record)
@@ -66,10 +71,12 @@ import pandas as pd
 import yaml
 
 from lmdepth.analyses import atlas
+from lmdepth.book.build import repository_url
 from lmdepth.book.chapters import CHAPTERS, profiles_dir
 from lmdepth.book.cost import PAPER_LAYERS, build_cost, cost_table, remote_cost
 from lmdepth.book.faults import fault_summary
 from lmdepth.book.notebook import md, setup, show_table
+from lmdepth.book.repository_buttons import colab_md
 from lmdepth.runtime import REPO_ROOT, environment
 from lmdepth.traces.remote import NOT_REMOTE, REMOTE_READY
 
@@ -108,7 +115,7 @@ known = pd.to_numeric(record["wall time (s)"], errors="coerce")
 md(f"{len(record)} pages; the times of their last executions add up to {known.sum() / 60:.1f} min "
    f"({int(known.isna().sum())} without a record). These are the times of *this* build's executions — a page whose "
    "results were cached re-executes in seconds — not the cost of computing everything on a fresh machine (see "
-   f"'Measured build times' below). Chapters: {', '.join(CHAPTERS)}.")
+   f"'What each chapter costs to compute' below). Chapters: {', '.join(CHAPTERS)}.")
 
 # %% [markdown]
 # ## What each chapter costs to compute
@@ -126,9 +133,15 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
 # %% tags=["hide-input"]
 show_table(cost_table(results_dir, profile), caption="Compute time per chapter and model, from the runs' own timings")
 built = build_cost(results_dir, profile)
-md(f"In all, {built.sentence()}. Chapters 01 and 02 share their runs (counted once). The README's cold-build "
-   "figure and each chapter's cost announcement read the same sum (`lmdepth.book.cost.build_cost`)."
-   if built.minutes else "*No runs recorded for this profile: no cost to add up.*")
+md(f"In all, {built.sentence()}. Chapters 01 and 02 share their runs (counted once). This is the book's one "
+   "cold-build figure: the README's and each chapter's cost announcement read the same sum "
+   "(`lmdepth.book.cost.build_cost`)." if built.minutes else "*No runs recorded for this profile: no cost to add up.*")
+
+# %% [markdown]
+# ## Open a chapter in Colab
+
+# %% tags=["hide-input"]
+md(colab_md(repository_url()))
 
 # %% [markdown]
 # ## Where each chapter runs: here, on a GPU, on NDIF
@@ -148,8 +161,8 @@ md(f"In all, {built.sentence()}. Chapters 01 and 02 share their runs (counted on
 # requiring the same tables to 1e-5 — chapter 01 through the `lmdepth run` command as a reader types it
 # (`tests/test_remote_chapters.py`).
 #
-# **Not verified here: a run against the real NDIF server** (these machines have no network). The one command that
-# checks it, with an API key:
+# **Not verified here: a run against the real NDIF server** (the book is built and tested without network access).
+# The one command that checks it, with an API key:
 #
 # ```bash
 # NDIF_API_KEY=... python scripts/ndif_smoke.py   # Llama 3.1 8B, one problem: residual norms, every layer skipped
@@ -202,22 +215,19 @@ md(fault_summary(REPO_ROOT / "tests" / "test_faults.py"))
 # %% [markdown]
 # ## Measured build times
 #
-# Measured on 2-core CPUs without a GPU, in fresh clones, with `/usr/bin/time -v` (2026-11; each at the commit named;
-# sessions of these machines have differed by up to 1.5× on the same code):
+# Measured on 2-core CPUs without a GPU, in fresh clones, with `/usr/bin/time -v` (2026-11; the same code has taken
+# up to 1.5× longer in one session than in another):
 #
-# - **From the stored results** (clean clone of 4c48d7f): `bash scripts/build_book.sh` 1 min 32 s, setup included,
-#   every page up to date so HTML only; then `--force`, every page re-executed from the stored runs with nothing
-#   recomputed, 3 min 52 s (the ten pages 213 s, chapter 07 124 of them), peak memory 1.2 GB. The packaged models'
-#   first conversion adds about 2.5 min once.
-# - **Cold**, every run computed at the default profile's sizes: 5 h 59.7 min in all, peak memory 15.0 GB, as a sum
-#   of page-by-page segments: chapter 03 7,171 s, chapter 05 5,678 s of ladders and 4,163 s of erasure and
-#   integrated gradients, chapter 04 2,720 s, chapter 06 1,307 s, chapter 01 138 s, chapter 07 149 s (its committed
-#   trained runs analysed, not retrained).
-# - **The `quick` profile, cold** (from an empty results folder): 13 min 33 s at 8060a55, 9 min 13 s at 70de727 with
-#   the same profile file (the difference is the machine's).
+# - **From the stored results**: `bash scripts/build_book.sh` 1 min 32 s, setup included, every page up to date so
+#   HTML only; then `--force`, every page re-executed from the stored runs with nothing recomputed, 3 min 52 s (the
+#   ten pages 213 s, chapter 07 124 of them), peak memory 1.2 GB. The packaged models' first conversion adds about
+#   2.5 min once.
+# - **Cold**, every run computed: the sum of the runs' own timings, under 'What each chapter costs to compute'
+#   above — the one cold-build figure this book gives.
+# - **The `quick` profile, cold** (from an empty results folder): 13 min 33 s, and 9 min 13 s in another session
+#   with the same profile file (the difference is the machine's).
 #
-# The segments, the commits they were measured at, and earlier measurements are in the repository's
-# `CHANGELOG.md`.
+# The commits these were measured at, and earlier measurements, are in the repository's `CHANGELOG.md`.
 
 # %% [markdown]
 # ## Versions of this build

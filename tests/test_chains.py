@@ -49,6 +49,10 @@ def test_every_question_is_solved_by_following_its_chain_and_keeps_the_design_ru
             assert answer == str(p.answer) and hops == k == chains.hops(p.question)
             body = p.question.split(". What")[0].split(";")
             assert len(body) == chains.STATEMENTS  # the same length whatever k
+            defined = set()
+            for line in body:  # every variable assigned before it is used
+                assert line[2].isdigit() or line[2] in defined, (line, p.question)
+                defined.add(line[0])
             ends = [s[-1] for s in body if s[-1].isdigit()]
             assert len(ends) == len(set(ends)) == n_chains  # every chain its own digit: the answer occurs once
             digits[answer] += 1

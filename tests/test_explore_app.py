@@ -1,6 +1,7 @@
 """``lmdepth explore`` (lmdepth.book.explore_app): the explorer served by Voilà and used from headless Chromium, as a
-reader would — the page loads offline, a typed prompt changes the numbers drawn, nothing throws, and the server
-stops cleanly (its kernel too, its folder removed).
+reader would — the page loads offline, a typed prompt changes the numbers drawn, nothing throws, the page's text
+shows no error and no raw MyST role, its charts draw, and the server stops cleanly (its kernel too, its folder
+removed).
 
 Chromium is driven over its DevTools protocol (a websocket: websocket-client, a dependency of nnsight) because
 typing into a widget and waiting for the kernel's answer needs a live page, which ``--dump-dom`` cannot give.
@@ -23,6 +24,7 @@ import pytest
 
 from lmdepth.book import explore_app
 from lmdepth.book.defects import chromium_exe
+from lmdepth.charts import vega_offline
 from lmdepth.errors import LmDepthError
 from lmdepth.runtime import REPO_ROOT
 
@@ -108,6 +110,11 @@ TYPE_AND_RUN = """(() => {
   box.dispatchEvent(new Event('input', {bubbles: true}));
   [...document.querySelectorAll('button')].find(b => b.textContent.trim() === 'Run').click();
 })()"""
+#: What the page says to a reader: its rendered text, and how many charts were drawn (an svg in a chart's div).
+PAGE_TEXT = "document.body.innerText"
+CHARTS_DRAWN = "document.querySelectorAll('.lmdepth-vega svg').length"
+#: A MyST role as Markdown shows it when no MyST parser reads it, e.g. {doc}`01_residual_norms`.
+RAW_ROLE = re.compile(r"\{[\w:-]+\}`")
 #: The logit-lens table the widget drew for the last Run, once it differs from ``before``.
 LENS_TABLE = """(() => {
   const t = document.querySelector('.widget-output table');
@@ -135,8 +142,35 @@ def test_the_server_command_and_its_page_template(tmp_path):
                 if "injected-parameters" in c.metadata.get("tags", [])]
     assert injected and "prompt = \"two plus two is\"" in injected[0] and "skip_layer = 2" in injected[0]
     assert explore_app.environment(tmp_path)["JUPYTER_PATH"].split(":")[0] == str(tmp_path)
+    # the charts are the book's HTML snippet, drawn by the book's bundle, which the page loads from the template
+    assert explore_app.environment(tmp_path)[vega_offline.HTML_ONLY_ENV] == "1"
+    assert (template / "static" / vega_offline.BUNDLE_NAME).read_text() == vega_offline.bundle_js()
+    assert f'resources.include_js("static/{vega_offline.BUNDLE_NAME}")' in index
+    markdown = "".join(c.source for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "markdown")
+    assert "chapter 01" in markdown and not RAW_ROLE.search(markdown)  # roles read as their text
     with pytest.raises(LmDepthError, match="skip_layers"):  # a misspelt parameter: one line, before any server
         explore_app.prepare(tmp_path, {"skip_layers": 2})
+
+
+@pytest.mark.unit
+def test_roles_read_as_their_text():
+    assert explore_app.plain_roles("see chapter {doc}`01 <01_residual_norms>`, {doc}`method` and {ref}`Method "
+                                   "<method-states>`; `code` stays") == "see chapter 01, method and Method; `code` stays"
+
+
+@pytest.mark.unit
+def test_with_html_charts_set_a_chart_is_the_html_snippet_alone(monkeypatch):
+    """Voilà's JupyterLab vega renderer writes "Javascript Error: e.setData is not a function" under each chart (it
+    stores a PNG into the read-only output); with the app's setting a chart is the book's snippet only."""
+    import altair as alt
+    import pandas as pd
+
+    vega_offline.enable()
+    chart = alt.Chart(pd.DataFrame({"x": [1, 2]})).mark_point().encode(x="x:Q")
+    assert vega_offline.VEGALITE_MIMETYPE in chart._repr_mimebundle_()[0]
+    monkeypatch.setenv(vega_offline.HTML_ONLY_ENV, "1")
+    bundle = chart._repr_mimebundle_()[0]
+    assert set(bundle) == {"text/html", "text/plain"} and 'class="lmdepth-vega"' in bundle["text/html"]
 
 
 @pytest.mark.unit
@@ -175,12 +209,19 @@ def test_a_typed_prompt_changes_what_the_live_explorer_draws(tmp_path):
         page.call("Page.navigate", url=f"http://127.0.0.1:{port}/")
         # the first page runs the notebook (model load, the static example): tens of seconds on 2 cores
         assert _wait(lambda: page.js("!!document.querySelector('textarea')"), 240), "the explorer's form never appeared"
+        assert _wait(lambda: page.js(CHARTS_DRAWN), 60), "the static example's chart was not drawn"
+        text = page.js(PAGE_TEXT)
+        assert "Error" not in text and "failed" not in text, text[:3000]  # e.g. "Javascript Error: …" under a chart
+        assert not RAW_ROLE.search(text), RAW_ROLE.search(text)
         page.js(TYPE_AND_RUN % json.dumps("The capital of France is"))
         first = _wait(lambda: page.js(LENS_TABLE % json.dumps("")), 120)
         assert first and first.startswith("layer\ttop 1"), first
         page.js(TYPE_AND_RUN % json.dumps("def fibonacci(n):"))
         second = _wait(lambda: page.js(LENS_TABLE % json.dumps(first)), 120)
         assert second and second.startswith("layer\ttop 1") and second != first  # the new prompt's own numbers
+        assert _wait(lambda: page.js(CHARTS_DRAWN) >= 2, 30), "the Run's chart was not drawn"
+        text = page.js(PAGE_TEXT)
+        assert "Error" not in text and "failed" not in text and not RAW_ROLE.search(text), text[:3000]
         assert page.errors() == []
     finally:
         if page is not None:

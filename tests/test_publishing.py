@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from lmdepth.book import build, cost
 from lmdepth.book.chapters import declared_parameters, require_kernel
 from lmdepth.book.cli import main
-from lmdepth.book.repository_buttons import theme_options
+from lmdepth.book.repository_buttons import BY_HAND_LINES, colab_md, theme_options
 from lmdepth.errors import MissingPackageError
 from lmdepth.runtime import REPO_ROOT
 
@@ -29,12 +30,47 @@ def test_no_button_while_the_repository_url_is_unset():
     assert on["launch_buttons"]["colab_url"] and on["use_repository_button"]
 
 
-def test_repository_url_is_one_setting(tmp_path):
+def test_colab_instructions_follow_the_setting():
+    """While no address is set, the book says how to open a chapter in Colab by hand (no button to point at, and no
+    Colab address: a page without a launch button names none); once set, the launch button."""
+    by_hand = colab_md("")
+    assert "by hand" in by_hand and all(line in by_hand for line in BY_HAND_LINES)
+    assert "colab.research.google.com" not in by_hand and "launch button (the rocket" not in by_hand
+    assert "https://github.com/me/book" in colab_md("https://github.com/me/book") and "rocket" in colab_md("x")
+
+
+#: A commit id as prose cites one: 7–40 hex digits with a letter and a digit among them.
+COMMIT_ID = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+
+
+def test_the_readme_is_short_and_speaks_to_readers():
+    text = (REPO_ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    assert not COMMIT_ID.search(text), COMMIT_ID.search(text)
+    assert "these machines" not in text
+
+
+def test_reader_text_cites_no_issue_numbers():
+    """Issue numbers are the project's bookkeeping (CHANGELOG.md); a reader of the book has no tracker to look in."""
+    paths = [*(REPO_ROOT / "notebooks").glob("*.py"), *(REPO_ROOT / "book").glob("*.md"), REPO_ROOT / "README.md",
+             *(REPO_ROOT / "lib" / "lmdepth" / "book").rglob("*.py")]
+    cited = [f"{p.relative_to(REPO_ROOT)}: {m[0]}" for p in paths
+             for m in re.finditer(r"\b[Ii]ssues? #?\d+", p.read_text())]
+    assert cited == []
+
+
+def test_repository_url_is_one_setting(tmp_path, monkeypatch):
     config = tmp_path / "_config.yml"
     config.write_text('repository:\n  url: ""\n')
     assert build.repository_url(config) == ""
     config.write_text("repository:\n  url: https://github.com/me/book/\n")
     assert build.repository_url(config) == "https://github.com/me/book"
+    # an installed package outside a checkout (REPO_ROOT holds no _config.yml): the working directory's, else none
+    monkeypatch.setattr(build, "REPO_ROOT", tmp_path / "site-packages")
+    monkeypatch.chdir(tmp_path)
+    assert build.repository_url() == "https://github.com/me/book"
+    config.unlink()
+    assert build.repository_url() == ""
     assert "lmdepth.book.repository_buttons" in (REPO_ROOT / "_config.yml").read_text()
 
 

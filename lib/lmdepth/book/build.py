@@ -156,10 +156,14 @@ def build_hash(chapter: str, profile: str, record_root: Path | None = None) -> s
 
 
 def repository_url(config: Path | None = None) -> str:
-    """The one place the repository URL is set: ``repository.url`` in ``_config.yml``; "" while it is unset."""
+    """The one place the repository URL is set: ``repository.url`` in ``_config.yml``; "" while it is unset.
+
+    Without ``config``: the checkout's, else the working directory's (a chapter run from a clone by an installed
+    package, as in Colab), else none: "" (an installed package outside a checkout names no repository)."""
     import yaml
 
-    data = yaml.safe_load((config or REPO_ROOT / "_config.yml").read_text()) or {}
+    found = config or next((p for p in (REPO_ROOT / "_config.yml", Path.cwd() / "_config.yml") if p.is_file()), None)
+    data = (yaml.safe_load(found.read_text()) or {}) if found is not None else {}
     return str((data.get("repository") or {}).get("url") or "").strip().rstrip("/")
 
 

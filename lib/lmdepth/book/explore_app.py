@@ -11,7 +11,12 @@ button calls the same :func:`lmdepth.book.explorer.explore` as the book. Voilà 
   around it and throws in Voilà's page (an allowlist of the widgets' extension alone leaves Voilà's page without
   widgets);
 * the page template is Voilà's ``lab`` template less its two font stylesheets from a CDN (the explorer shows no
-  icon): :data:`TEMPLATE_INDEX`.
+  icon), plus the book's own vega bundle (:mod:`lmdepth.charts.vega_offline`), served from the template's static
+  folder: :data:`TEMPLATE_INDEX`. The kernel draws every chart as the book's HTML snippet
+  (:data:`~lmdepth.charts.vega_offline.HTML_ONLY_ENV`), never through JupyterLab's vega renderer, which puts a
+  "Javascript Error" under each chart in Voilà;
+* the notebook's markdown shows MyST roles, such as a link to another page of the book, as their text
+  (:func:`plain_roles`): Voilà renders plain Markdown, where a role is shown raw.
 
 Why Voilà and not a server of our own: it is the maintained way to serve ipywidgets from a kernel (the comm
 protocol, kernel lifetime, one kernel per page), and the explorer's widget is then the same in Jupyter, Colab and
@@ -21,6 +26,7 @@ here.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -31,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lmdepth.book.chapters import chapter_source, check_parameters
+from lmdepth.charts.vega_offline import BUNDLE_NAME, HTML_ONLY_ENV, write_vega_bundle
 from lmdepth.errors import MissingPackageError
 
 #: The chapter the app serves.
@@ -41,9 +48,14 @@ REQUIREMENTS = ("voila>=0.5,<0.6", "ipywidgets>=8")
 DENIED_EXTENSIONS = ("jupyterlab-jupytext",)
 #: The name of the page template written beside the notebook (:func:`prepare`).
 TEMPLATE = "lmdepth"
-#: Voilà's ``lab`` template, less the CDN stylesheets its ``notebook_css`` block adds (read offline, they only fail).
+#: Voilà's ``lab`` template, less the CDN stylesheets its ``notebook_css`` block adds (read offline, they only fail),
+#: plus the vega bundle in the head, so a chart's snippet finds ``window.vegaEmbed`` when it runs.
 TEMPLATE_INDEX = """\
 {%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js -%}
+{{ super() }}
+{{ resources.include_js("static/""" + BUNDLE_NAME + """") }}
+{%- endblock html_head_js -%}
 {%- block notebook_css -%}
 {{ super() | replace('<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/@fortawesome/fontawesome-free@^5/css/all.min.css" type="text/css" />', '') | replace('<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/@fortawesome/fontawesome-free@^5/css/v4-shims.min.css" type="text/css" />', '') }}
 {%- endblock notebook_css -%}
@@ -65,9 +77,20 @@ def require_voila() -> None:
                                   f"{wanted} (or `pip install -e \".[explore]\"` in a checkout).")
 
 
+#: A MyST role in Markdown: ``{doc}`text <target>``` or ``{doc}`target```.
+_ROLE = re.compile(r"\{[\w:-]+\}`([^`<]*?)\s*(?:<([^`>]*)>)?`")
+
+
+def plain_roles(markdown: str) -> str:
+    """``markdown`` with each MyST role written as its text (its target where it has no text), as plain Markdown
+    shows it: ``{doc}`chapter 01 <01_residual_norms>``` → ``chapter 01``."""
+    return _ROLE.sub(lambda m: m[1] or m[2] or "", markdown)
+
+
 def prepare(folder: Path, params: Mapping[str, Any]) -> Path:
-    """Write the explorer notebook with ``params`` injected (checked first, as ``lmdepth run`` checks them) and the
-    page template into ``folder``; returns the notebook's path.
+    """Write the explorer notebook with ``params`` injected (checked first, as ``lmdepth run`` checks them), its
+    roles in plain text (:func:`plain_roles`), and the page template with the vega bundle into ``folder``; returns
+    the notebook's path.
 
     Raises:
         ParameterError, UnknownModelError: a parameter the explorer does not declare, or of the wrong type; a model
@@ -80,6 +103,9 @@ def prepare(folder: Path, params: Mapping[str, Any]) -> Path:
 
     params = check_parameters(CHAPTER, dict(params))
     nb = jupytext.read(chapter_source(CHAPTER))
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = plain_roles(cell.source)
     nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
     path = folder / "explorer.ipynb"
     nbformat.write(nb, path)
@@ -89,6 +115,7 @@ def prepare(folder: Path, params: Mapping[str, Any]) -> Path:
     template.mkdir(parents=True, exist_ok=True)
     (template / "index.html.j2").write_text(TEMPLATE_INDEX)
     (template / "conf.json").write_text(json.dumps({"base_template": "lab"}))
+    write_vega_bundle(template / "static")
     return path
 
 
@@ -102,11 +129,12 @@ def voila_command(notebook: Path, port: int, open_browser: bool = False) -> list
 
 
 def environment(folder: Path) -> dict[str, str]:
-    """The server's environment: Jupyter's data path led by ``folder`` (where :func:`prepare` put the template)."""
+    """The server's environment, which its kernel inherits: Jupyter's data path led by ``folder`` (where
+    :func:`prepare` put the template), charts drawn as HTML only (the page loads the bundle)."""
     import os
 
     path = os.pathsep.join(p for p in (str(folder), os.environ.get("JUPYTER_PATH", "")) if p)
-    return {**os.environ, "JUPYTER_PATH": path, "LMDEPTH_PROGRESS": "0"}
+    return {**os.environ, "JUPYTER_PATH": path, "LMDEPTH_PROGRESS": "0", HTML_ONLY_ENV: "1"}
 
 
 def serve(params: Mapping[str, Any], port: int = 8866, open_browser: bool = False) -> int:
@@ -137,5 +165,5 @@ def serve(params: Mapping[str, Any], port: int = 8866, open_browser: bool = Fals
             signal.signal(signal.SIGTERM, previous)
 
 
-__all__ = ["CHAPTER", "REQUIREMENTS", "DENIED_EXTENSIONS", "TEMPLATE", "TEMPLATE_INDEX", "require_voila", "prepare",
-           "voila_command", "environment", "serve"]
+__all__ = ["CHAPTER", "REQUIREMENTS", "DENIED_EXTENSIONS", "TEMPLATE", "TEMPLATE_INDEX", "require_voila", "plain_roles",
+           "prepare", "voila_command", "environment", "serve"]

@@ -6,10 +6,14 @@ Interactions are Vega-Lite params (radio buttons, legend toggles, tooltips) that
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import altair as alt
 import pandas as pd
 
+from lmdepth.charts.paper_marks import paper_marks
 from lmdepth.charts.theme import MODEL_PALETTE
+from lmdepth.claims.paper_values import PaperValue
 
 LENS_COLORS = {"logit_lens": "#4C78A8", "tuned_lens": "#E45756"}
 LENS_LABELS = {"logit_lens": "Logit lens", "tuned_lens": "Tuned lens"}
@@ -52,11 +56,15 @@ def _transition_rule(transition: int | None) -> list[alt.Chart]:
     return [rule, text]
 
 
-def lens_layers(table: pd.DataFrame, model: str, transition: int | None = None, width: int = 300) -> alt.HConcatChart:
+def lens_layers(table: pd.DataFrame, model: str, transition: int | None = None, width: int = 300,
+                paper: Sequence[PaperValue] = ()) -> alt.HConcatChart:
     """Two panels for one model: KL per layer (log scale; a radio switches the direction) and top-5 overlap per
     layer, both lenses, with bootstrap 95 % bands over problems. x = l: the lens reads the residual entering layer l.
+    ``paper``: the paper's values, at their relative depth times the model's number of layers, labelled on the
+    right panel (the left one has the transition's label at the top).
     """
     t = _prepared(table[table.model == model], ["kl", "kl_final_lens", "top5_overlap"])
+    n_layers = int(t["n_layers"].iloc[0])
     x = alt.X("layer:Q", title="Layer index l (residual entering layer l)", scale=alt.Scale(nice=False))
     color = _lens_color(t)
     direction = alt.param(name="kl_direction", value=METRIC_LABELS["kl"],
@@ -64,20 +72,20 @@ def lens_layers(table: pd.DataFrame, model: str, transition: int | None = None, 
                                                  name="KL direction: "))
     kl = alt.Chart(t[t.metric != METRIC_LABELS["top5_overlap"]]).transform_filter(alt.datum.metric == direction)
     kl_y = alt.Y("value:Q", title="KL divergence (nats, log scale)", scale=alt.Scale(type="log"))
-    kl_panel = alt.layer(
+    kl_panel = alt.layer(*paper_marks(paper, n_layers=n_layers, label=False).around(
         kl.mark_area(opacity=0.2).encode(x=x, y=alt.Y("ci_low:Q", scale=alt.Scale(type="log"), title=None),
                                          y2="ci_high:Q", color=color),
         kl.mark_line(point=alt.OverlayMarkDef(size=20)).encode(x=x, y=kl_y, color=color, tooltip=_tooltip()),
         *_transition_rule(transition),
-    ).add_params(direction).properties(width=width, height=240)
+    )).add_params(direction).properties(width=width, height=240)
     ov = alt.Chart(t[t.metric == METRIC_LABELS["top5_overlap"]])
     ov_y = alt.Y("value:Q", title="Top-5 overlap with the output", scale=alt.Scale(domain=[0, 1]))
     threshold = alt.Chart(pd.DataFrame({"y": [0.2]})).mark_rule(color="black", opacity=0.4, strokeDash=[2, 2]).encode(y="y:Q")
-    ov_panel = alt.layer(
+    ov_panel = alt.layer(*paper_marks(paper, n_layers=n_layers).around(
         ov.mark_area(opacity=0.2).encode(x=x, y="ci_low:Q", y2="ci_high:Q", color=color),
         ov.mark_line(point=alt.OverlayMarkDef(size=20)).encode(x=x, y=ov_y, color=color, tooltip=_tooltip()),
         threshold, *_transition_rule(transition),
-    ).properties(width=width, height=240)
+    )).properties(width=width, height=240)
     return alt.hconcat(kl_panel, ov_panel)
 
 
@@ -140,12 +148,13 @@ def training_curves(curve: pd.DataFrame, width: int = 280) -> alt.ConcatChart:
     return alt.concat(*panels, columns=2).resolve_scale(y="shared")
 
 
-def settling_chart(summary: pd.DataFrame, width: int = 520) -> alt.LayerChart:
+def settling_chart(summary: pd.DataFrame, width: int = 520, paper: Sequence[PaperValue] = ()) -> alt.LayerChart:
     """Where each model's prediction settles, on relative depth: one row per (model, lens), one mark per
     criterion, and a gray tick at the model's cosine phase transition on each of its rows.
 
     Args:
         summary: :func:`lmdepth.analyses.lens.settling_summary` rows (``model, lens, criterion, layer, rel_depth``).
+        paper: the paper's values drawn across the rows (:mod:`lmdepth.charts.paper_marks`).
     """
     s = summary.dropna(subset=["rel_depth"])
     points = s[s.lens.isin(LENS_LABELS)].assign(row=lambda d: d.model + " · " + d.lens.map(LENS_LABELS).str.lower())
@@ -162,4 +171,4 @@ def settling_chart(summary: pd.DataFrame, width: int = 520) -> alt.LayerChart:
     )
     ticks = alt.Chart(cos).mark_tick(color="gray", thickness=3).encode(
         x=x, y=y, tooltip=["model:N", "criterion:N", "layer:Q", alt.Tooltip("rel_depth:Q", format=".2f")])
-    return alt.layer(ticks, dots).properties(width=width, height=alt.Step(26))
+    return alt.layer(*paper_marks(paper).around(ticks, dots)).properties(width=width, height=alt.Step(26))

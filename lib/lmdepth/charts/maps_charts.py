@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import altair as alt
@@ -11,17 +12,21 @@ import pandas as pd
 
 import lmdepth.charts.theme  # noqa: F401  (registers and enables the book's theme)
 from lmdepth.analyses.maps import best_matches, best_sources
+from lmdepth.charts.paper_marks import match_marks
+from lmdepth.claims.paper_values import PaperValue
 from lmdepth.metrics.ridge import error_matrix
 
 
 def map_heatmap(table: pd.DataFrame, label: str, size: int = 260, max_error: float = 1.0,
-                normalized: bool = False) -> Any:
+                normalized: bool = False, paper: Sequence[PaperValue] = ()) -> Any:
     """Error over (source boundary ↑, target boundary →), with relative-depth axes on top and right, the
     equal-relative-depth line (dashed white), the best target of each row (red dots) and the best source of each
     column (white diamonds).
 
     ``normalized=False`` shows the relative error (the paper's metric); ``True`` the error relative to the
     mean-only predictor's, sqrt(fraction of variance unexplained), which removes each target boundary's own scale.
+    ``paper``: the paper's matching layers, drawn at their relative depths (a white square,
+    :func:`lmdepth.charts.paper_marks.match_marks`).
     """
     metric = "unexplained_variance" if normalized else "relative_error"
     t = table[(table["map"] == label) & (table.metric == metric)].copy()
@@ -64,7 +69,7 @@ def map_heatmap(table: pd.DataFrame, label: str, size: int = 260, max_error: flo
             x=alt.X("l:Q", scale=xs), y=alt.Y("m:Q", scale=ys),
             tooltip=[alt.Tooltip("kind:N", title="best match"), alt.Tooltip("m:Q", title="source m"),
                      alt.Tooltip("l:Q", title="target l")]))
-    main = alt.layer(rects, line, *marks)
+    main = alt.layer(rects, line, *marks, *match_marks(paper, n_src, n_tgt, xs, ys))
     # relative-depth axes: an invisible layer with its own scales mapping l/L and m/L onto the same pixels
     rel = alt.Chart(pd.DataFrame({"r": [0.0, 1.0]})).mark_point(opacity=0).encode(
         x=alt.X("r:Q", scale=alt.Scale(domain=[-step_t / 2 / n_tgt, 1 + step_t / 2 / n_tgt], nice=False, zero=False),
@@ -76,9 +81,9 @@ def map_heatmap(table: pd.DataFrame, label: str, size: int = 260, max_error: flo
 
 
 def map_heatmaps(table: pd.DataFrame, labels: list[str], size: int = 260, max_error: float = 1.0,
-                 normalized: bool = False) -> Any:
-    """Several :func:`map_heatmap` side by side with one colour scale."""
-    charts = [map_heatmap(table, lab, size, max_error, normalized) for lab in labels]
+                 normalized: bool = False, paper: Sequence[PaperValue] = ()) -> Any:
+    """Several :func:`map_heatmap` side by side with one colour scale (``paper`` on each)."""
+    charts = [map_heatmap(table, lab, size, max_error, normalized, paper) for lab in labels]
     return alt.hconcat(*charts).resolve_scale(color="shared")
 
 

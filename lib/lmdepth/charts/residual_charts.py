@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import altair as alt
 import pandas as pd
 
+from lmdepth.charts.paper_marks import paper_marks
 from lmdepth.charts.theme import COMPONENT_COLORS, COMPONENT_LABELS, MODEL_PALETTE
+from lmdepth.claims.paper_values import PaperValue
 
 _CHART_COLUMNS = ["model", "component", "label", "stat", "layer", "n_layers", "rel_depth", "value", "abs_value",
                   "ci_low", "ci_high"]
@@ -34,12 +38,15 @@ def layer_bars(
     stats: tuple[str, ...] = ("mean",),
     y_max: float | None = None,
     width: int = 600,
+    paper: Sequence[PaperValue] = (),
 ) -> alt.Chart:
     """Overlapping (not stacked) bars per layer, the paper's Fig. 2 layout, for one model.
 
     Each layer draws its shortest bar in front. Click legend entries to toggle components; with several
     ``stats`` a radio button switches them; rules show the bootstrap 95 % interval of the mean. Like the paper,
     ``y_max`` clips the axis when early layers would flatten the rest (the tooltip keeps the true value).
+    ``paper``: the paper's values drawn over the bars (:mod:`lmdepth.charts.paper_marks`) at their relative depth:
+    bar l's centre is at (l + 0.5) / L of the width, the band scale's layout with its default padding.
     """
     t = _labelled(table[(table.metric == metric) & table.component.isin(components) & table.stat.isin(stats)])
     t = t.sort_values("layer")
@@ -69,7 +76,11 @@ def layer_bars(
         x=x, y=alt.Y("ci_low:Q", scale=y_scale), y2="ci_high:Q", detail="label:N",
         opacity=alt.condition(pick, alt.value(0.6), alt.value(0.0)),
     ).transform_filter("isValid(datum.ci_low)")
-    return alt.layer(bars, errs)
+    # on their own [0, 1] x scale, spanning the bars' width
+    marks = paper_marks([v for v in paper if v.component in (None, *components)], axis=False, y_scale=y_scale)
+    if not marks:
+        return alt.layer(bars, errs)
+    return alt.layer(*marks.around(alt.layer(bars, errs))).resolve_scale(x="independent")
 
 
 def norms_lines(table: pd.DataFrame, width: int = 600) -> alt.Chart:
@@ -99,23 +110,25 @@ def across_models(
     zero_line: bool = False,
     y_max: float | None = None,
     width: int = 150,
+    paper: Sequence[PaperValue] = (),
 ) -> alt.Chart:
     """One panel per component, one line per model, on relative depth so models of different depth align.
 
     Relative depth of layer l in an L-layer model is (l + 0.5) / L. Click a model in the legend to highlight it.
-    ``y_max`` clips the axis (early layers can be off-scale; the tooltip keeps the value).
+    ``y_max`` clips the axis (early layers can be off-scale; the tooltip keeps the value). ``paper``: the paper's
+    values, each on the panel of its component (on every panel when it names none), labelled on the first.
     """
     t = _labelled(table[(table.metric == metric) & table.component.isin(components) & (table.stat == stat)])
     models = list(dict.fromkeys(t["model"]))
     pick = alt.selection_point(fields=["model"], bind="legend")
-    panels = []
+    y_scale = alt.Scale(domain=[0, y_max], clamp=True) if y_max and t["value"].max() > y_max else alt.Undefined
+    panels, labelled = [], False  # the paper's marks are labelled on the first panel that has them
     for comp in components:
         sub = t[t.component == comp]
         title = COMPONENT_LABELS.get((metric, comp), comp)
         line = alt.Chart(sub).mark_line(point=alt.OverlayMarkDef(size=18), clip=True).encode(
             x=alt.X("rel_depth:Q", title="Relative depth (l + 0.5) / L", scale=alt.Scale(domain=[0, 1])),
-            y=alt.Y("value:Q", title=y_title,
-                    scale=alt.Scale(domain=[0, y_max], clamp=True) if y_max and t["value"].max() > y_max else alt.Undefined),
+            y=alt.Y("value:Q", title=y_title, scale=y_scale),
             color=alt.Color("model:N", scale=alt.Scale(domain=models, range=MODEL_PALETTE[: len(models)]),
                             legend=alt.Legend(orient="top", title="Model")),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.12)),
@@ -125,7 +138,10 @@ def across_models(
         layers = [line]
         if zero_line:
             layers.append(alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color="gray", strokeDash=[4, 4]).encode(y="y:Q"))
-        panels.append(alt.layer(*layers).properties(title=title, width=width, height=220))
+        mine = [v for v in paper if v.component in (None, comp)]
+        marks = paper_marks(mine, label=not labelled, y_scale=y_scale)
+        labelled = labelled or bool(mine)
+        panels.append(alt.layer(*marks.around(*layers)).properties(title=title, width=width, height=220))
     return alt.hconcat(*panels).resolve_scale(y="shared")
 
 

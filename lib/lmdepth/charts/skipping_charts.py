@@ -8,7 +8,9 @@ import altair as alt
 import pandas as pd
 
 from lmdepth.analyses.skipping import SkipSummary
+from lmdepth.charts.paper_marks import paper_marks
 from lmdepth.charts.theme import COMPONENT_COLORS, MODEL_PALETTE
+from lmdepth.claims.paper_values import PaperValue
 
 VIRIDIS_ZERO = "#440154"  # the colour of 0 in the viridis scheme
 
@@ -61,11 +63,13 @@ def output_effect_bars(table: pd.DataFrame, analysis: str, variants: list[str], 
     ).add_params(pick).properties(width=width, height=220)
 
 
-def later_effect_lines(d: pd.DataFrame, threshold: float, width: int = 560) -> alt.Chart:
+def later_effect_lines(d: pd.DataFrame, threshold: float, width: int = 560,
+                       paper: Sequence[PaperValue] = ()) -> alt.Chart:
     """Largest future effect of each skipped layer on any later layer, per model, on relative depth.
 
     Args:
         d: columns ``model, layer, n_layers, rel_depth, value``.
+        paper: the paper's values drawn over the lines (:mod:`lmdepth.charts.paper_marks`).
     """
     models = list(dict.fromkeys(d["model"]))
     pick = alt.selection_point(fields=["model"], bind="legend")
@@ -81,7 +85,7 @@ def later_effect_lines(d: pd.DataFrame, threshold: float, width: int = 560) -> a
         tooltip=["model:N", "layer:Q", "n_layers:Q", alt.Tooltip("value:Q", format=".3f")],
     ).add_params(pick)
     rule = alt.Chart(pd.DataFrame({"y": [threshold]})).mark_rule(color="gray", strokeDash=[4, 4]).encode(y="y:Q")
-    return alt.layer(line, rule).properties(width=width, height=260)
+    return alt.layer(*paper_marks(paper).around(line, rule)).properties(width=width, height=260)
 
 
 def comparison_panels(table: pd.DataFrame, futures: dict[str, SkipSummary], models: Sequence[str],

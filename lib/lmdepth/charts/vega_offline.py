@@ -20,7 +20,11 @@ The snippet goes under ``text/markdown``, not ``text/html``: JupyterLab ranks
 instead, which is blank in an untrusted notebook and needs the CDN otherwise;
 ``text/markdown`` (60) ranks below vega. myst-nb has no renderer for the
 Vega-Lite mimetype and falls back to ``text/markdown``, whose raw HTML it
-passes through unchanged. Colab draws only HTML, so there it is ``text/html``.
+passes through unchanged. Colab draws only HTML, so there it is ``text/html``, and
+so it is where :data:`HTML_ONLY_ENV` is "1": the explorer app (Voilà) sets it, as its
+page draws the Vega-Lite mimetype with JupyterLab's renderer, which then fails to
+store a PNG of the chart into Voilà's read-only output ("Javascript Error:
+e.setData is not a function" under every chart); the app's page loads the bundle.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import functools
 import hashlib
 import itertools
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -43,6 +48,8 @@ RENDERER_NAME = "lmdepth"
 # Altair 6's own key "application/vnd.vegalite.v6.json" is drawn by no frontend.
 VEGALITE_MIMETYPE = "application/vnd.vegalite.v5+json"
 CDN_VEGA_EMBED = f"https://cdn.jsdelivr.net/npm/vega-embed@{alt.VEGAEMBED_VERSION}/+esm"
+#: Set to "1" where charts are drawn by the HTML snippet alone (a page that loads :data:`BUNDLE_NAME`).
+HTML_ONLY_ENV = "LMDEPTH_CHARTS_HTML"
 
 _MODULE_SYNTAX = re.compile(r"(?:^|[;}\n])\s*(?:import|export)\s*[\w{*]")
 _ids = itertools.count(1)
@@ -125,7 +132,7 @@ def _render(
     """Altair renderer: the spec for Jupyter frontends plus HTML for the book and Colab."""
     embed_options = {"renderer": "svg", "actions": False, **(embed_options or {})}
     html = chart_html(spec, embed_options)
-    if "google.colab" in sys.modules:  # Colab draws only HTML.
+    if "google.colab" in sys.modules or os.environ.get(HTML_ONLY_ENV) == "1":  # Colab draws only HTML
         return {"text/html": html, "text/plain": "<altair chart>"}, {}
     bundle = {VEGALITE_MIMETYPE: spec, html_mimetype: html, "text/plain": "<altair chart>"}
     return bundle, {VEGALITE_MIMETYPE: {"embed_options": embed_options}}

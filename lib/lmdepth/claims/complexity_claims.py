@@ -237,7 +237,7 @@ CLAIMS: tuple[ClaimSpec, ...] = tuple(
                  "(was: the rise of D / L over all levels) with the margin derived from the alternative, half of "
                  "one layer per level (was: 0.05 of depth, not derived); a positive control (profiles shifted one "
                  "layer per level) must reach 'disagrees'.",
-                 "2026-11-26 (later): prompt length controlled (issue 36): the slope is the level's coefficient in a "
+                 "2026-11-26 (later): prompt length controlled: the slope is the level's coefficient in a "
                  "least-squares fit of each item's D on its level and prompt length in tokens, weighted by its total "
                  "effect as a share of its level's, so every level weighs 1 and without the length term the fit is "
                  "the levels' slope as before (was: the slope of the levels' D, length uncontrolled: the arithmetic "

@@ -476,7 +476,12 @@ DEPTH_CLAIMS: tuple[ClaimSpec, ...] = (
         statistic=f"rise per hop: {_RISE.replace('operations', 'hops')}", values=growth_values("depth_layer"),
         reduce=within_split_slope, precondition=competent_seeds(), rule=Rule(DEPTH_DELTA, "above"), headline=False,
         history=("2026-12-01: added with its task (lmdepth.data.chains), its runs' recipe and δ before any chain run "
-                 "was trained or measured.",),
+                 "was trained or measured.",
+                 "2026-12-01 (later): the task writes each chain in the order it is defined (was: every line "
+                 "shuffled, so a line could use a variable assigned later, which a causal model cannot resolve where "
+                 "it stands); the first design's seed 0 had not learned it (23 % exact match at step 9,000 of 30,000, "
+                 "about what guessing among the digits present scores); changed before any depth of a chain run was "
+                 "measured, the recipe, δ and the rule unchanged."),
     ),
     _depth_claim(
         id="moeut.deeper_than_transformer", figure="§5, Fig. 9",

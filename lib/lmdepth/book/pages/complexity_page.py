@@ -8,6 +8,7 @@ import pandas as pd
 
 from lmdepth.analyses.complexity import ComplexitySummary, model_names, summary_frame
 from lmdepth.analyses.erasure import ErasureSummary
+from lmdepth.book.notebook import md, show_table
 from lmdepth.claims import report
 from lmdepth.claims.complexity_claims import length_r
 from lmdepth.claims.findings_claims import saved_verdicts
@@ -250,3 +251,12 @@ def trained_control_md(growth: pd.DataFrame, verdicts: pd.DataFrame, slopes: pd.
             f"ladders with at least 3 items per level whose descriptive slope (layer effect, mean aggregation, "
             f"relative depth per level) has a 95 % interval narrower than that on either side — a rise of that size "
             f"would show there once a model solves the ladder: {ladders}.")
+
+
+def show_completeness(case: dict[str, RunResult], main: str) -> None:
+    """Integrated gradients' completeness: the main model's note (:func:`completeness_note`), then the per-prompt
+    table of every model that has them (:func:`completeness_by_model`; none shown without any)."""
+    md(completeness_note(case[main]))
+    completeness = completeness_by_model(case)
+    if len(completeness):
+        show_table(completeness, caption="Integrated-gradients completeness per model and prompt")

@@ -17,10 +17,12 @@ from lmdepth.analyses.scratch import (
     evaluation_splits,
     extrapolation_gains,
 )
+from lmdepth.book.notebook import md, show_table
 from lmdepth.claims import report
 from lmdepth.claims import scratch_claims as sc
 from lmdepth.claims.scratch_claims import RUNS, SUBJECT, comparable, units_of
 from lmdepth.data.dm_math import EXTRAPOLATE, MathData
+from lmdepth.metrics.intervals import constant_answer_rate
 from lmdepth.metrics.verdicts import State
 from lmdepth.scratch.shipped import PACKAGE_RUNS
 from lmdepth.scratch.training import OBJECTIVE_LABELS, TrainConfig, run_config
@@ -465,3 +467,35 @@ def chain_md(states: pd.DataFrame, verdicts: pd.DataFrame) -> str:
 def pair_gaps_table(gaps: pd.DataFrame) -> pd.DataFrame:
     """:func:`~lmdepth.analyses.depth_questions.pair_gaps`, numbers to four decimals."""
     return gaps.round(4)
+
+
+# ---- what the chapter shows together (one call per section, so the chapter stays short) ---------------------------
+
+def show_gaps(gaps: pd.DataFrame) -> None:
+    """The MoEUT − Transformer gaps per split (:func:`gaps_table`) and their paragraph (:func:`gaps_md`)."""
+    show_table(gaps_table(gaps), caption="MoEUT minus Transformer per split, metric and objective, with its 95 % "
+                                         "interval")
+    md(gaps_md(gaps))
+
+
+def show_depth_rows(verdicts: pd.DataFrame, gaps: pd.DataFrame) -> None:
+    """The depth rows (their table and :func:`depth_md`), then where the MoEUT − Transformer depth gap comes from
+    (:func:`~lmdepth.analyses.depth_questions.pair_gaps`)."""
+    show_table(report.display(verdicts), caption="The paper's depth claims on the comparison and fine-tuned runs, "
+                                                 "and the positive control")
+    md(depth_md(verdicts))
+    show_table(pair_gaps_table(gaps), caption="Where the MoEUT − Transformer depth gap comes from (relative depth; "
+                                              "means over the problems and seeds the pair rows read): the trained "
+                                              "gap, the untrained twins' gap, what training adds (the pair rows' "
+                                              "statistic), and not modelling the question within each architecture")
+
+
+def show_chain_control(states: pd.DataFrame, accuracy: pd.DataFrame, verdicts: pd.DataFrame) -> None:
+    """The positive control: its runs' exact match per hop (:func:`chain_accuracy_table`) and :func:`chain_md`."""
+    show_table(chain_accuracy_table(accuracy), caption="Exact match of each positive-control seed per number of hops")
+    md(chain_md(states, verdicts))
+
+
+def interpolation_baseline(splits: dict) -> float:
+    """The constant-answer rate of the interpolation split (the learning curves' floor)."""
+    return constant_answer_rate(e.answer for e in splits["interpolate"])
