@@ -499,9 +499,11 @@ def test_the_commit_label_is_dirty_for_code_changes_not_for_the_builds_own_outpu
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
 
-    for d in ("book", "results", "lib"):
-        (tmp_path / d).mkdir()
+    for d in ("book", "results", "lib", "checkpoints/run"):
+        (tmp_path / d).mkdir(parents=True)
         (tmp_path / d / "f.txt").write_text("a")
+    (tmp_path / "checkpoints/run/ckpt.pt").write_text("step 500")  # a resume checkpoint, committed
+    (tmp_path / "checkpoints/run/model.pt").write_text("weights")
     git("init", "-q")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
@@ -511,6 +513,11 @@ def test_the_commit_label_is_dirty_for_code_changes_not_for_the_builds_own_outpu
     (tmp_path / "book" / "f.txt").write_text("executed")  # what a build writes while it runs
     (tmp_path / "results" / "f.txt").write_text("computed")
     assert runtime.git_commit() == head
+    (tmp_path / "checkpoints/run/ckpt.pt").write_text("step 1000")  # a run training on: not the code of a page
+    assert runtime.git_commit() == head
+    (tmp_path / "checkpoints/run/model.pt").write_text("other weights")  # a finished run's weights: they count
+    assert runtime.git_commit() == head + "-dirty"
+    git("checkout", "--", "checkpoints/run/model.pt")
     (tmp_path / "lib" / "f.txt").write_text("edited")  # code that differs from HEAD
     assert runtime.git_commit() == head + "-dirty"
 
@@ -536,3 +543,26 @@ def test_a_cut_table_of_a_real_analysis_is_recomputed_to_the_same_bytes(tmp_path
     assert not again.from_cache and "is damaged" in capsys.readouterr().err
     assert (again.path / "table.csv").read_bytes() == table
     assert list(first.path.parent.glob("*.damaged-*"))
+
+
+@pytest.mark.unit
+def test_a_second_book_build_of_the_same_root_stops_in_one_line(tmp_path, monkeypatch):
+    """Two builds of one book would stage into the same folders: while one holds the lock, another stops before any
+    work with one line naming the lock; once the first is done, the next build runs."""
+    import fcntl
+
+    from lmdepth.book import build
+    from lmdepth.errors import LmDepthError
+
+    monkeypatch.setattr(build, "build_root", lambda profile: tmp_path)
+    ran = []
+    monkeypatch.setattr(build, "_build_book", lambda *a: ran.append(a))
+    lock = tmp_path / "_build" / ".lmdepth-build.lock"
+    lock.parent.mkdir()
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another build (a lock is per open file, so it blocks)
+        with pytest.raises(LmDepthError, match="Another `lmdepth book` is building"):
+            build.build_book("default", html=False)
+        assert ran == []
+    build.build_book("default", html=False)
+    assert len(ran) == 1

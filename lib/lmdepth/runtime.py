@@ -67,16 +67,26 @@ def progress(items: Iterable[T], desc: str, total: int | None = None) -> Iterato
 
 #: What the book build itself writes: changes there do not make the code that computed a page differ from HEAD.
 BUILD_OUTPUTS = ("book/", "results/")
+#: The state of a training run in progress (its resume checkpoint, committed to carry it across sessions): it moves
+#: while the run trains and is read by no page, so it does not make a page's commit dirty either.
+RUN_STATE_FILES = ("ckpt.pt",)
+
+
+def _counts_as_code(path: str) -> bool:
+    """Whether a changed tracked file makes the code behind a page differ from HEAD."""
+    return not path.startswith(BUILD_OUTPUTS) and not (path.startswith("checkpoints/")
+                                                        and path.rsplit("/", 1)[-1] in RUN_STATE_FILES)
 
 
 def git_commit() -> str | None:
     """HEAD's commit, with ``-dirty`` when a tracked file outside the build's own outputs (:data:`BUILD_OUTPUTS`)
-    differs from it; None outside a git checkout."""
+    and the resume checkpoints of runs in training (:data:`RUN_STATE_FILES`) differs from it; None outside a git
+    checkout."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                                 capture_output=True, text=True, timeout=5).stdout.splitlines()
-        dirty = [line[3:] for line in status if not line[3:].startswith(BUILD_OUTPUTS)]
+        dirty = [line[3:] for line in status if _counts_as_code(line[3:])]
         return (out.stdout.strip() + ("-dirty" if dirty else "")) or None
     except (OSError, subprocess.SubprocessError):
         return None

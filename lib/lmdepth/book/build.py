@@ -10,6 +10,8 @@ executed copy was made (the hash is stored in the notebook's metadata), or with 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -18,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from lmdepth.book.chapters import (
 from lmdepth.charts.findings_charts import headline_bar
 from lmdepth.claims.answers import STATES_FILE, answers_table, landing_md, states_md
 from lmdepth.claims.findings_claims import saved_verdicts
-from lmdepth.errors import DataError, ParameterError
+from lmdepth.errors import DataError, LmDepthError, ParameterError
 from lmdepth.results import (
     BOOK_RECORD_ENV,
     atomic_write,
@@ -384,9 +386,30 @@ def build_root(profile: str) -> Path:
     return REPO_ROOT if name == "default" else REPO_ROOT / "_build" / "profiles" / name
 
 
+@contextlib.contextmanager
+def one_build(root: Path) -> Iterator[None]:
+    """Hold the build lock of ``root`` (``root/_build/.lmdepth-build.lock``; released when the process ends, however
+    it ends): two builds of one book would stage into the same folders, so a second one stops in one line."""
+    lock_path = root / "_build" / ".lmdepth-build.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LmDepthError(f"Another `lmdepth book` is building {root} now; wait for it to finish (its lock: "
+                               f"{lock_path}).") from None
+        yield
+
+
 def build_book(profile: str = "default", force: bool = False, html: bool = True,
                only: Sequence[str] | None = None) -> None:
-    """Execute the changed chapters of ``profile`` into :func:`build_root` and render its HTML there."""
+    """Execute the changed chapters of ``profile`` into :func:`build_root` and render its HTML there (one build of a
+    root at a time: :func:`one_build`)."""
+    with one_build(build_root(profile)):
+        _build_book(profile, force, html, only)
+
+
+def _build_book(profile: str, force: bool, html: bool, only: Sequence[str] | None) -> None:
     t0 = time.time()
     root = build_root(profile)
     if root != REPO_ROOT:
