@@ -566,3 +566,32 @@ def test_a_second_book_build_of_the_same_root_stops_in_one_line(tmp_path, monkey
         assert ran == []
     build.build_book("default", html=False)
     assert len(ran) == 1
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("ending", ["fails", "completes"])
+def test_an_executing_chapter_is_named_running_and_only_a_failed_one_is_kept_as_failed(ending, tmp_path,
+                                                                                        monkeypatch):
+    """While papermill runs, the page is ``<stem>.running.ipynb`` (never ``.failed`` for a run in progress); a cell
+    error keeps it as ``.failed.ipynb``; a finished run lands at its name and leaves neither."""
+    import papermill
+
+    from lmdepth.book import chapters
+
+    src = tmp_path / "probe.py"
+    seen = tmp_path / "seen.txt"
+    header = "# ---\n# jupyter:\n#   kernelspec:\n#     display_name: Python 3\n#     language: python\n#     name: python3\n# ---\n\n"
+    src.write_text(header + '# %% tags=["parameters"]\nx: int = 1\n\n# %%\nimport pathlib\n'
+                   f'pathlib.Path({str(seen)!r}).write_text(" ".join(p.name for p in pathlib.Path({str(tmp_path / "out")!r}).iterdir()))\n'
+                   + ("raise ValueError('boom')\n" if ending == "fails" else ""))
+    monkeypatch.setitem(chapters.CHAPTERS, "probe", "probe")
+    monkeypatch.setattr(chapters, "chapter_source", lambda chapter: src)
+    out = tmp_path / "out" / "probe.ipynb"
+    if ending == "fails":
+        with pytest.raises(papermill.PapermillExecutionError):
+            chapters.execute_chapter("probe", {}, out, cwd=tmp_path)
+        assert sorted(p.name for p in out.parent.iterdir()) == ["probe.failed.ipynb"]
+    else:
+        assert chapters.execute_chapter("probe", {}, out, cwd=tmp_path) == out
+        assert sorted(p.name for p in out.parent.iterdir()) == ["probe.ipynb"]
+    assert seen.read_text() == "probe.running.ipynb"  # what a reader saw while it ran

@@ -310,6 +310,9 @@ def execute_chapter(
 ) -> Path:
     """Execute a chapter with papermill into ``output`` (written atomically: only a finished run lands there).
 
+    While it runs, the notebook is written beside ``output`` with the suffix ``.running.ipynb``; an interrupted or
+    otherwise broken run removes it (a cut notebook is nothing to inspect).
+
     Raises:
         papermill.PapermillExecutionError: a cell failed; the failed notebook is kept at ``output`` with the
             suffix ``.failed.ipynb`` for inspection.
@@ -326,17 +329,24 @@ def execute_chapter(
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / f"{CHAPTERS[chapter]}.ipynb"
         nbformat.write(nb, src)
-        partial = output.with_name(output.stem + ".failed.ipynb")
+        partial = output.with_name(output.stem + ".running.ipynb")
         try:
             papermill.execute_notebook(str(src), str(partial), parameters=params, cwd=str(cwd or REPO_ROOT),
                                        kernel_name="python3", log_output=log_output, progress_bar=progress_bar,
                                        kernel_manager_class=QuietKernelManager)
+        except papermill.PapermillExecutionError:
+            if partial.exists():
+                os.replace(partial, output.with_name(output.stem + ".failed.ipynb"))  # kept for inspection
+            raise
         except OSError as e:
+            partial.unlink(missing_ok=True)  # a cut notebook is not a failed run to inspect
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            partial.unlink(missing_ok=True)  # a cut notebook is not a failed run to inspect
             raise StorageFull(f"The disk filled while the executed notebook {partial} was written ({e.strerror}): "
                               f"free space under {output.parent} (or pass another results folder) and run the same "
                               "command again; every finished unit of the computation is checkpointed.") from None
+        except BaseException:  # interrupted (Ctrl-C, a signal) or broken: no half-written page is left behind
+            partial.unlink(missing_ok=True)
+            raise
         os.replace(partial, output)
     return output
