@@ -155,3 +155,27 @@ def test_book_builds_announce_nothing(monkeypatch, capsys):
     monkeypatch.setenv("LMDEPTH_BOOK_BUILD", "1")
     cost.announce_cost("skipping", _defaults("skipping") | {"n_examples": 40, "results_dir": str(Path("/nowhere"))})
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.unit
+def test_every_committed_sidecar_carries_its_digest_and_an_edit_of_one_is_damage(tmp_path):
+    """The stored runs' sidecars were sealed once (scripts/seal_sidecars.py): an edited sample size in one is then
+    damage, not a stored run that passes."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from lmdepth.results import damage
+    from lmdepth.runtime import REPO_ROOT
+
+    check = subprocess.run([sys.executable, "scripts/seal_sidecars.py", "results", "--check"], cwd=REPO_ROOT,
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    run = next(p.parent for p in sorted((REPO_ROOT / "results" / "residual_stream").rglob("meta.json")))
+    copy = shutil.copytree(run, tmp_path / run.name)
+    assert damage(copy) is None
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["data"]["n"] = 2  # what a careless edit would do
+    (copy / "meta.json").write_text(json.dumps(meta, indent=2))
+    assert "digest does not match" in damage(copy)
