@@ -174,6 +174,36 @@ def test_with_html_charts_set_a_chart_is_the_html_snippet_alone(monkeypatch):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("port", [-1, 0, 70000])
+def test_a_port_out_of_range_is_refused_in_one_line_before_anything_starts(port, monkeypatch):
+    import tempfile
+
+    from lmdepth.book import cli, explore_app
+
+    monkeypatch.setattr(explore_app, "require_voila", lambda: None)
+    before = set(Path(tempfile.gettempdir()).glob("lmdepth-explore-*"))
+    assert cli.main(["explore", "--port", str(port)]) == 2
+    assert set(Path(tempfile.gettempdir()).glob("lmdepth-explore-*")) == before  # no folder left
+
+
+@pytest.mark.unit
+def test_a_taken_port_is_refused_instead_of_serving_another_one():
+    import socket
+
+    from lmdepth.book.explore_app import check_port, voila_command
+    from lmdepth.errors import ParameterError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ParameterError, match=f"port {port} on 127.0.0.1 is not free"):
+            check_port(port)
+    assert check_port(port) == port  # free again
+    assert "--ServerApp.port_retries=0" in voila_command(Path("x.ipynb"), port)  # Voilà never moves elsewhere
+
+
+@pytest.mark.unit
 def test_without_voila_the_command_says_what_to_install(monkeypatch):
     import importlib.util
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from lmdepth.book.chapters import chapter_source, check_parameters
 from lmdepth.charts.vega_offline import BUNDLE_NAME, HTML_ONLY_ENV, write_vega_bundle
-from lmdepth.errors import MissingPackageError
+from lmdepth.errors import MissingPackageError, ParameterError
 
 #: The chapter the app serves.
 CHAPTER = "explorer"
@@ -119,10 +119,38 @@ def prepare(folder: Path, params: Mapping[str, Any]) -> Path:
     return path
 
 
+def check_port(port: int) -> int:
+    """``port`` if the explorer can serve on it: 1–65535 and free on 127.0.0.1 (:class:`~lmdepth.errors.ParameterError`
+    in one line otherwise, before anything starts; Voilà is told not to move to another port, so the address printed
+    is the address served)."""
+    import socket
+
+    if not 1 <= int(port) <= 65535:
+        raise ParameterError(f"--port must be between 1 and 65535, got {port}.")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", int(port)))
+        except OSError as e:
+            raise ParameterError(f"port {port} on 127.0.0.1 is not free ({e.strerror}): pass another --port.") from None
+    return int(port)
+
+
+def _die_with_parent() -> None:
+    """In the server's process (Linux): end when the process that started it ends, however it ends (a SIGKILL of
+    ``lmdepth explore`` must not leave the server holding the port)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the signal handlers of serve() remain
+        pass
+
+
 def voila_command(notebook: Path, port: int, open_browser: bool = False) -> list[str]:
-    """The Voilà command line serving ``notebook`` on 127.0.0.1:``port`` without :data:`DENIED_EXTENSIONS`, with
-    the template of :func:`prepare` and the code cells hidden."""
+    """The Voilà command line serving ``notebook`` on 127.0.0.1:``port`` (never another port) without
+    :data:`DENIED_EXTENSIONS`, with the template of :func:`prepare` and the code cells hidden."""
     return [sys.executable, "-m", "voila", str(notebook), f"--port={port}", "--Voila.ip=127.0.0.1",
+            "--ServerApp.port_retries=0",
             f"--template={TEMPLATE}", "--strip_sources=True",
             *(f"--VoilaConfiguration.extension_denylist={name}" for name in DENIED_EXTENSIONS),
             *([] if open_browser else ["--no-browser"])]
@@ -140,6 +168,7 @@ def environment(folder: Path) -> dict[str, str]:
 def serve(params: Mapping[str, Any], port: int = 8866, open_browser: bool = False) -> int:
     """Serve the explorer until Ctrl-C (the server then shuts its kernel down); returns Voilà's exit status."""
     require_voila()
+    port = check_port(port)
     with tempfile.TemporaryDirectory(prefix="lmdepth-explore-") as tmp:
         folder = Path(tmp)
         notebook = prepare(folder, params)
@@ -150,8 +179,10 @@ def serve(params: Mapping[str, Any], port: int = 8866, open_browser: bool = Fals
         # Its own session: Ctrl-C reaches only this process (Voilà would ask on the terminal whether to stop, or
         # ignore SIGINT when started in the background); Ctrl-C or SIGTERM here sends it SIGTERM, on which it shuts
         # its kernel down and exits, and the folder is removed.
-        server = subprocess.Popen(cmd, cwd=folder, env=environment(folder), start_new_session=True)
-        previous = signal.signal(signal.SIGTERM, lambda *_: server.terminate())
+        server = subprocess.Popen(cmd, cwd=folder, env=environment(folder), start_new_session=True,
+                                  preexec_fn=_die_with_parent)
+        # SIGTERM, or SIGHUP (the terminal closed), stops the server the same way
+        previous = {sig: signal.signal(sig, lambda *_: server.terminate()) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
             return server.wait()
         except KeyboardInterrupt:
@@ -162,8 +193,9 @@ def serve(params: Mapping[str, Any], port: int = 8866, open_browser: bool = Fals
                 server.kill()
             return 130
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 __all__ = ["CHAPTER", "REQUIREMENTS", "DENIED_EXTENSIONS", "TEMPLATE", "TEMPLATE_INDEX", "require_voila", "plain_roles",
-           "prepare", "voila_command", "environment", "serve"]
+           "prepare", "check_port", "voila_command", "environment", "serve"]
