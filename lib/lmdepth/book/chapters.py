@@ -29,7 +29,7 @@ from lmdepth.analyses.skipping import SkipParams
 from lmdepth.data.datasets import NAMED_DATASETS, user_examples
 from lmdepth.errors import MissingPackageError, ParameterError, StorageFull
 from lmdepth.model.ndif import preflight
-from lmdepth.model.registry import check_weight_files, current_weights_id
+from lmdepth.model.registry import check_model_files, check_weight_files, current_weights_id
 from lmdepth.params import CommonParams, Params, check_device, check_remote, check_results_dir, check_type
 from lmdepth.runtime import REPO_ROOT
 from lmdepth.traces.remote import NOT_REMOTE
@@ -223,6 +223,8 @@ def _check_models(model: str, out: dict[str, Any]) -> None:
         preflight(model)  # an API key, the network, the model hosted, matching versions: before a kernel starts
     for m in [model, *out.get("compare_models", [])]:  # a typo in the last model stops here, not after hours
         if isinstance(m, str) and Path(m).expanduser().is_dir():
+            if (Path(m).expanduser() / "config.json").exists():  # without one, the name's resolution says so below
+                check_model_files(m)  # weights and a tokenizer: a folder with a config alone stops here
             check_weight_files(m)  # a cut weights file, named before a kernel starts (and before it is hashed)
         current_weights_id(m, remote=out.get("remote", False))
 

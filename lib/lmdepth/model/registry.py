@@ -57,6 +57,28 @@ def check_cache_writable() -> Path:
     return d
 
 
+#: What a model directory must hold besides config.json: weights in one of transformers' layouts, and a tokenizer.
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_model_files(path: str | Path) -> None:
+    """A model directory holds weights and a tokenizer (config.json is checked where the name is resolved), so a
+    folder with only a config is named before a kernel starts, not by transformers after a minute.
+
+    Raises:
+        UnknownModelError: naming what is missing.
+    """
+    path = Path(path).expanduser()
+    missing = [what for what, found in (
+        ("weights (*.safetensors or pytorch_model*.bin)", any(any(path.glob(p)) for p in WEIGHT_PATTERNS)),
+        ("a tokenizer (tokenizer.json, tokenizer.model or vocab.json)",
+         any((path / f).exists() for f in TOKENIZER_FILES))) if not found]
+    if missing:
+        raise UnknownModelError(f"{str(path)!r} is not a complete model directory: it has no {' and no '.join(missing)}. "
+                                "Save the model with `model.save_pretrained(dir)` and `tokenizer.save_pretrained(dir)`.")
+
+
 def check_weight_files(path: str | Path) -> None:
     """Every ``*.safetensors`` file of a model directory opens (its header is whole and the file as long as it says),
     so a cut copy is named before loading, not by a deserialising error without a file name.
