@@ -352,3 +352,20 @@ def test_the_repeatable_spread_sees_what_problems_repeat_across_seeds_and_not_se
                         runs=(MA, TA, MU, TU))
     row = report.check("moeut", noisy, [sc.SUBJECT], only=["moeut.input_dependent"]).iloc[0]
     assert row.control_kind == "permutation" and row.counted_as != "agrees"
+
+
+@pytest.mark.unit
+def test_the_input_dependence_row_waits_for_five_shared_seeds_and_the_seed_test_power_is_exact():
+    """Its interval cannot resample seeds, so it decides only over the 5 seeds its sibling rows need; and the
+    detectable shift of a 5-seed test is the exact one (every seed beyond: ~1.7 seed sd for 80 %), not the normal
+    approximation's ~1.1."""
+    from lmdepth.claims.spec import _seed_power
+
+    def own(run, sd, ops, rng):
+        return 0.5 + (0.1 * np.random.default_rng(ops * 1000 + sd).normal() if run == MA else 0.0)
+
+    t = depth_table(own, runs=(MA, TA, MU, TU))
+    row = report.check("moeut", t[t.train_seed < 4], [sc.SUBJECT], only=["moeut.input_dependent"]).iloc[0]
+    assert row.state == "not testable" and "4 seeds shared by the pair, 5 needed" in row.reason
+    power = _seed_power(np.array([1.11, 1.71]), 5)
+    assert power[0] < 0.6 and 0.75 < power[1] < 0.86

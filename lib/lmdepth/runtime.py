@@ -49,6 +49,11 @@ def resolve_device(device: str) -> str:
         raise ParameterError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}.") from None
     if kind == "cuda" and not torch.cuda.is_available():
         raise ParameterError(f"device {device!r}: this machine has no CUDA GPU; use 'cpu' or 'auto'.")
+    index = torch.device(device).index
+    if kind == "cuda" and index is not None and index >= torch.cuda.device_count():
+        raise ParameterError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s).")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ParameterError(f"device {device!r}: MPS is not available here; use 'cpu' or 'auto'.")
     return device
 
 
@@ -68,7 +73,8 @@ def progress(items: Iterable[T], desc: str, total: int | None = None) -> Iterato
 #: What the book build itself writes: changes there do not make the code that computed a page differ from HEAD.
 BUILD_OUTPUTS = ("book/", "results/")
 #: The state of a training run in progress (its resume checkpoint, committed to carry it across sessions): it moves
-#: while the run trains and is read by no page, so it does not make a page's commit dirty either.
+#: while the run trains, and a page reads only its step (chapter 07's table of runs), so it does not make a page's
+#: commit dirty either.
 RUN_STATE_FILES = ("ckpt.pt",)
 
 

@@ -202,7 +202,7 @@ def run_state(cfg: TrainConfig, checkpoint_dir: str | Path) -> tuple[str, int, P
         return ("finished", cfg.steps, path) if readable(path) else (f"damaged ({path} is cut or empty)", 0, None)
     if (folder / "ckpt.pt").is_file():
         if not readable(folder / "ckpt.pt"):
-            return "training (its checkpoint is damaged: the next run starts again)", 0, None
+            return "training (its checkpoint is damaged: see train_run)", 0, None
         return "training", int(safe_load(folder / "ckpt.pt")["step"]), None
     return "not trained", 0, None
 

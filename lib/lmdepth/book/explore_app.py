@@ -128,6 +128,7 @@ def check_port(port: int) -> int:
     if not 1 <= int(port) <= 65535:
         raise ParameterError(f"--port must be between 1 and 65535, got {port}.")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a TIME_WAIT port is free
         try:
             probe.bind(("127.0.0.1", int(port)))
         except OSError as e:

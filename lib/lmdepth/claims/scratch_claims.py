@@ -447,6 +447,26 @@ _REPEATABLE_NOTE = ("2026-12-01: the spread is the repeatable one (the mean cova
                     "(+0.013 [0.009, 0.022] over 4 seeds) and after a problem's depth was seen to repeat weakly "
                     "across seeds (r ≈ 0.22), because the old spread was mostly seed-to-seed variation. The seeds are "
                     "not resampled: the statistic needs pairs of them; the interval resamples problems.")
+#: The seeds the input-dependence row needs: as many as the other pair rows need to decide (its interval cannot
+#: resample seeds, so it must not decide on fewer than they can).
+PAIR_DECIDING_SEEDS = 5
+_FIVE_SEEDS_NOTE = ("2026-12-01 (later): decided only over 5 shared seeds, the fewest with which the other pair rows "
+                    "can decide (its interval resamples problems, not seeds, and its null tests that no problem's "
+                    "depth repeats, not that MoEUT's repeats more than the Transformer's); set after its 4-seed row "
+                    "had read 'agrees' (+0.0122 [+0.0060, +0.0168]), on a review that found the row weaker than its "
+                    "siblings.")
+
+
+def _five_shared_seeds(units: pd.DataFrame, model: str) -> tuple[bool, str]:
+    """Every pair row's competence precondition, and :data:`PAIR_DECIDING_SEEDS` seeds shared by the pair."""
+    ok, why = competent_seeds(PAIR)(units, model)
+    shared = shared_seeds(units[units.run.isin(PAIR)]).train_seed.nunique() if units.run.isin(PAIR).any() else 0
+    if shared < PAIR_DECIDING_SEEDS:
+        why = "; ".join(w for w in (why, f"{shared} seeds shared by the pair, {PAIR_DECIDING_SEEDS} needed") if w)
+        return False, why
+    return ok, why
+
+
 _BEYOND = ("minus the same difference of the two architectures' untrained twins (seed s: the weights run s started "
            "from), so the row counts what training adds beyond the architecture")
 
@@ -511,8 +531,8 @@ DEPTH_CLAIMS: tuple[ClaimSpec, ...] = (
                   "same problems: what the problem decides, free of seed noise), MoEUT − Transformer, question not "
                   f"modelled, on the problems and seeds of the rows above, {_BEYOND}",
         values=spread_values("depth_layer"), reduce=_repeatable_beyond_architecture, seeds=False,
-        null=seeds_alone, control=SEEDS_ALONE,
-        history=_DEPTH_HISTORY + (_ARCHITECTURE_NOTE, _REPEATABLE_NOTE),
+        null=seeds_alone, control=SEEDS_ALONE, precondition=_five_shared_seeds,
+        history=_DEPTH_HISTORY + (_ARCHITECTURE_NOTE, _REPEATABLE_NOTE, _FIVE_SEEDS_NOTE),
     ),
     _depth_claim(
         id="moeut.finetuned_flat", figure="§5, appendix",

@@ -22,7 +22,9 @@ Design rules (each checked by ``tests/test_chains.py`` with the independent solv
 * every variable is assigned before it is used (each chain in order, the chains interleaved at random);
 * every chain ends in its own digit (distinct in a question), so the answer digit occurs once and a model cannot
   answer by picking "the" digit: it must find which chain the query belongs to;
-* distractor chains have 1 … 4 hops, so a chain's length does not tell the query's chain apart;
+* distractor chains have 1 … 4 hops (for k ≥ 5 the queried chain is the only longer one, which does not give its
+  digit away: finding its end still takes k lookups); longer queried chains leave fewer other chains, so guessing
+  among the digits present gets easier with k (about 20 % at k = 1, 35 % at k = 6, 42 % at k = 8);
 * the variables are distinct lowercase letters, the answer digit uniform;
 * the sampler uses the global ``random`` (seeded per split by :func:`lmdepth.data.dm_math.generate_split`, as the
   arithmetic modules are), so the same data key always gives the same problems.

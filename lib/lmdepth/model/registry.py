@@ -59,7 +59,7 @@ def check_cache_writable() -> Path:
 
 #: What a model directory must hold besides config.json: weights in one of transformers' layouts, and a tokenizer.
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # a tokenizer_config.json alone is not one
 
 
 def check_model_files(path: str | Path) -> None:

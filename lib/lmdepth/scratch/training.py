@@ -467,10 +467,10 @@ def train_run(
             long run over several calls; the next call resumes).
         progress: show a text progress bar with the running loss (off when ``LMDEPTH_PROGRESS=0``).
         device: ``"cpu"`` or ``"cuda"``.
-        on_snapshot, snapshot_every: called at step 0 and every ``snapshot_every`` steps (the last included), outside
-            the run's timed training; it must leave every RNG untouched (an evaluation does), so that the weights
-            are those of a run without snapshots. A resumed run calls it again at the step it resumes from (a
-            writer that keeps what it has already written makes that free).
+        on_snapshot, snapshot_every: called at step 0 and at every multiple of ``snapshot_every`` steps (the last
+            step too when ``steps`` is a multiple), outside the run's timed training; it must leave every RNG
+            untouched (an evaluation does), so that the weights are those of a run without snapshots. A run resumed
+            at a multiple calls it again there (a writer that keeps what it has already written makes that free).
 
     Returns:
         The path of the finished ``model.pt``, or None if the call stopped before the last step.
