@@ -613,8 +613,8 @@ def untrained_depths(data: MathData, n_per_operations: int, seed: int, results_d
     """
     sample = depth_sample(data, n_per_operations, seed)
     tok = CharTokenizer()
-    twins = [(arch, sd, matched) for arch in ARCHS for sd in seeds
-             for matched in [c for c in matched_configs(profile) if c.arch == arch and c.seed == sd][:1]]
+    recipe = {(c.arch, c.seed): c for c in matched_configs(profile)}  # either objective: the same initialisation
+    twins = [(arch, sd, recipe[arch, sd]) for arch in ARCHS for sd in seeds if (arch, sd) in recipe]
     stores = {(arch, sd): RunStore(results_dir, "dm_math_depth", f"{arch}-untrained-seed{sd}",
                                    {"n_per_operations": n_per_operations, "seed": seed, "model": cfg.model,
                                     "init_seed": sd, "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS},

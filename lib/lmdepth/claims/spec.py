@@ -35,6 +35,7 @@ from lmdepth.metrics.verdicts import (
     paired_interval,
     permutation_null,
     seed_sign_flip,
+    sign_patterns,
 )
 from lmdepth.model.random_init import control_name
 
@@ -401,7 +402,7 @@ def _seed_power(shift_sd: np.ndarray, n: int, draws: int = 4000) -> np.ndarray:
     when each seed's statistic lies ``shift_sd`` seed standard deviations beyond the threshold (normal seeds;
     simulated, seeded): [len(shift_sd)]."""
     z = np.random.default_rng(0).standard_normal((draws, n))
-    signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)  # [2^n, n]
+    signs = sign_patterns(n)  # [2^n, n]
     out = []
     for shift in shift_sd:
         d = z + shift  # [draws, n]

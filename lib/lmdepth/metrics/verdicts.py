@@ -286,6 +286,11 @@ class SeedTest:
         return bool(np.isfinite(self.p_value) and self.p_value <= SEED_ALPHA)
 
 
+def sign_patterns(n: int) -> np.ndarray:
+    """[2^n, n] every pattern of ±1 over n seeds (the sign-flip test's null distribution)."""
+    return 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+
+
 def seed_sign_flip(per_seed: Sequence[float], rule: Rule) -> SeedTest:
     """:class:`SeedTest` of the per-seed statistics against ``rule``'s threshold, on the paper's side (a 'between'
     rule has no side: NaN)."""
@@ -295,7 +300,7 @@ def seed_sign_flip(per_seed: Sequence[float], rule: Rule) -> SeedTest:
     if rule.side == "between" or not n or not np.isfinite(x).all():
         return SeedTest(tuple(map(float, x)), float("nan"), floor, n)
     d = (x - rule.threshold) * (1.0 if rule.side == "above" else -1.0)  # positive = the paper's side
-    signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)  # [2^n, n]: every sign pattern
+    signs = sign_patterns(n)
     p = float(np.mean((signs * d).mean(1) >= d.mean() - 1e-12))
     return SeedTest(tuple(map(float, x)), p, floor, n)
 
