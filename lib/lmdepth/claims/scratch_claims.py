@@ -501,7 +501,13 @@ DEPTH_CLAIMS: tuple[ClaimSpec, ...] = (
                  "shuffled, so a line could use a variable assigned later, which a causal model cannot resolve where "
                  "it stands); the first design's seed 0 had not learned it (23 % exact match at step 9,000 of 30,000, "
                  "about what guessing among the digits present scores); changed before any depth of a chain run was "
-                 "measured, the recipe, δ and the rule unchanged."),
+                 "measured, the recipe, δ and the rule unchanged.",
+                 "2026-12-02: each question holds a twin of the queried chain (same k hops, another digit) and "
+                 "one-hop fillers, 14 assignments (was: distractor chains of 1 … 4 hops among 10, so for k ≥ 5 the "
+                 "queried chain was the longest); the second design's seed 0 had learned to answer the longest "
+                 "chain's or the first digit, not to follow the query (loss flat from step 500 to 15,500; 4 of 60 "
+                 "right at k = 1). Changed before any depth of a chain run was measured; recipe, δ and rule "
+                 "unchanged, the extrapolation split k = 7 (was 7, 8)."),
     ),
     _depth_claim(
         id="moeut.deeper_than_transformer", figure="§5, Fig. 9",

@@ -9,22 +9,31 @@ pass) does not force, and what a depth score that can see sequential depth shoul
 
 Each chain is written in the order it is defined (a variable is assigned before it is used; the chains' lines are
 interleaved at random), so a model reading left to right can resolve every assignment where it stands, one hop
-per step of depth. The first design shuffled all lines, so a line could use a variable assigned only later: under
-a causal mask such a line cannot be resolved where it stands, and every lookup had to run at the query. It was not
-learned — seed 0 stood at 23 % exact match at step 9,000 of 30,000, where guessing among the digits present
-scores about 25 % — and was replaced on 2026-12-01, before any depth of a chain run was measured (:data:`ORDER`
-is part of the data's key).
+per step of depth. Every question holds two chains of exactly k hops, the queried one and its twin, ending in two
+different digits; the rest of its lines are one-hop fillers (``x=5``). Nothing but following the query tells the
+two long chains apart: their lengths are equal and where their lines stand is random.
+
+Two earlier designs were not learned and were replaced before any depth of a chain run was measured (the design
+is part of the data's key, :data:`DESIGN`):
+
+* 2026-12-01, "shuffled": every line shuffled, so a line could use a variable assigned only later, which a causal
+  model cannot resolve where it stands. Seed 0 stood at 23 % exact match at step 9,000 of 30,000, about what
+  guessing among the digits present scores.
+* 2026-12-02, "distractors of 1 … 4 hops": the queried chain among distractor chains of 1 … 4 hops. For k ≥ 5 the
+  queried chain was the longest, and a longer chain tends to own the first line: seed 0 learned to answer the
+  first digit of the question or the longest chain's, not to follow the query (its loss flat from step 500 to
+  15,500; at step 15,500 on 60 fresh questions per k, k = 1: 4 right, 21 the first digit; k = 8: 49 right, all 49
+  the longest chain's digit). The twin removes both cues: the longest chains are two, and either may come first.
 
 Design rules (each checked by ``tests/test_chains.py`` with the independent solver :func:`hops`):
 
-* every question has :data:`STATEMENTS` assignments whatever k (distractor chains fill up), so its length does not
+* every question has :data:`STATEMENTS` assignments whatever k (fillers make up the rest), so its length does not
   change with k;
 * every variable is assigned before it is used (each chain in order, the chains interleaved at random);
-* every chain ends in its own digit (distinct in a question), so the answer digit occurs once and a model cannot
-  answer by picking "the" digit: it must find which chain the query belongs to;
-* distractor chains have 1 … 4 hops (for k ≥ 5 the queried chain is the only longer one, which does not give its
-  digit away: finding its end still takes k lookups); longer queried chains leave fewer other chains, so guessing
-  among the digits present gets easier with k (about 20 % at k = 1, 35 % at k = 6, 42 % at k = 8);
+* the queried chain and its twin end in two digits that occur nowhere else in the question, so a model cannot
+  answer by picking "the" digit; the fillers draw from the other eight digits (repeats allowed);
+* guessing: for k ≥ 2 the two longest chains are the candidates (50 %); for k = 1 every line is a one-hop chain
+  and only the lookup finds the answer among the digits present;
 * the variables are distinct lowercase letters, the answer digit uniform;
 * the sampler uses the global ``random`` (seeded per split by :func:`lmdepth.data.dm_math.generate_split`, as the
   arithmetic modules are), so the same data key always gives the same problems.
@@ -40,14 +49,13 @@ from typing import Any
 
 from lmdepth.errors import DataError
 
-STATEMENTS = 10  # assignments per question
-MAX_DISTRACTOR_HOPS = 4
+STATEMENTS = 14  # assignments per question: two chains of the longest k (7, the extrapolation split) fill it
 #: This book's chain modules (the data's ``modules``) and their settings: the hop counts of each split. Training and
-#: the interpolation split draw k = 1 … 6; the extrapolation split k = 7, 8 (longer than anything in training).
-ORDER = "defined before used"  # see the module docstring (the first design: "shuffled")
+#: the interpolation split draw k = 1 … 6; the extrapolation split k = 7 (longer than anything in training).
+DESIGN = "twin chains, defined before used"  # see the module docstring for the two designs before it
 CHAIN_MODULES = {
-    "pointer_chain": dict(hops=(1, 2, 3, 4, 5, 6), statements=STATEMENTS, order=ORDER),
-    "pointer_chain_longer": dict(hops=(7, 8), statements=STATEMENTS, order=ORDER),
+    "pointer_chain": dict(hops=(1, 2, 3, 4, 5, 6), statements=STATEMENTS, design=DESIGN),
+    "pointer_chain_longer": dict(hops=(7,), statements=STATEMENTS, design=DESIGN),
 }
 CHAIN_EXTRAPOLATE = {"pointer_chain": "pointer_chain_longer"}
 _ASSIGN = re.compile(r"([a-z])=([a-z0-9])")
@@ -62,26 +70,16 @@ class ChainProblem:
     answer: int
 
 
-def _partition(n: int, rng: random.Random) -> list[int]:
-    """``n`` split into chain lengths of 1 … :data:`MAX_DISTRACTOR_HOPS`."""
-    out = []
-    while n:
-        out.append(rng.randint(1, min(n, MAX_DISTRACTOR_HOPS)))
-        n -= out[-1]
-    return out
-
-
 def chain_question(k: int, rng: random.Random, statements: int = STATEMENTS) -> ChainProblem:
-    """One question whose queried chain has ``k`` hops, among distractor chains, ``statements`` assignments in all."""
-    if not 1 <= k <= statements:
-        raise DataError(f"a chain of {k} hops does not fit {statements} assignments")
-    lengths = [k] + _partition(statements - k, rng)
-    if len(lengths) > 10:
-        raise DataError(f"{len(lengths)} chains need distinct digits; there are 10")
+    """One question whose queried chain has ``k`` hops, beside a twin of ``k`` hops and one-hop fillers,
+    ``statements`` assignments in all."""
+    if not 1 <= 2 * k <= statements:
+        raise DataError(f"two chains of {k} hops do not fit {statements} assignments")
     names = rng.sample(string.ascii_lowercase, statements)
-    digits = rng.sample(string.digits, len(lengths))
+    answer, twin, *others = rng.sample(string.digits, 10)
+    fillers = [rng.choice(others) for _ in range(statements - 2 * k)]
     chains, at = [], 0
-    for length, digit in zip(lengths, digits):
+    for length, digit in zip([k, k] + [1] * len(fillers), [answer, twin] + fillers):
         chain = names[at: at + length]  # chain[0] = digit, chain[i] = chain[i-1]
         at += length
         chains.append([f"{chain[0]}={digit}"] + [f"{chain[i]}={chain[i - 1]}" for i in range(1, length)])
@@ -93,14 +91,14 @@ def chain_question(k: int, rng: random.Random, statements: int = STATEMENTS) -> 
     for c in slots:
         lines.append(chains[c][nxt[c]])
         nxt[c] += 1
-    return ChainProblem(";".join(lines) + f". What is {names[k - 1]}?", int(digits[0]))
+    return ChainProblem(";".join(lines) + f". What is {names[k - 1]}?", int(answer))
 
 
-def chain_sampler(hops: tuple[int, ...], statements: int = STATEMENTS, order: str = ORDER) -> Any:
+def chain_sampler(hops: tuple[int, ...], statements: int = STATEMENTS, design: str = DESIGN) -> Any:
     """A sampler of one module's questions (a hop count uniform in ``hops``), drawing from the global ``random``
-    (``order``: only :data:`ORDER` is generated; it is a parameter so that it enters the data's key)."""
-    if order != ORDER:
-        raise DataError(f"pointer chains are generated in the order {ORDER!r}, not {order!r}")
+    (``design``: only :data:`DESIGN` is generated; it is a parameter so that it enters the data's key)."""
+    if design != DESIGN:
+        raise DataError(f"pointer chains are generated in the design {DESIGN!r}, not {design!r}")
 
     def problem() -> ChainProblem:
         rng = random.Random(random.getrandbits(64))

@@ -441,7 +441,7 @@ CHAIN_READING = {
 
 def chain_accuracy_table(accuracy: pd.DataFrame) -> pd.DataFrame:
     """Exact match of each positive-control seed per number of hops (columns), interpolation split (1–6 hops)
-    and extrapolation split (7–8)."""
+    and extrapolation split (7)."""
     if accuracy.empty:
         return pd.DataFrame({"state": ["no positive-control run is finished yet"]})
     t = accuracy.assign(cell=accuracy.exact_match.map(lambda v: f"{v:.0%}"))
