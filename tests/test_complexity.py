@@ -331,7 +331,8 @@ def test_run_on_a_tiny_model_is_cached_and_resumable(tiny_dirs, tmp_path):
     assert len(s["items"]) == 4 and {x["level"] for x in s["levels"]} == {1, 3}
     assert all(x["correct"] in (0, 1) for x in s["items"])
     assert C.run(**kw).from_cache
-    assert r.meta["unit_compute_s"]["units"] == r.meta["unit_compute_s"]["timed"] == 4  # each item's own cost
+    cost = r.meta["unit_compute_s"]
+    assert cost["units"] == cost["timed"] == cost["cpu_timed"] == 4 and 0 < cost["cpu_total"]  # each item's own cost
     bigger = C.run(**{**kw, "n_per_level": 3})  # reuses the 4 items already computed
     assert len(bigger.meta["summary"]["items"]) == 6 and bigger.meta["unit_compute_s"]["timed"] == 6
     frame = C.summary_frame({("tiny", "vars"): bigger}, "levels")

@@ -60,6 +60,42 @@ def test_the_build_cost_counts_each_run_once_by_its_units_or_else_its_wall_time(
     assert cost.machines == ("a CPU (2 torch threads)", "a GPU (H200)") and cost.measured is None
     assert chapter_minutes("skipping", [tmp_path / "none", tmp_path]) == (5.0, tmp_path)
     assert chapter_minutes("lens", [tmp_path]) is None and build_cost(tmp_path, "paper").total_min == 0
+    assert cost.cpu_share == 0.0 and "(wall time)" in cost.sentence()
+
+
+@pytest.mark.unit
+def test_the_build_cost_prefers_the_units_cpu_time(tmp_path):
+    """A run whose every unit kept its CPU seconds counts those (a loaded machine inflates the wall time); a run
+    with only some units' CPU seconds falls back to its units' wall seconds."""
+    both = run(tmp_path, "residual_stream", "m", "a", {"total": 600.0, "units": 4, "timed": 4, "cpu_total": 120.0,
+                                                       "cpu_timed": 4})
+    part = run(tmp_path, "layer_skipping", "m", "b", {"total": 180.0, "units": 4, "timed": 4, "cpu_total": 30.0,
+                                                      "cpu_timed": 1})
+    record = tmp_path / "book" / "default"
+    for chapter, path in {"norms": both, "skipping": part}.items():
+        (record / chapter).mkdir(parents=True)
+        (record / chapter / "runs.jsonl").write_text(json.dumps({"path": path}) + "\n")
+    cost = build_cost(tmp_path)
+    assert cost.minutes == {"norms": 2.0, "skipping": 3.0} and cost.cpu_share == pytest.approx(0.4)
+    assert "(40% of it CPU time, the rest wall time)" in cost.sentence()
+
+
+@pytest.mark.unit
+def test_a_unit_keeps_its_wall_and_cpu_seconds_and_the_sidecar_sums_them():
+    import time
+
+    from lmdepth.analyses.run import UnitClock, unit_cost
+
+    clock = UnitClock()
+    t_end = time.process_time() + 0.05
+    while time.process_time() < t_end:  # CPU work: counted in both clocks
+        pass
+    time.sleep(0.1)  # waiting: wall time only
+    item = clock.stamp({}, extra=(1.0, 0.5))
+    wall, cpu = float(item["_seconds"]), float(item["_cpu_seconds"])
+    assert wall >= 1.15 and 0.55 <= cpu < wall - 0.05
+    assert unit_cost([2.0, None, 1.0], [0.5, None, None]) == {"total": 3.0, "units": 3, "timed": 2,
+                                                               "cpu_total": 0.5, "cpu_timed": 1}
 
 
 @pytest.mark.unit

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from lmdepth.book import explore_app
+from lmdepth.book import explore_app, explore_server
 from lmdepth.book.defects import chromium_exe
 from lmdepth.charts import vega_offline
 from lmdepth.errors import LmDepthError
+from lmdepth.results import TMP_PREFIX
 from lmdepth.runtime import REPO_ROOT
 
 
@@ -128,7 +129,8 @@ def test_the_server_command_and_its_page_template(tmp_path):
     template keeps Voilà's lab page less its CDN stylesheets; the notebook carries the reader's parameters."""
     notebook = explore_app.prepare(tmp_path, {"prompt": "two plus two is", "skip_layer": 2})
     cmd = explore_app.voila_command(notebook, 9999)
-    assert cmd[1:4] == ["-m", "voila", str(notebook)] and "--Voila.ip=127.0.0.1" in cmd and "--no-browser" in cmd
+    assert cmd[1:4] == ["-m", explore_server.MODULE, str(notebook)] and "--Voila.ip=127.0.0.1" in cmd
+    assert "--no-browser" in cmd and f"--Voila.connection_dir_root={tmp_path}" in cmd  # Voilà's files in the folder
     assert "--VoilaConfiguration.extension_denylist=jupyterlab-jupytext" in cmd and "--strip_sources=True" in cmd
     template = tmp_path / "voila" / "templates" / explore_app.TEMPLATE
     assert json.loads((template / "conf.json").read_text()) == {"base_template": "lab"}
@@ -181,9 +183,10 @@ def test_a_port_out_of_range_is_refused_in_one_line_before_anything_starts(port,
     from lmdepth.book import cli, explore_app
 
     monkeypatch.setattr(explore_app, "require_voila", lambda: None)
-    before = set(Path(tempfile.gettempdir()).glob("lmdepth-explore-*"))
+    made = f"{TMP_PREFIX}{explore_server.FOLDER_LABEL}*"
+    before = set(Path(tempfile.gettempdir()).glob(made))
     assert cli.main(["explore", "--port", str(port)]) == 2
-    assert set(Path(tempfile.gettempdir()).glob("lmdepth-explore-*")) == before  # no folder left
+    assert set(Path(tempfile.gettempdir()).glob(made)) == before  # no folder left
 
 
 @pytest.mark.unit
@@ -201,6 +204,72 @@ def test_a_taken_port_is_refused_instead_of_serving_another_one():
             check_port(port)
     assert check_port(port) == port  # free again
     assert "--ServerApp.port_retries=0" in voila_command(Path("x.ipynb"), port)  # Voilà never moves elsewhere
+
+
+#: ``lmdepth explore``'s part in a process of its own: a marked temporary folder with a one-cell notebook, and the
+#: server started on it as :func:`lmdepth.book.explore_app.serve` starts it (:func:`explore_server.run`).
+EXPLORE_PARENT = """
+import os, sys
+import nbformat
+from lmdepth.book.explore_server import FOLDER_LABEL, MODULE, run
+from lmdepth.results import temp_dir
+
+folder = temp_dir(sys.argv[1], FOLDER_LABEL)
+notebook = folder / "explorer.ipynb"
+nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), notebook)
+print(folder, flush=True)
+run([sys.executable, "-m", MODULE, str(notebook), f"--port={sys.argv[2]}", "--Voila.ip=127.0.0.1", "--no-browser",
+     f"--Voila.connection_dir_root={folder}"], folder, os.environ)
+"""
+
+
+def _status(pid: int) -> dict[str, str]:
+    """/proc/<pid>/status as a mapping (empty once the process is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(sys.platform != "linux", reason="the server ends with its parent through Linux's PDEATHSIG")
+def test_a_sigkill_of_lmdepth_explore_leaves_no_server_and_no_folder(tmp_path):
+    """``lmdepth explore`` killed with SIGKILL: its server gets SIGTERM from Linux and removes the folder itself (its
+    maker is gone). It used to stay in /tmp with the notebook, the template and Voilà's connection files."""
+    parent = subprocess.Popen([sys.executable, "-c", EXPLORE_PARENT, str(tmp_path), str(_free_port())],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        folder = Path(parent.stdout.readline().strip())
+        assert folder.is_dir() and folder.name.startswith(TMP_PREFIX + explore_server.FOLDER_LABEL)
+        children = lambda: subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True,  # noqa: E731
+                                          text=True).stdout.split()
+        server = int(_wait(children, 30, 0.05)[0])
+        # killed once the server catches SIGTERM (from its first line on): a kill while it starts up counts too
+        assert _wait(lambda: int(_status(server).get("SigCgt", "0"), 16) >> (signal.SIGTERM - 1) & 1, 30, 0.05)
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
+    assert _wait(lambda: _status(server).get("State", "Z").startswith("Z"), 30, 0.1), "the server outlived it"
+    assert not folder.exists()
+
+
+@pytest.mark.unit
+def test_the_next_start_removes_the_folders_of_servers_killed_before_they_could(tmp_path):
+    """Both processes SIGKILLed leave the folder: the next start removes it once the process that made it is gone;
+    a running explorer's folder, and a user's folder of the same name without the marker, are kept."""
+    from lmdepth.results import TEMP_MARKER, temp_dir
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    left, running = temp_dir(tmp_path, explore_server.FOLDER_LABEL), temp_dir(tmp_path, explore_server.FOLDER_LABEL)
+    marker = json.loads((left / TEMP_MARKER).read_text())
+    (left / TEMP_MARKER).write_text(json.dumps({**marker, "pid": dead}))
+    mine = tmp_path / f"{TMP_PREFIX}{explore_server.FOLDER_LABEL}mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's")
+    assert explore_server.sweep(tmp_path) == [left]
+    assert not left.exists() and running.is_dir() and (mine / "notes.txt").is_file()
 
 
 @pytest.mark.unit
@@ -231,10 +300,10 @@ def test_a_typed_prompt_changes_what_the_live_explorer_draws(tmp_path):
                                   stderr=err, cwd=tmp_path)
     page, folder = None, None
     try:
-        named = _wait(lambda: re.search(r"voila (\S+)/explorer\.ipynb", log.read_text()), 60)
+        named = _wait(lambda: re.search(rf"{re.escape(explore_server.MODULE)} (\S+)/explorer\.ipynb", log.read_text()), 60)
         assert named, log.read_text()
         folder = Path(named[1])
-        assert folder.is_dir() and folder.name.startswith("lmdepth-explore-")
+        assert folder.is_dir() and folder.name.startswith(TMP_PREFIX + explore_server.FOLDER_LABEL)
         page = Page(Path(tempfile.mkdtemp(dir=tmp_path)))
         page.call("Page.navigate", url=f"http://127.0.0.1:{port}/")
         # the first page runs the notebook (model load, the static example): tens of seconds on 2 cores

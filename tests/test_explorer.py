@@ -99,6 +99,30 @@ def test_widget_runs_and_reports_bad_input(tiny_dirs, capsys):
     assert "position must be in" in capsys.readouterr().out
 
 
+def test_a_typed_lone_surrogate_is_one_line_in_the_app_not_the_last_output(tiny_dirs, capsys, monkeypatch):
+    """A browser sends half of an emoji as a lone surrogate. ipywidgets echoes every value it receives before setting
+    it, and the kernel's session cannot encode that echo (UTF-8): the value was dropped (the kernel logs the error),
+    so Run drew the previous prompt's output again and said nothing."""
+    import contextlib
+
+    ipywidgets = pytest.importorskip("ipywidgets", reason="the explorer widget needs ipywidgets")
+    from jupyter_client.session import json_packer
+
+    # every message a widget sends is packed as a kernel's session packs it
+    monkeypatch.setattr(ipywidgets.Widget, "_send", lambda self, msg, buffers=None: json_packer(msg))
+    text, row, _ = explorer.explorer_widget([str(tiny_dirs["llama"])], "ab cd ef", 1).children
+    run = row.children[3]
+    run.click()
+    assert "ConcatChart" in capsys.readouterr().out  # the first prompt's output
+    with contextlib.suppress(UnicodeEncodeError):  # a kernel logs an error of a comm message and goes on
+        text.set_state({"value": "ab \ud83d"})  # the browser's update of the prompt box
+    run.click()
+    out = capsys.readouterr().out
+    assert "\x1b[2K" in out  # the output area cleared (outside a kernel, clear_output writes this) …
+    shown = [line for line in out.replace("\x1b[2K", "").splitlines() if line.strip()]
+    assert len(shown) == 1 and shown[0].startswith("DataError: prompt holds \\ud83d, half of a UTF-16"), shown  # … one line
+
+
 def test_widget_in_a_live_kernel(tiny_dirs):
     """The explorer in a real Jupyter kernel: Run fills the Output widget with the charts and the token table, and
     bad input appears there as a message. nbclient acts as the front end and syncs the Output widget's state back

@@ -297,6 +297,10 @@ def test_the_book_build_checks_the_pages_it_keeps(tmp_path, monkeypatch):
     from lmdepth.book import build
 
     root, run = _book_record(tmp_path)
+    record, staging = root / "book" / "default" / "norms", tmp_path / "staging" / "norms"
+    staging.parent.mkdir()
+    os.rename(record, staging)
+    build._publish_record(staging, record)  # with its manifest, as a finished execution leaves it
     book = tmp_path / "book"
     book.mkdir()
     monkeypatch.setattr(build, "CHAPTERS", {"norms": "01_residual_norms"})
@@ -485,12 +489,67 @@ def test_the_findings_stop_in_one_line_when_a_verdict_file_is_not_whole(hurt, tm
     {"deleted": lambda: (verdicts / "smollm2-135m.csv").unlink(),
      "edited": lambda: (verdicts / "smollm2-135m.csv").write_text("claim,state\nnorms.a,refuted\n"),
      "added": lambda: (verdicts / "gemma3-270m.csv").write_text("claim,state\n")}[hurt]()
-    with pytest.raises(DataError, match=r"verdicts of chapter norms are not whole: .*(missing|changed|not written)"
+    with pytest.raises(DataError, match=r"record of chapter norms is not whole: .*(missing|changed|not written)"
                                         r".*lmdepth book --force --chapters norms") as e:
         build.write_findings_summary(book, root, "default")
     assert "\n" not in str(e.value) and not (book / "findings.md").exists()
     with pytest.raises(DataError, match="chapter norms"):  # the page that shows them is not "up to date" either
         build._execute_all("default", False, book, root, None)
+
+
+def test_a_chapter_without_its_manifest_stops_the_build_in_one_line(tmp_path, monkeypatch):
+    """The manifest deleted together with one of the verdict files it lists: the chapter was left unchecked, the build
+    exited 0 and the findings lost that file's rows."""
+    build, book, root = _one_chapter_build(tmp_path, monkeypatch, _chapter_writes("claim,state\nnorms.a,supported\n"))
+    build._execute_all("default", True, book, root, None)
+    record = root / "book" / "default" / "norms"
+    (record / "manifest.json").unlink()
+    (record / "verdicts" / "smollm2-135m.csv").unlink()
+    match = r"record of chapter norms is not whole: .*norms/manifest.json is missing.*lmdepth book --force --chapters norms"
+    with pytest.raises(DataError, match=match) as e:
+        build.write_findings_summary(book, root, "default")
+    assert "\n" not in str(e.value) and not (book / "findings.md").exists()
+    with pytest.raises(DataError, match=match):  # nor is its page "up to date"
+        build._execute_all("default", False, book, root, None)
+
+
+def test_a_run_cut_from_a_chapters_record_is_still_checked(tmp_path, monkeypatch):
+    """A page's run deleted together with its line of the record (runs.jsonl): the record check read that list only,
+    so the page stayed "up to date" with a run it shows gone."""
+    import shutil
+
+    from lmdepth.results import RECORD_RUNS
+
+    used = []
+
+    def execute(chapter, params, out, **k):  # a chapter that reads one run (recorded as a chapter's kernel does)
+        used.append(_job(root).execute(_compute([])).path)
+        _page(out.parent)
+
+    build, book, root = _one_chapter_build(tmp_path, monkeypatch, execute)
+    build._execute_all("default", True, book, root, None)
+    runs = root / "book" / "default" / "norms" / RECORD_RUNS
+    assert used and runs.read_text() and build._execute_all("default", False, book, root, None) == {}
+    shutil.rmtree(used[0])
+    runs.write_text("")
+    with pytest.raises(DataError, match=r"record of chapter norms is not whole: .*runs.jsonl was changed after"):
+        build._execute_all("default", False, book, root, None)
+
+
+def test_the_atlas_leaves_out_a_run_whose_sidecar_was_edited(tmp_path, capsys):
+    """An edited sample size in a run's sidecar (the atlas shows the sample beside every number): it was shown as the
+    run's, e.g. "200 gsm8k problems" for a 2-problem run."""
+    from lmdepth.analyses import atlas
+
+    root = tmp_path / "results"
+    run = _job(root).execute(_compute([])).path
+    assert [r.path for r in atlas.finished_runs(root, "toy")] == [run]
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "parameters": {"n": 300}}))
+    capsys.readouterr()
+    assert atlas.finished_runs(root, "toy") == []
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"the atlas leaves out {run}" in err[0] and "digest does not match" in err[0], err
 
 
 # ---- recompute never destroys before it replaces ------------------------------------------------------------------
@@ -713,6 +772,33 @@ def test_a_lone_surrogate_never_reaches_the_tokenizer():
         LoadedModel.encode(lm, "ok \udc80", label="problem gsm8k/3")
 
 
+def test_a_lone_surrogate_in_a_prompt_parameter_is_one_line_before_any_kernel(tmp_path, monkeypatch, capsys):
+    """``-p prompt`` with half of a UTF-16 pair (or bytes that are not UTF-8, as a shell passes them): the notebook's
+    write failed with a UnicodeEncodeError traceback, in `lmdepth run explorer` and in `lmdepth explore` (whose
+    temporary folder is removed all the same)."""
+    import socket
+    import tempfile
+
+    from lmdepth.book import chapters, cli, explore_app, explore_server
+    from lmdepth.results import TMP_PREFIX
+
+    monkeypatch.setattr(chapters, "require_kernel", lambda: pytest.fail("a kernel was about to start"))
+    monkeypatch.setattr(explore_app, "require_voila", lambda: None)
+    monkeypatch.setenv("LMDEPTH_CACHE", str(tmp_path / "cache"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    made = lambda: set(Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}{explore_server.FOLDER_LABEL}*"))  # noqa: E731
+    before = made()
+    for argv in (["run", "explorer", "--results-dir", str(tmp_path / "res")], ["explore", "--port", str(port)]):
+        capsys.readouterr()
+        assert cli.main([*argv, "-p", "prompt", "two plus \udced\udca0 is"]) == 2, argv
+        errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("lmdepth: error: ")]
+        assert len(errors) == 1 and "Parameter 'prompt' of chapter 'explorer' holds \\udced at character 9" in \
+            errors[0], errors
+    assert made() == before and not (tmp_path / "res").exists()
+
+
 def test_a_pipe_as_data_file_is_one_line(tmp_path, monkeypatch, capsys):
     """``-p dataset <(cat f.jsonl)``: the shell passes /dev/fd/N, a pipe (it said "is a directory" before)."""
     r, w = os.pipe()
@@ -732,6 +818,39 @@ def test_an_unwritable_model_cache_names_lmdepth_cache(tmp_path, monkeypatch, ca
     monkeypatch.setenv("HOME", str(tmp_path / "home" / "me"))
     err = _run_refused(tmp_path, monkeypatch, capsys)
     assert f"{tmp_path / 'home' / 'me' / '.cache' / 'lmdepth'} cannot be written" in err and "LMDEPTH_CACHE" in err
+
+
+def test_a_read_only_model_cache_that_holds_the_converted_model_is_used(tmp_path, monkeypatch, capsys):
+    """A shared or read-only cache with SmolLM2 converted in it: `lmdepth run` refused it as unwritable (it worked
+    before), and a copy converted by an older version (no fingerprint in its record) failed on the record's update.
+    Read-only is simulated (the tests may run as root, whom a mode does not stop): no write there succeeds."""
+    from lmdepth.book import cli
+    from lmdepth.model import registry
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LMDEPTH_CACHE", str(cache))
+    spec = registry.PACKAGED["smollm2-135m"]
+    target = registry.converted_dir(spec)
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    (target / registry.SOURCE_FILE).write_text(json.dumps({"name": spec.name}))  # converted before fingerprints
+    before = _files(cache)
+    real_access, real_write = os.access, registry.atomic_write_text
+
+    def refused(path, *a, **k):
+        if Path(path).is_relative_to(cache):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_write(path, *a, **k)
+
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: not Path(p).is_relative_to(cache) and real_access(p, mode))
+    monkeypatch.setattr(registry, "atomic_write_text", refused)
+    assert registry._packaged_dir(spec) == target
+    seen = []
+    monkeypatch.setattr(cli, "execute_chapter", lambda chapter, params, out, **kw: seen.append(params["model_name"]))
+    assert cli.main(["run", "norms", "--model", "smollm2-135m", "--results-dir", str(tmp_path / "res")]) == 0
+    assert seen == ["smollm2-135m"] and _files(cache) == before  # used, and nothing written there
+    err = _run_refused(tmp_path, monkeypatch, capsys, "--model", "gemma3-270m")  # one it would have to convert
+    assert f"{cache} cannot be written" in err and "LMDEPTH_CACHE" in err
 
 
 def test_a_cut_weights_file_is_named(tmp_path, monkeypatch, capsys):

@@ -151,6 +151,22 @@ def test_cost_notice_before_a_long_recomputation(tmp_path):
     assert cost.cost_notice("norms", _defaults("norms") | {"n_examples": 21}, REPO_ROOT / "results") is None
 
 
+def test_a_quick_run_announces_the_quick_profiles_cost_not_the_defaults(tmp_path, monkeypatch, capsys):
+    """The chapter's own ``profile`` parameter picks the record: with no timed record of the quick profile the
+    notice says so and gives the default profile's minutes only as that (never as the quick run's cost)."""
+    from lmdepth.book.chapters import profile_params
+
+    monkeypatch.delenv("LMDEPTH_BOOK_BUILD", raising=False)
+    params = _defaults("skipping") | profile_params("quick", "skipping") | {"results_dir": str(tmp_path)}
+    cost.announce_cost("skipping", params)
+    out = capsys.readouterr().out
+    found = cost.chapter_minutes("skipping", [REPO_ROOT / "results"])
+    assert "the quick profile's runs of this chapter are not stored" in out
+    assert f"unknown for the quick profile (no timed record of it); the default profile's runs of this chapter took " \
+           f"{found[0]:.0f} min" in out
+    assert "For a smaller run" not in out  # it is the quick run
+
+
 def test_book_builds_announce_nothing(monkeypatch, capsys):
     monkeypatch.setenv("LMDEPTH_BOOK_BUILD", "1")
     cost.announce_cost("skipping", _defaults("skipping") | {"n_examples": 40, "results_dir": str(Path("/nowhere"))})

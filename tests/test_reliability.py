@@ -342,26 +342,29 @@ def test_one_token_text_without_bos_is_a_clear_error():
         require_tokens(ok + [("data.jsonl:3", torch.zeros(1, 1))], 2, "include_bos=False leaves no position to average")
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # executes a chapter
 def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path):
     """A real SIGINT to `lmdepth run`: exit 130, one line naming where to resume, no traceback (the kernel's own
-    stderr goes to a log), nothing that looks finished; the same command then completes. The smoke profile's small
-    bootstrap (the point is the interrupt, not the intervals), with 20 problems so that the interrupt lands mid-run."""
+    stderr goes to a log), nothing that looks finished; the same command then completes. On a tiny random-init model
+    (the point is the interrupt, not the model), with enough problems that the interrupt lands mid-run."""
     import signal
     import subprocess
     import sys
     import time
 
+    from lmdepth.testing import save_tiny_model
+
+    model = save_tiny_model("llama", tmp_path / "tiny-llama", max_positions=4096)  # character tokens: long texts
     exe = Path(sys.executable).with_name("lmdepth")
-    cmd = [str(exe), "run", "norms", "--profile", "smoke", "-p", "n_examples", "20", "-p", "compare_models", "[]",
-           "--results-dir", str(tmp_path / "res")]
+    cmd = [str(exe), "run", "norms", "--profile", "smoke", "--model", str(model), "-p", "n_examples", "60",
+           "-p", "compare_models", "[]", "--results-dir", str(tmp_path / "res")]
     # A shell that starts the tests in the background (`pytest ... &`) hands its children SIGINT ignored, and
     # Python keeps an ignored SIGINT ignored: the child gets the default back, as a terminal's Ctrl-C would find it.
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
-    while time.time() < deadline and not list((tmp_path / "res").rglob("*.partial/*.npz")):
-        time.sleep(0.5)  # wait until the first problem is checkpointed
+    while time.time() < deadline and proc.poll() is None and not list((tmp_path / "res").rglob("*.partial/*.npz")):
+        time.sleep(0.2)  # wait until the first problem is checkpointed
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -370,7 +373,8 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path):
     assert not list((tmp_path / "res").rglob("meta.json"))  # nothing looks complete
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert len(list((tmp_path / "res" / "residual_stream" / "smollm2-135m").rglob("table.csv"))) == 1  # (and its control)
+    tables = [t.parts[-3] for t in (tmp_path / "res" / "residual_stream").rglob("table.csv")]
+    assert sorted(t.startswith("random-init") for t in tables) == [False, True], tables  # the run and its control
 
 
 @pytest.mark.unit

@@ -130,6 +130,27 @@ def is_temporary(path: str | Path) -> bool:
     return _marked(Path(path), TEMP_MARKER) and Path(path).name.startswith(TMP_PREFIX)
 
 
+def orphaned(path: str | Path) -> bool:
+    """Whether ``path`` is a temporary folder the library made (:func:`is_temporary`) whose maker, the process its
+    marker names, no longer runs on this machine: what a process killed before it could remove its folder left."""
+    path = Path(path)
+    if not is_temporary(path):
+        return False
+    try:
+        pid = int(json.loads((path / TEMP_MARKER).read_text(encoding="utf-8"))["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # no pid recorded: nothing proves its maker is gone
+    if pid <= 0:  # os.kill would signal a process group
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process: running
+        return False
+    return False
+
+
 def _marked(path: Path, marker: str) -> bool:
     """``path`` is a real folder holding the file ``marker`` (not a link) whose recorded name is the folder's own."""
     m = path / marker
@@ -197,6 +218,7 @@ class RunStore:
         self.partial = self.dir.with_name(item_key + ".partial")
         self._kept_partial: Path | None = None  # the shared checkpoints while recomputing (begin_recompute)
         self.unit_seconds: list[float | None] = []  # per unit of this execution: its compute seconds (None: unknown)
+        self.unit_cpu_seconds: list[float | None] = []  # … and its CPU seconds (None: computed before they were kept)
         if self.dir.parent.is_dir():  # a swap of this run that a killed process left half done: complete it
             for journal in sorted(self.dir.parent.glob(f"{SWAP_PREFIX}{self.key}-*.json")):
                 finish_swap(journal)
@@ -495,6 +517,8 @@ def read_artifact(result: RunResult, name: str) -> bytes | None:
 #: recorded (``<results>/book/<profile>/<chapter>/``). The summary pages read only what is recorded there, so an
 #: ad-hoc run, whatever its parameters, never reaches the published findings.
 BOOK_RECORD_ENV = "LMDEPTH_BOOK_RECORD"
+#: The file of a chapter's book record that lists the runs the chapter read (:func:`record_run`), one JSON a line.
+RECORD_RUNS = "runs.jsonl"
 #: Set by ``lmdepth run`` for the chapter's kernel: a digest of the chapter, model and parameters, which names the
 #: run's executed notebook and verdict files (:func:`run_id`).
 RUN_ID_ENV = "LMDEPTH_RUN_ID"
@@ -530,7 +554,7 @@ def record_run(result: RunResult) -> None:
     root = d.resolve().parents[2]
     line = json.dumps({"path": os.path.relpath(path, root) if path.is_relative_to(root) else str(path),
                        "analysis": result.meta.get("analysis"), "cache_key": result.meta.get("cache_key")})
-    with open(d / "runs.jsonl", "a", encoding="utf-8") as f:
+    with open(d / RECORD_RUNS, "a", encoding="utf-8") as f:
         f.write(line + "\n")
 
 
@@ -538,7 +562,7 @@ def recorded_runs(record_root: str | Path, chapter: str = "*") -> set[Path]:
     """Every run recorded under a profile's book record (``<results>/book/<profile>``), or one chapter's."""
     out = set()
     root = Path(record_root).resolve().parents[1]  # <results>/book/<profile> → <results>
-    for f in Path(record_root).glob(f"{chapter}/runs.jsonl"):
+    for f in Path(record_root).glob(f"{chapter}/{RECORD_RUNS}"):
         out |= {(root / json.loads(line)["path"]).resolve()  # relative paths; older records hold absolute ones
                 for line in f.read_text(encoding="utf-8").splitlines() if line.strip()}
     return out
@@ -554,12 +578,16 @@ class RecordedCost:
         seconds: those units' compute seconds, whether computed in the finishing execution or read from their
             checkpoints.
         wall_s: the wall time of the execution that finished the run (NaN where not recorded).
+        cpu_timed, cpu_seconds: how many units have their CPU seconds (every thread of the process), and those
+            seconds (runs computed before CPU time was kept have none).
     """
 
     units: float
     timed: int
     seconds: float
     wall_s: float
+    cpu_timed: int = 0
+    cpu_seconds: float = 0.0
 
     @classmethod
     def read(cls, run_dir: str | Path) -> RecordedCost | None:
@@ -570,7 +598,8 @@ class RecordedCost:
         meta = json.loads(meta_path.read_text())
         cost = meta.get("unit_compute_s") or {}
         return cls(units=float(cost.get("units", float("nan"))), timed=int(cost.get("timed", 0)),
-                   seconds=float(cost.get("total", 0.0)), wall_s=float(meta.get("wall_time_s", float("nan"))))
+                   seconds=float(cost.get("total", 0.0)), wall_s=float(meta.get("wall_time_s", float("nan"))),
+                   cpu_timed=int(cost.get("cpu_timed", 0)), cpu_seconds=float(cost.get("cpu_total", 0.0)))
 
 
 def check_recorded(record_root: str | Path, chapters: Iterable[str] | None = None) -> None:
@@ -583,7 +612,7 @@ def check_recorded(record_root: str | Path, chapters: Iterable[str] | None = Non
     record_root = Path(record_root)
     results = record_root.resolve().parents[1]
     bad = []
-    for f in sorted(record_root.glob("*/runs.jsonl")):
+    for f in sorted(record_root.glob(f"*/{RECORD_RUNS}")):
         chapter = f.parent.name
         if chapters is not None and chapter not in chapters:
             continue

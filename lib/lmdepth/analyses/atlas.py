@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from lmdepth.analyses.skipping import SkipSummary
 from lmdepth.claims.spec import EARLY_LAYERS
 from lmdepth.errors import DataError
 from lmdepth.params import check_type
-from lmdepth.results import RunResult, book_record_dir, check_recorded, recorded_runs
+from lmdepth.results import RunResult, book_record_dir, check_recorded, damage, recorded_runs
 
 ATLAS_COLUMNS = ["model", "n_layers", "chapter", "measure", "layer", "rel_depth", "rel_low", "rel_high", "value",
                  "sample"]
@@ -94,13 +95,19 @@ def summary_source(results_dir: str | Path, profile: str) -> SummarySource:
 
 def finished_runs(results_dir: str | Path, analysis: str, only: set[Path] | None = None) -> list[RunResult]:
     """Every finished run of one analysis (directories with both files; ``.partial`` checkpoints are skipped);
-    with ``only``, just those runs (e.g. :func:`book_runs`)."""
+    with ``only``, just those runs (e.g. :func:`book_runs`). A run whose files or sidecar no longer match their
+    digests (:func:`lmdepth.results.damage`) is left out with one line: its sidecar's sample size or model could be
+    an edit, and the atlas shows the sample beside every number."""
     runs = []
     for meta_path in sorted(Path(results_dir, analysis).glob("*/*/meta.json")):
         table_path = meta_path.with_name("table.csv")
         if meta_path.parent.name.endswith(".partial") or not table_path.exists():
             continue
         if only is not None and meta_path.parent.resolve() not in only:
+            continue
+        problem = damage(meta_path.parent)
+        if problem:
+            print(f"lmdepth: the atlas leaves out {meta_path.parent}: {problem}", file=sys.stderr, flush=True)
             continue
         runs.append(RunResult(pd.read_csv(table_path), json.loads(meta_path.read_text()), meta_path.parent,
                               from_cache=True))

@@ -14,7 +14,6 @@ reproduces the authors' choice ``t = a_start`` on prompt + answer, which measure
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -25,7 +24,7 @@ import pandas as pd
 import torch
 
 from lmdepth.analyses.maps import tokenizer_of
-from lmdepth.analyses.run import Job, RunSummary, resolved
+from lmdepth.analyses.run import Job, RunSummary, UnitClock, record_unit_cost, resolved
 from lmdepth.data import multihop
 from lmdepth.data.datasets import Example, content_digest, selection_record
 from lmdepth.data.difficulty import (
@@ -148,11 +147,11 @@ def _compute(p: ComplexityParams, ref: ModelRef, lm: LoadedModel | Callable[[], 
             items[ex.id] = item
     # correctness first (batched generation), then the skip effects item by item, each checkpointed
     prepared = [(ex, full, answer_start(tok, ex, full)) for ex, full in todo]
-    t0 = time.time()
+    batch = UnitClock()
     correct = _correctness(lm, source, prepared, p.gen_tokens) if prepared else {}
-    share = (time.time() - t0) / max(len(prepared), 1)  # each item's share of the batched correctness check
+    share = batch.elapsed(max(len(prepared), 1))  # each item's share of the batched correctness check
     for ex, full, _ in progress(prepared, desc=f"{p.model_name}: depth score on {source}"):
-        t0 = time.time()
+        clock = UnitClock()
         ids, cuts, a_start = analysis_input(tok, ex, full, source, p.seed, p.n_cuts, p.cut_stride,
                                             p.max_answer_tokens, p.hop_cut)
         if lm.max_tokens and ids.shape[1] > lm.max_tokens:
@@ -161,12 +160,14 @@ def _compute(p: ComplexityParams, ref: ModelRef, lm: LoadedModel | Callable[[], 
         E, O = skip_effects(lm.nn, TapPaths.of(lm.adapter), ids, cuts=cuts, parts=("layer",), local=False,
                             current=False, config=lm.model.config, remote=lm.remote_mode)["future", "layer"]
         ok, text = correct[ex.id]
-        item = {"E": E.numpy(), "O": O.numpy(), "correct": np.array(ok), "n_tokens": np.array(ids.shape[1]),
-                "a_start": np.array(a_start), "cuts": np.array(cuts), "generated": np.array(text),
-                "_seconds": np.array(time.time() - t0 + share)}  # the unit's cost, for the sidecar's unit_compute_s
+        item = clock.stamp({"E": E.numpy(), "O": O.numpy(), "correct": np.array(ok), "n_tokens": np.array(ids.shape[1]),
+                            "a_start": np.array(a_start), "cuts": np.array(cuts), "generated": np.array(text)},
+                           share)  # the unit's cost, for the sidecar's unit_compute_s
         store.save_item(ex.content_name, item)
         items[ex.id] = item
-    store.unit_seconds = [float(items[e.id]["_seconds"]) if "_seconds" in items[e.id] else None for e in examples]
+    store.unit_seconds, store.unit_cpu_seconds = [], []
+    for e in examples:
+        record_unit_cost(store, items[e.id])
 
     E = np.stack([items[e.id]["E"] for e in examples])
     O = np.stack([items[e.id]["O"] for e in examples])

@@ -127,9 +127,7 @@ class Job:
             meta = {"analysis": self.analysis, **meta, "weights": weights, "environment": environment(),
                     "wall_time_s": round(time.time() - t0, 2)}
             if store.unit_seconds:  # the units' own cost, whether computed now or read from checkpoints
-                known = [x for x in store.unit_seconds if x is not None]
-                meta["unit_compute_s"] = {"total": round(sum(known), 2), "units": len(store.unit_seconds),
-                                          "timed": len(known)}
+                meta["unit_compute_s"] = unit_cost(store.unit_seconds, store.unit_cpu_seconds)
             result = store.finalize(table, meta, units, replace=not self.params.use_cache, artifacts=artifacts)
             finished = True
         finally:
@@ -154,23 +152,54 @@ def resolved(cls: type[P], params: P | ModelRef | str | None, kwargs: dict[str, 
     return p, ModelRef.of(p.model_name, getattr(p, "remote", False))
 
 
+def unit_cost(wall: Sequence[float | None], cpu: Sequence[float | None]) -> dict[str, float | int]:
+    """The sidecar's ``unit_compute_s``: the units' wall seconds (``total``, over the ``timed`` of ``units``) and
+    their CPU seconds, every thread of the process counted (``cpu_total`` over ``cpu_timed``; units computed before
+    CPU time was kept have none), so a cost can be read free of what else the machine was running."""
+    known, known_cpu = [x for x in wall if x is not None], [x for x in cpu if x is not None]
+    return {"total": round(sum(known), 2), "units": len(wall), "timed": len(known),
+            "cpu_total": round(sum(known_cpu), 2), "cpu_timed": len(known_cpu)}
+
+
+class UnitClock:
+    """Times one unit of work, in wall and CPU seconds, for its checkpoint (``_seconds``, ``_cpu_seconds``)."""
+
+    def __init__(self) -> None:
+        self.wall0, self.cpu0 = time.time(), time.process_time()
+
+    def elapsed(self, share: int = 1) -> tuple[float, float]:
+        """(wall, CPU) seconds since this clock started, divided among ``share`` units."""
+        return (time.time() - self.wall0) / share, (time.process_time() - self.cpu0) / share
+
+    def stamp(self, item: Arrays, extra: tuple[float, float] = (0.0, 0.0)) -> Arrays:
+        """``item`` with the (wall, CPU) seconds since this clock started, plus ``extra`` (a share of batched work)."""
+        wall, cpu = self.elapsed()
+        item["_seconds"], item["_cpu_seconds"] = np.array(wall + extra[0]), np.array(cpu + extra[1])
+        return item
+
+
+def record_unit_cost(store: RunStore, item: Arrays) -> None:
+    """Append a unit's recorded seconds (None where its checkpoint predates them) to the store's cost lists."""
+    for key, out in (("_seconds", store.unit_seconds), ("_cpu_seconds", store.unit_cpu_seconds)):
+        out.append(float(item[key]) if key in item else None)
+
+
 def per_unit(store: RunStore, units: Sequence[tuple[str, X]], compute: Callable[[str, X], Arrays],
              desc: str) -> list[Arrays]:
     """For each ``(unit id, payload)``: the checkpointed arrays, or ``compute(id, payload)`` saved as a checkpoint.
 
-    Returns the arrays of every unit in order. Each checkpoint keeps the seconds its unit took (``_seconds``), so a
-    run finished from checkpoints still reports what its units cost (sidecar ``unit_compute_s``).
+    Returns the arrays of every unit in order. Each checkpoint keeps the wall and CPU seconds its unit took
+    (:class:`UnitClock`), so a run finished from checkpoints still reports what its units cost (sidecar
+    ``unit_compute_s``).
     """
     out = []
     for uid, payload in progress(units, desc=desc):
         item = store.load_item(uid)
         if item is None:
-            t0 = time.time()
-            item = compute(uid, payload)
-            item["_seconds"] = np.array(time.time() - t0)  # what the unit cost, kept with it (see Job.execute)
+            clock = UnitClock()
+            item = clock.stamp(compute(uid, payload))  # what the unit cost, kept with it
             store.save_item(uid, item)
-        seconds = item.get("_seconds")
-        store.unit_seconds.append(None if seconds is None else float(seconds))
+        record_unit_cost(store, item)
         out.append(item)
     return out
 

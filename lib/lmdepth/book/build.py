@@ -41,6 +41,7 @@ from lmdepth.claims.findings_claims import saved_verdicts
 from lmdepth.errors import DataError, LmDepthError, ParameterError
 from lmdepth.results import (
     BOOK_RECORD_ENV,
+    RECORD_RUNS,
     atomic_write,
     atomic_write_text,
     check_recorded,
@@ -58,7 +59,8 @@ def book_record_root(results_dir: str | Path, profile: str) -> Path:
     return Path(results_dir) / "book" / Path(profile).stem
 
 
-#: The file of a chapter's book record that lists its verdict files and their sha256 (:func:`check_verdicts`).
+#: The file of a chapter's book record that lists its verdict files and their sha256, and the sha256 of its list of
+#: runs (:data:`~lmdepth.results.RECORD_RUNS`; None where it recorded none), checked by :func:`check_verdicts`.
 RECORD_MANIFEST = "manifest.json"
 
 
@@ -73,9 +75,12 @@ def _publish_record(staging: Path, record: Path) -> None:
     """Put a finished execution's record in place of the last one, with its manifest of verdict files. A kill between
     the renames leaves no record, which makes the page stale (:func:`_execute_all` re-executes it)."""
     verdicts = sorted((staging / "verdicts").glob("*.csv"))
-    # written even where the chapter recorded nothing: a record with its manifest is a finished execution's
+    runs = staging / RECORD_RUNS
+    # written even where the chapter recorded nothing: a record with its manifest is a finished execution's. The list
+    # of runs is sealed too: a run cut from it would no longer be checked (check_recorded reads the list)
     atomic_write_text(staging / RECORD_MANIFEST, json.dumps(
-        {"verdicts": {f.name: sha256_file(f) for f in verdicts}}, indent=1) + "\n")
+        {"verdicts": {f.name: sha256_file(f) for f in verdicts},
+         "runs": sha256_file(runs) if runs.exists() else None}, indent=1) + "\n")
     aside = staging.with_name(staging.name + ".replaced")
     shutil.rmtree(aside, ignore_errors=True)
     if record.exists():
@@ -88,34 +93,49 @@ def _publish_record(staging: Path, record: Path) -> None:
 
 
 def check_verdicts(record_root: str | Path, chapters: Sequence[str] | None = None) -> None:
-    """Stop, in one line, when a chapter's recorded verdict files (for ``chapters``, default all) no longer match the
-    manifest its execution wrote: the findings would otherwise lose rows, or show edited ones, with no check failing.
-    Records written before manifests have none and are not checked.
+    """Stop, in one line, when a chapter's record (for ``chapters``, default all) has no manifest or no longer matches
+    the manifest its execution wrote (its verdict files, and its list of runs where the manifest seals it): the
+    findings would otherwise lose rows, or show edited ones, and the pages' runs go unchecked, with no check failing.
 
     Raises:
         DataError: naming the first such file, its chapter and the commands that restore it.
     """
     record_root = Path(record_root)
-    for manifest in sorted(record_root.glob(f"*/{RECORD_MANIFEST}")):
-        chapter = manifest.parent.name
+    records = sorted(d for d in record_root.glob("*/") if d.is_dir() and not d.name.startswith("."))
+    for record in records:
+        chapter = record.name
         if chapters is not None and chapter not in chapters:
             continue
-        try:
-            want = json.loads(manifest.read_text(encoding="utf-8"))["verdicts"]
-        except (OSError, ValueError, KeyError, TypeError):
-            want, problem = {}, f"{manifest} cannot be read"
-        else:
-            have = {f.name for f in (manifest.parent / "verdicts").glob("*.csv")}
-            problem = next((f"{manifest.parent / 'verdicts' / n} is missing" for n in sorted(set(want) - have)), None)
-            problem = problem or next((f"{manifest.parent / 'verdicts' / n} was not written by its execution"
-                                       for n in sorted(have - set(want))), None)
-            problem = problem or next((f"{manifest.parent / 'verdicts' / n} was changed after its execution"
-                                       for n in sorted(want) if sha256_file(manifest.parent / "verdicts" / n)
-                                       != want[n]), None)
+        problem = _record_problem(record)
         if problem:
-            raise DataError(f"The book's verdicts of chapter {chapter} are not whole: {problem}. Restore it with "
-                            f"`git checkout -- {manifest.parent}` if it is committed, or recompute it with "
+            raise DataError(f"The book's record of chapter {chapter} is not whole: {problem}. Restore it with "
+                            f"`git checkout -- {record}` if it is committed, or recompute it with "
                             f"`lmdepth book --force --chapters {chapter}`; the findings are not published without it.")
+
+
+def _record_problem(record: Path) -> str | None:
+    """What in one chapter's record differs from its manifest (:func:`check_verdicts`), or None."""
+    manifest = record / RECORD_MANIFEST
+    if not manifest.exists():  # every execution writes one: without it nothing of the record can be checked
+        return f"{manifest} is missing"
+    try:
+        sealed = json.loads(manifest.read_text(encoding="utf-8"))
+        want = sealed["verdicts"]
+        have = {f.name for f in (record / "verdicts").glob("*.csv")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{manifest} cannot be read"
+    problem = next((f"{record / 'verdicts' / n} is missing" for n in sorted(set(want) - have)), None)
+    problem = problem or next((f"{record / 'verdicts' / n} was not written by its execution"
+                               for n in sorted(have - set(want))), None)
+    problem = problem or next((f"{record / 'verdicts' / n} was changed after its execution"
+                               for n in sorted(want) if sha256_file(record / "verdicts" / n) != want[n]), None)
+    runs = record / RECORD_RUNS
+    if problem is None and "runs" in sealed:  # manifests written before the list of runs was sealed lack the key
+        now = sha256_file(runs) if runs.exists() else None
+        if now != sealed["runs"]:
+            problem = (f"{runs} is missing" if now is None else f"{runs} was not written by its execution"
+                       if sealed["runs"] is None else f"{runs} was changed after its execution")
+    return problem
 
 
 #: Inputs of a chapter beyond the library and its profile, as globs under the repository: chapter 07 reads every

@@ -26,7 +26,7 @@ from lmdepth.analyses.maps import MapsParams
 from lmdepth.analyses.residual import ResidualParams
 from lmdepth.analyses.scratch import ScratchParams
 from lmdepth.analyses.skipping import SkipParams
-from lmdepth.data.datasets import NAMED_DATASETS, user_examples
+from lmdepth.data.datasets import NAMED_DATASETS, lone_surrogate, user_examples
 from lmdepth.errors import MissingPackageError, ParameterError, StorageFull
 from lmdepth.model.ndif import preflight
 from lmdepth.model.registry import check_model_files, check_weight_files, current_weights_id
@@ -213,6 +213,11 @@ def _typed(chapter: str, spec: dict[str, Any], name: str, value: Any) -> Any:
                              f"-p {name} \"'Answer: 42'\".")
     if declared is not None:
         check_type(name, value, declared)
+    half = lone_surrogate(value) if isinstance(value, str) else None
+    if half is not None:  # no notebook can hold it: papermill's write would fail with a UnicodeEncodeError
+        raise ParameterError(f"Parameter {name!r} of chapter {chapter!r} holds {half[1]} at character {half[0]}, half "
+                             "of a UTF-16 surrogate pair (or a byte that is not UTF-8), which is no character and "
+                             "which no notebook or tokenizer can take: give the value again without it.")
     return value
 
 

@@ -26,7 +26,7 @@ from lmdepth.book.chapters import (
 )
 from lmdepth.errors import LmDepthError, ParameterError
 from lmdepth.model.families import supported_model_types
-from lmdepth.model.registry import PACKAGED, cache_dir, check_cache_writable
+from lmdepth.model.registry import PACKAGED, cache_dir, check_cache_for
 from lmdepth.params import check_results_dir
 from lmdepth.results import RUN_ID_ENV, cache_key, clean, is_results_root, slug
 from lmdepth.runtime import resolve_device
@@ -78,12 +78,16 @@ def _run(args: argparse.Namespace) -> int:
         raise ParameterError(f"-p results_dir {named} and --results-dir {args.results_dir} disagree: give one of them.")
     results_dir = Path(args.results_dir or named or "lmdepth-results").resolve()
     check_results_dir(results_dir)  # not /, the home folder or the repository: before anything is written there
-    check_cache_writable()  # a read-only home on a first run: say LMDEPTH_CACHE now, not in a kernel's traceback
     args.results_dir = str(results_dir)  # for the message on Ctrl-C
     if "results_dir" in declared:  # the explorer and the reproducibility page have none
         params["results_dir"] = str(results_dir)
     default_model = declared["model_name"].default.strip("'\"") if "model_name" in declared else "default"
     model = str(params.get("model_name", default_model))
+    compare = params.get("compare_models", parse_cli_value(declared["compare_models"].default)
+                         if "compare_models" in declared else [])
+    # a read-only home on a first run: say LMDEPTH_CACHE now, not in a kernel's traceback; a read-only cache that
+    # already holds the run's converted models is used as it is
+    check_cache_for([model, *(compare if isinstance(compare, list) else [])])
     # each run keeps its own record: the executed notebook and the verdict files are named by its settings
     run = cache_key({"chapter": args.chapter, **params})[:10]
     out = Path(args.output) if args.output else results_dir / "notebooks" / f"{args.chapter}-{slug(model)}-{run}.ipynb"

@@ -2,7 +2,8 @@
 
 Every run's sidecar keeps its units' own compute seconds (``unit_compute_s``: total, units, timed — see
 :func:`lmdepth.analyses.run.per_unit`), whether the units were computed in that execution or read from their
-checkpoints. A unit computed before the timing existed is untimed; the table then says how many are. Every sidecar
+checkpoints, and, for runs computed since 2026-12-02, their CPU seconds (``cpu_total``, ``cpu_timed``): the cost
+free of whatever else the machine ran, which :func:`build_cost` prefers. A unit computed before the timing existed is untimed; the table then says how many are. Every sidecar
 also keeps ``wall_time_s``, the wall time of the execution that finished the run: the one cost known for runs
 without units (a benchmark) or without unit timings, but only a lower bound for a run resumed from checkpoints.
 """
@@ -86,6 +87,8 @@ class BuildCost:
         total_min: every recorded run counted once.
         lower_bound: the chapters with a run timed only by the wall time of a resumed execution (its cost is at least
             this).
+        cpu_share: the share of ``total_min`` counted in CPU time (the rest: wall time, which on a loaded machine
+            overstates the work).
         machines: where the runs were timed, as "a CPU (N torch threads)" or the CUDA device, each once.
         measured: the first and last day the runs were computed (their commits' dates); None outside a checkout.
     """
@@ -95,25 +98,31 @@ class BuildCost:
     lower_bound: tuple[str, ...]
     machines: tuple[str, ...]
     measured: tuple[str, str] | None
+    cpu_share: float = 0.0
 
     def sentence(self) -> str:
         """The cost in one sentence, as the README and the Reproducibility page give it."""
         bound = (f"; a lower bound for {', '.join(self.lower_bound)} (some of their runs kept only the wall time of "
                  "a resumed execution)" if self.lower_bound else "")
         when = f", computed between {self.measured[0]} and {self.measured[1]}" if self.measured else ""
+        basis = (" (CPU time)" if self.cpu_share >= 0.995 else " (wall time)" if self.cpu_share <= 0.005 else
+                 f" ({self.cpu_share:.0%} of it CPU time, the rest wall time)")
         return (f"computing every run of the record from scratch takes {self.total_min:.0f} min "
                 f"({self.total_min / 60:.1f} h) on {' and '.join(self.machines) or 'an unrecorded machine'}: "
-                f"the sum of the runs' own timings{when}{bound}")
+                f"the sum of the runs' own timings{basis}{when}{bound}")
 
 
-def _run_minutes(run: Path) -> tuple[float, bool] | None:
-    """A recorded run's compute minutes and whether they are exact (every unit timed) rather than a wall time."""
+def _run_minutes(run: Path) -> tuple[float, bool, bool] | None:
+    """A recorded run's compute minutes, whether they are exact (every unit timed) rather than a wall time, and
+    whether they are CPU time (every unit's CPU seconds kept)."""
     cost = RecordedCost.read(run)
     if cost is None:
         return None
+    if cost.units > 0 and cost.cpu_timed == cost.units:
+        return cost.cpu_seconds / 60, True, True
     if cost.units > 0 and cost.timed == cost.units:
-        return cost.seconds / 60, True
-    return (cost.wall_s / 60, False) if math.isfinite(cost.wall_s) else None
+        return cost.seconds / 60, True, False
+    return (cost.wall_s / 60, False, False) if math.isfinite(cost.wall_s) else None
 
 
 def _environment(run: Path) -> dict[str, Any]:
@@ -129,12 +138,14 @@ def _machine(env: Mapping[str, Any]) -> str | None:
 
 def build_cost(results_dir: str | Path, profile: str = "default") -> BuildCost:
     """The cost of computing ``profile``'s recorded runs (``results_dir/book/<profile>``) from scratch: per run, its
-    units' compute seconds where every unit was timed, else the wall time of the execution that finished it. The one
+    units' CPU seconds where every unit has them, else their compute (wall) seconds where every unit was timed, else
+    the wall time of the execution that finished it. The one
     source of the README's cold-build figure, the chapters' announcements (:func:`chapter_minutes`) and the
     Reproducibility page. Chapter 07's training is not a run of the record (its page and scripts time it)."""
     record = Path(results_dir) / "book" / Path(profile).stem
     minutes: dict[str, float] = {}
     per_run: dict[Path, float] = {}
+    cpu_runs: set[Path] = set()
     bound, machines, commits = set(), [], set()
     for chapter_dir in sorted(p for p in record.iterdir() if p.is_dir()) if record.is_dir() else []:
         for run in sorted(recorded_runs(record, chapter_dir.name)):
@@ -143,6 +154,8 @@ def build_cost(results_dir: str | Path, profile: str = "default") -> BuildCost:
                 continue
             minutes[chapter_dir.name] = minutes.get(chapter_dir.name, 0.0) + got[0]
             per_run[run] = got[0]
+            if got[2]:
+                cpu_runs.add(run)
             if not got[1]:
                 bound.add(chapter_dir.name)
             env = _environment(run)
@@ -150,8 +163,9 @@ def build_cost(results_dir: str | Path, profile: str = "default") -> BuildCost:
                 machines.append(m)
             commits.add(env.get("git_commit"))
     days = sorted(filter(None, (commit_date(c) for c in commits if c)))
-    return BuildCost(minutes, sum(per_run.values()), tuple(sorted(bound)), tuple(machines),
-                     (days[0], days[-1]) if days else None)
+    total = sum(per_run.values())
+    return BuildCost(minutes, total, tuple(sorted(bound)), tuple(machines), (days[0], days[-1]) if days else None,
+                     sum(per_run[r] for r in cpu_runs) / total if total else 0.0)
 
 
 def chapter_minutes(chapter: str, results_dirs: list[str | Path], profile: str = "default") -> tuple[float, Path] | None:
@@ -190,9 +204,12 @@ def cost_notice(chapter: str, params: Mapping[str, Any], results_dir: str | Path
     found = chapter_minutes(chapter, [results_dir, REPO_ROOT / "results"], profile)
     if found is not None and found[0] < NOTICE_MINUTES:
         return None
-    cost = ("its cost is unknown here (no timed record of this chapter)" if found is None else
-            f"at the {profile} profile its runs took {found[0]:.0f} min to compute (their own timings, recorded in "
-            f"{found[1]}; the Reproducibility page's cost table), and larger samples take longer")
+    default = None if found or profile == "default" else chapter_minutes(chapter, [REPO_ROOT / "results"])
+    cost = (f"at the {profile} profile its runs took {found[0]:.0f} min to compute (their own timings, recorded in "
+            f"{found[1]}; the Reproducibility page's cost table), and larger samples take longer" if found else
+            f"unknown for the {profile} profile (no timed record of it); the default profile's runs of this chapter "
+            f"took {default[0]:.0f} min" if default else
+            f"unknown for the {profile} profile (no timed record of this chapter)")
     from lmdepth.book.chapters import profile_params
 
     quick = {k: v for k, v in profile_params("quick", chapter).items() if k != "profile"}
@@ -203,11 +220,16 @@ def cost_notice(chapter: str, params: Mapping[str, Any], results_dir: str | Path
             "Finished units are checkpointed: an interrupted run resumes.")
 
 
-def announce_cost(chapter: str, params: Mapping[str, Any], profile: str = "default") -> None:
-    """Print :func:`cost_notice` (if any) for a chapter's parameters, read from its namespace (``globals()``).
-    Silent inside a book build (``LMDEPTH_BOOK_BUILD=1``), which reports each page's time itself."""
+def announce_cost(chapter: str, params: Mapping[str, Any], profile: str | None = None) -> None:
+    """Print :func:`cost_notice` (if any) for a chapter's parameters, read from its namespace (``globals()``), at
+    ``profile`` (default: the chapter's own ``profile`` parameter, so ``--profile quick`` announces the quick
+    profile's cost, not the default's). Silent inside a book build (``LMDEPTH_BOOK_BUILD=1``), which reports each
+    page's time itself."""
     if os.environ.get("LMDEPTH_BOOK_BUILD") == "1":
         return
+    profile = profile or str(params.get("profile") or "default")
+    if profile.endswith((".yaml", ".yml")):  # a reader's own profile: its runs are compared with the default's
+        profile = "default"
     text = cost_notice(chapter, params, params.get("results_dir", "results"), profile)
     if text:
         print(text, flush=True)

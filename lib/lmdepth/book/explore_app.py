@@ -28,17 +28,17 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lmdepth.book import explore_server
 from lmdepth.book.chapters import chapter_source, check_parameters
 from lmdepth.charts.vega_offline import BUNDLE_NAME, HTML_ONLY_ENV, write_vega_bundle
 from lmdepth.errors import MissingPackageError, ParameterError
+from lmdepth.results import temporary_dir
 
 #: The chapter the app serves.
 CHAPTER = "explorer"
@@ -136,22 +136,13 @@ def check_port(port: int) -> int:
     return int(port)
 
 
-def _die_with_parent() -> None:
-    """In the server's process (Linux): end when the process that started it ends, however it ends (a SIGKILL of
-    ``lmdepth explore`` must not leave the server holding the port)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the signal handlers of serve() remain
-        pass
-
-
 def voila_command(notebook: Path, port: int, open_browser: bool = False) -> list[str]:
-    """The Voilà command line serving ``notebook`` on 127.0.0.1:``port`` (never another port) without
-    :data:`DENIED_EXTENSIONS`, with the template of :func:`prepare` and the code cells hidden."""
-    return [sys.executable, "-m", "voila", str(notebook), f"--port={port}", "--Voila.ip=127.0.0.1",
-            "--ServerApp.port_retries=0",
+    """The server's command line (:func:`lmdepth.book.explore_server.main`: Voilà, then its folder removed) serving
+    ``notebook`` on 127.0.0.1:``port`` (never another port) without :data:`DENIED_EXTENSIONS`, with the template of
+    :func:`prepare` and the code cells hidden; Voilà's connection files go in the notebook's folder, which the server
+    removes when it ends."""
+    return [sys.executable, "-m", explore_server.MODULE, str(notebook), f"--port={port}", "--Voila.ip=127.0.0.1",
+            "--ServerApp.port_retries=0", f"--Voila.connection_dir_root={notebook.parent}",
             f"--template={TEMPLATE}", "--strip_sources=True",
             *(f"--VoilaConfiguration.extension_denylist={name}" for name in DENIED_EXTENSIONS),
             *([] if open_browser else ["--no-browser"])]
@@ -167,35 +158,20 @@ def environment(folder: Path) -> dict[str, str]:
 
 
 def serve(params: Mapping[str, Any], port: int = 8866, open_browser: bool = False) -> int:
-    """Serve the explorer until Ctrl-C (the server then shuts its kernel down); returns Voilà's exit status."""
+    """Serve the explorer until Ctrl-C (the server then shuts its kernel down); returns Voilà's exit status. The
+    notebook's folder is a marked temporary (:func:`lmdepth.results.temporary_dir`) that the server removes when it
+    ends, and the next start removes one whose server could not (:mod:`lmdepth.book.explore_server`)."""
     require_voila()
     port = check_port(port)
-    with tempfile.TemporaryDirectory(prefix="lmdepth-explore-") as tmp:
-        folder = Path(tmp)
+    parent = Path(tempfile.gettempdir())
+    explore_server.sweep(parent)
+    with temporary_dir(parent, explore_server.FOLDER_LABEL) as folder:
         notebook = prepare(folder, params)
         cmd = voila_command(notebook, port, open_browser)
         print(f"lmdepth: serving the explorer at http://127.0.0.1:{port}/ (Ctrl-C stops it; the first page takes "
               f"~20 s: it loads the model and runs the static example)\n  {shlex.join(cmd)}", file=sys.stderr,
               flush=True)
-        # Its own session: Ctrl-C reaches only this process (Voilà would ask on the terminal whether to stop, or
-        # ignore SIGINT when started in the background); Ctrl-C or SIGTERM here sends it SIGTERM, on which it shuts
-        # its kernel down and exits, and the folder is removed.
-        server = subprocess.Popen(cmd, cwd=folder, env=environment(folder), start_new_session=True,
-                                  preexec_fn=_die_with_parent)
-        # SIGTERM, or SIGHUP (the terminal closed), stops the server the same way
-        previous = {sig: signal.signal(sig, lambda *_: server.terminate()) for sig in (signal.SIGTERM, signal.SIGHUP)}
-        try:
-            return server.wait()
-        except KeyboardInterrupt:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-            return 130
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        return explore_server.run(cmd, folder, environment(folder))
 
 
 __all__ = ["CHAPTER", "REQUIREMENTS", "DENIED_EXTENSIONS", "TEMPLATE", "TEMPLATE_INDEX", "require_voila", "plain_roles",

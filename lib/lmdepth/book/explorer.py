@@ -11,6 +11,8 @@ a reader explores a hosted 70B model live from a notebook.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import torch
 
@@ -131,6 +133,20 @@ def _cached_model(name: str, device: str = "cpu", dtype: str = "float32", remote
     return _MODELS[key]
 
 
+def _prompt_box(prompt: str, **kw: Any) -> Any:
+    """The prompt's text box, whose typed value reaches the kernel whatever it holds. ipywidgets echoes every value
+    it receives before setting it, and the echo of a lone surrogate (half of an emoji, as a browser may send it)
+    cannot be encoded: the value was dropped, and Run drew the previous prompt's output again, without a word.
+    Without the echo the value arrives, and :func:`explore` refuses it in one line."""
+    import ipywidgets as w
+    import traitlets
+
+    class PromptBox(w.Textarea):
+        value = traitlets.Unicode(help="String value").tag(sync=True, echo_update=False)
+
+    return PromptBox(value=prompt, **kw)
+
+
 def explorer_widget(models: list[str], prompt: str, layer: int = 0, device: str = "cpu", dtype: str = "float32",
                     k: int = 5, loaded: LoadedModel | None = None, remote: bool | str = False):
     """Prompt box, model picker, layer slider and a Run button; results appear below. Returns the widget.
@@ -145,7 +161,7 @@ def explorer_widget(models: list[str], prompt: str, layer: int = 0, device: str 
         check_remote(name, remote)
     if loaded is not None:
         _MODELS[loaded.name, device, dtype, remote] = loaded
-    text = w.Textarea(value=prompt, layout=w.Layout(width="100%", height="80px"), description="Prompt")
+    text = _prompt_box(prompt, layout=w.Layout(width="100%", height="80px"), description="Prompt")
     model = w.Dropdown(options=models, value=models[0], description="Model")
     first = _cached_model(models[0], device, dtype, remote)
     lay = w.IntSlider(value=layer, min=0, max=first.adapter.n_layers - 1, description="Skip layer")

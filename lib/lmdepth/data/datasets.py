@@ -114,8 +114,16 @@ def math_example(row: dict[str, Any], idx: int, split: str) -> Example:
     )
 
 
-#: A lone UTF-16 surrogate: JSON's ``\ud83d`` without its pair decodes to one, which UTF-8 cannot encode.
+#: A lone UTF-16 surrogate: JSON's ``\ud83d`` without its pair decodes to one (so does a browser's half of an emoji,
+#: and a byte that is not UTF-8 in a command's argument), which UTF-8 cannot encode.
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> tuple[int, str] | None:
+    """The first lone surrogate in ``text`` (no character: no tokenizer, file or notebook takes it) as its position
+    and escape (``\\ud83d``), or None: the one check of every text a user gives (data lines, prompts, parameters)."""
+    half = _SURROGATE.search(text)
+    return None if half is None else (half.start(), f"\\u{ord(half.group()):04x}")
 
 
 def check_data_file(path: Path) -> None:
@@ -137,8 +145,8 @@ def user_examples(path: Path) -> list[Example]:
     out = []
     for lineno, row in _read_jsonl(path):
         for k in ("text", "prompt", "answer"):
-            if isinstance(row.get(k), str) and (half := _SURROGATE.search(row[k])):
-                raise DataError(f"{path}:{lineno}: {k!r} holds the escape \\u{ord(half.group()):04x}, half of a UTF-16 "
+            if isinstance(row.get(k), str) and (half := lone_surrogate(row[k])):
+                raise DataError(f"{path}:{lineno}: {k!r} holds the escape {half[1]}, half of a UTF-16 "
                                 "surrogate pair without its other half, which is no character and which no tokenizer "
                                 "can encode: fix or delete that escape on that line.")
         extra = {k: v for k, v in row.items() if k not in ("text", "prompt", "answer")}

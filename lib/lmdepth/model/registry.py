@@ -15,7 +15,8 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from lmdepth.data.datasets import lone_surrogate
 from lmdepth.errors import DataError, MissingPackageError, ParameterError, UnknownModelError
 from lmdepth.model import random_init
 from lmdepth.model.families import ModelAdapter
@@ -280,13 +282,13 @@ class LoadedModel:
             [1, tokens] token ids on the model's device.
 
         Raises:
-            DataError: the text is longer than the model's context.
+            DataError: the text holds a lone surrogate (:func:`lmdepth.data.datasets.lone_surrogate`), or is longer
+                than the model's context.
         """
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:  # a lone surrogate (half of a UTF-16 pair): tokenizers fail without a word
-            raise DataError(f"{label} holds \\u{ord(text[e.start]):04x}, half of a UTF-16 surrogate pair, at "
-                            f"character {e.start}; no tokenizer can encode it. Fix or delete it in the data.") from None
+        half = lone_surrogate(text)
+        if half is not None:  # a lone surrogate (half of a UTF-16 pair): tokenizers fail without a word
+            raise DataError(f"{label} holds {half[1]}, half of a UTF-16 surrogate pair, at character {half[0]}; no "
+                            "tokenizer can encode it: delete it, or type the whole character again.")
         ids = self.tokenizer(text, return_tensors="pt").input_ids
         if self.max_tokens and ids.shape[1] > self.max_tokens:
             raise DataError(
@@ -362,10 +364,29 @@ def install_dir(src: Path, target: Path) -> None:
             raise
 
 
+def converted_dir(spec: PackagedModel) -> Path:
+    """Where the model cache keeps the converted copy of a packaged model (:func:`_packaged_dir`)."""
+    return cache_dir() / "models" / f"{spec.name}-{spec.sha256[:12]}"
+
+
+def check_cache_for(models: Iterable[object]) -> Path:
+    """The model cache can take what a run of ``models`` writes there: nothing when every packaged model among them
+    (a random-init twin's base too) is converted there already, so a read-only cache that holds them is used as it
+    is; else a conversion (:func:`check_cache_writable`). Returns the cache folder.
+
+    Raises:
+        DataError: a conversion is needed and the cache cannot be written.
+    """
+    names = {random_init.base_name(m) if random_init.is_random_init(m) else m for m in models if isinstance(m, str)}
+    if all((converted_dir(PACKAGED[n]) / SOURCE_FILE).is_file() for n in names if n in PACKAGED):
+        return cache_dir()
+    return check_cache_writable()
+
+
 def _packaged_dir(spec: PackagedModel) -> Path:
     """The converted copy of a packaged model, converted on first use and verified on every later one: a copy whose
     files no longer match the fingerprint recorded at conversion is converted again."""
-    target = cache_dir() / "models" / f"{spec.name}-{spec.sha256[:12]}"
+    target = converted_dir(spec)
     record = target / SOURCE_FILE
     info = None
     if record.exists():
@@ -382,7 +403,8 @@ def _packaged_dir(spec: PackagedModel) -> Path:
         now = dir_fingerprint(target)
         if "fingerprint" not in info:  # converted by an older version: remember what is there now
             info["fingerprint"] = now
-            atomic_write_text(record, json.dumps(info))
+            with suppress(OSError):  # a read-only cache: the copy is used as it is, and checked so on every load
+                atomic_write_text(record, json.dumps(info))
         if info["fingerprint"] == now:
             return target
         print(f"lmdepth: the converted copy of {spec.name} in {target} was modified; converting it again",
