@@ -74,7 +74,7 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 from lmdepth.analyses import residual
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.measurement import show_measurement
-from lmdepth.book.notebook import chapter_models, md, setup, show_table
+from lmdepth.book.notebook import chapter_models, claims_md, md, setup, show_table
 from lmdepth.claims import report
 from lmdepth.claims.paper_values import reported
 from lmdepth.charts.residual_charts import across_models, layer_bars, norms_lines
@@ -174,7 +174,7 @@ across_models(all_tables, "relative_contribution", "Mean relative contribution",
 # with the architecture, and training weakens it.
 
 # %% tags=["hide-input"]
-md(report.describe("norms"))
+md(claims_md("norms"))
 
 # %% tags=["hide-input"]
 controls = residual.run_units(report.control_models(models, remote, n_examples), **run_kw)  # random-init twins

@@ -70,7 +70,7 @@ results_dir: str = "results"  # where tidy tables and sidecars are written
 from lmdepth.analyses import residual
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.measurement import show_measurement
-from lmdepth.book.notebook import chapter_models, md, setup, show_table
+from lmdepth.book.notebook import chapter_models, claims_md, md, setup, show_table
 from lmdepth.claims import report
 from lmdepth.claims.paper_values import reported
 from lmdepth.charts.residual_charts import across_models, layer_bars
@@ -144,7 +144,7 @@ across_models(all_tables, "cosine", "Mean cosine similarity", ["attention", "mlp
 # (whether the model's sign change beats the twin's is the sign-change row's question, counted there once).
 
 # %% tags=["hide-input"]
-md(report.describe("cosine"))
+md(claims_md("cosine"))
 
 # %% tags=["hide-input"]
 controls = residual.run_units(report.control_models(models, remote, n_examples), **run_kw)  # random-init twins

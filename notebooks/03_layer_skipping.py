@@ -84,7 +84,7 @@ from IPython.display import display
 from lmdepth.analyses import skipping as skip_analysis
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.measurement import show_measurement
-from lmdepth.book.notebook import chapter_models, md, setup, show_table
+from lmdepth.book.notebook import chapter_models, claims_md, md, setup, show_table
 from lmdepth.claims import report
 from lmdepth.claims.paper_values import reported
 from lmdepth.book.pages import skipping_page as page
@@ -217,7 +217,7 @@ for heading, heatmaps, bars in comparison_panels(comparison.table, comparison.fu
 # reference.
 
 # %% tags=["hide-input"]
-md(report.describe("skipping"))
+md(claims_md("skipping"))
 
 # %% tags=["hide-input"]
 verdict_units, controls = skip_analysis.claim_units(models, (n_examples_current, n_examples, n_cuts),
@@ -248,6 +248,7 @@ page.check_identities(comparison.table, models)
 # one problem (`scripts/bench_skipping.py` does the same on more problems). The measurement is stored with the book's
 # results like every run, so a rebuild shows the stored timing with its date and machine instead of re-timing it.
 #
+# :::{dropdown} How much the shortcuts can save, and the cost of a problem on NDIF
 # How much can these shortcuts save? Exact results need, for every skipped layer $s$ and cut $t$, the layers
 # $\ge s$ at the positions $\ge t$ (and, once, the intervened positions before the largest cut); skipping the layers
 # below $s$ halves the work on average and reusing the prefix saves the positions before each cut, but nothing can
@@ -264,6 +265,7 @@ page.check_identities(comparison.table, models)
 # the local variant, the nudge control), so the server holds activations for at most five copies of the prompt
 # whatever the model's depth. The paper profile's cost table (Reproducibility page) gives the forward passes per
 # problem for Llama 3.1 70B.
+# :::
 
 # %% tags=["hide-input"]
 if benchmark and remote is False:  # a timing of this machine; CPU time is the fair measure on a shared machine
@@ -273,6 +275,11 @@ if benchmark and remote is False:  # a timing of this machine; CPU time is the f
 # %% [markdown]
 # ## Differences from the paper
 #
+# Small packaged models and smaller samples than the paper's; a batched implementation that gives the same
+# numbers; and verdicts from a robust per-problem statistic with an interval and a control (a random-init twin, or
+# a random nudge of the skip's size), where the paper reads the maximum over positions and problems, uncontrolled.
+#
+# :::{dropdown} The differences in detail: models and sample, cut points, implementation, statistic, cutoff, controls
 # - **Models and sample.** Small PyPI-packaged models in fp32 instead of Llama 3.1 70B in bf16. The analysis costs
 #   one forward pass per (problem, cut point, skipped layer, part) — 480 passes per problem for SmolLM2 — so on a
 #   2-core CPU the default profile gives the main model 20 problems for the all-token and 20 (× 4 cut points) for
@@ -304,6 +311,7 @@ if benchmark and remote is False:  # a timing of this machine; CPU time is the f
 #   a generator seeded with `seed` and the problem's id, one per layer and problem, scaled to unit length.
 # - **Beyond the paper:** the mean over problems is stored beside the paper's max; a cutoff layer per model with
 #   a bootstrap interval; verdicts with intervals and a paired control.
+# :::
 #
 # ## Summary and environment
 

@@ -83,7 +83,7 @@ from lmdepth.analyses import bigram, lens, residual
 from lmdepth.charts.lens_charts import lens_across_models, lens_layers, settling_chart, training_curves
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.measurement import show_measurement
-from lmdepth.book.notebook import chapter_models, md, setup, show_table
+from lmdepth.book.notebook import chapter_models, claims_md, md, setup, show_table
 from lmdepth.claims import report
 from lmdepth.claims.paper_values import reported
 from lmdepth.book.pages import lens_page as page
@@ -264,7 +264,7 @@ if tuned_lens:
 # transition (arXiv 2512.14064) is shown in the settling table above, not judged.
 
 # %% tags=["hide-input"]
-md(report.describe("lens"))
+md(claims_md("lens"))
 
 # %% tags=["hide-input"]
 units = bigram.with_baseline(lens.run_units(models, **lens_kw), models, **lens_kw)
@@ -295,6 +295,11 @@ md(page.averaging_md(all_tables, models, tuned=tuned_lens))
 #
 # ## Differences from the paper
 #
+# Small packaged models in fp32 and a sample of positions per problem, instead of Llama 3.1 70B and every
+# position; the authors' aggregation and KL direction. Beyond the paper: a tuned lens trained here, scalar
+# summaries with bootstrap intervals, and verdicts with a random-init twin as the control.
+#
+# :::{dropdown} The differences in detail: models, sample, aggregation, KL direction, tuned lens, verdicts
 # - **Models.** Small PyPI-packaged models (SmolLM2-135M-Instruct, Gemma 3 270M, Qwen2.5-Coder-0.5B-Instruct),
 #   de-quantised from 4-bit GGUF to fp32, instead of Llama 3.1 70B in bf16 on NDIF; the unembedding matmul runs in
 #   fp32 (the `paper` profile: bf16, as in the paper), with fp32 log-softmax.
@@ -319,6 +324,7 @@ md(page.averaging_md(all_tables, models, tuned=tuned_lens))
 #   the row is not testable (saturated), and a twin like that is no valid control. The tuned lens must beat the
 #   count-bigram baseline by 0.2 in top-5 overlap: with the plain 0.2 level the tuned-lens check could not pass,
 #   because a bigram table alone exceeds it.
+# :::
 #
 # ## Summary and environment
 

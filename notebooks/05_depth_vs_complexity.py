@@ -43,6 +43,7 @@
 # chapter's positive control is the synthetic one: the model's own effect profiles shifted one layer deeper per
 # level.
 #
+# :::{dropdown} Run this chapter yourself
 # ```bash
 # source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
 # lmdepth run complexity --model smollm2-135m
@@ -50,6 +51,7 @@
 # jupytext --to ipynb -o - notebooks/05_depth_vs_complexity.py \
 #   | papermill - /tmp/out.ipynb -p model_name gemma3-270m -p results_dir /tmp/lmdepth-results
 # ```
+# :::
 
 # %% tags=["remove-cell"]
 # Colab only. Fetches the repository (a shallow clone: the library, the stored results/ and the trained checkpoints),
@@ -109,7 +111,7 @@ from lmdepth.charts.complexity_charts import accuracy_chart, depth_vs_level_char
 from lmdepth.charts.erasure_charts import comparison_maps, map_chart
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.measurement import show_measurement
-from lmdepth.book.notebook import chapter_models, md, setup, show_table
+from lmdepth.book.notebook import chapter_models, claims_md, md, setup, show_table
 from lmdepth.claims import complexity_claims as cc, report  # cc: the chapter's claims
 from lmdepth.book.pages import complexity_page as page
 from lmdepth.runtime import environment, resolve_device
@@ -137,6 +139,10 @@ loaders = complexity.model_loaders(models, device=dev, dtype=dtype, remote=remot
 # | synthetic variable chains | k = 1–4 hops | 8 assignments (`a=3`, `b=a+2`, …), "what is the value of d?" | one digit |
 # | synthetic fact chains | k = 1–4 hops | 8 facts about made-up people, "What is the favourite colour of the mentor of the neighbour of X?" | one colour word |
 #
+# The multi-hop prompts have about the same length at every k; the arithmetic prompts grow with k, so there depth
+# and length change together.
+#
+# :::{dropdown} How the synthetic sets are built and checked
 # The multi-hop passages have the same number of statements for every k (distractors fill up, including hard
 # negatives such as the colour of an intermediate person), so the prompt length barely changes with k. In the
 # arithmetic chains every partial result stays within 0–9 and the worked examples have the question's k, so the
@@ -144,6 +150,8 @@ loaders = complexity.model_loaders(models, device=dev, dtype=dtype, remote=remot
 # together. All synthetic answers are balanced over 10 one-token answers (a constant answer scores 10 % over the
 # whole set; on a rung of 12 items, where 10 answers cannot all appear equally often, up to 17 %), and the tests
 # check every generated answer, and every worked example, with an independent solver.
+# :::
+#
 # **Correct or not**: a synthetic item is solved if the model's greedy next token is the answer; a MATH or GSM8K
 # item if the model's greedy continuation of the prompt (up to `gen_tokens` tokens) ends in the right final answer
 # (GSM8K: the number after "The final answer is"; MATH: the last `\boxed{}`).
@@ -181,8 +189,7 @@ show_table(page.sizes_table(items), caption="Per dataset and level, for each mod
 
 # %% [markdown]
 # Items per level, mean tokens analysed (prompt plus the kept part of the solution; for the synthetic sets the
-# prompt alone) and the number solved. The multi-hop prompts have about the same length at every k; the arithmetic
-# prompts grow with k.
+# prompt alone) and the number solved.
 #
 # ## Can the models climb the ladder?
 #
@@ -218,12 +225,17 @@ show_table(page.slope_table(slopes, levels, items), caption="The fitted slopes o
 #
 # A depth score can move with the length of the prompt alone, so the verdicts below read the slope *at a fixed
 # prompt length*: each item's depth score is fitted on its level and its prompt length, and the level's coefficient
-# is the slope. That works only where the two vary apart. Where r reaches 0.9 in size over the items a fit uses,
+# is the slope. That works only where the two vary apart; where the level fixes the length (η ≥ 0.9) the check is
+# not testable.
+#
+# :::{dropdown} Why a length that follows the level makes the check not testable
+# Where r reaches 0.9 in size over the items a fit uses,
 # the slope's variance is more than 5 times what it would be with a length that did not follow the level
 # (1 / (1 − r²), the usual mark of severe collinearity): the fit cannot tell depth per level from depth per token,
 # and the check is not testable until the levels are length-matched. The verdicts apply the bound to the
 # correlation ratio η (with the fit's item weights), which equals |r| for a length linear in the level and also
 # catches one length per level along a curve.
+# :::
 #
 # ## Where the effects sit, level by level
 #
@@ -258,7 +270,7 @@ solved_chart(solved)
 # read at a fixed prompt length, and there no fit can hold it fixed; the reason then names r and η.
 
 # %% tags=["hide-input"]
-md(report.describe("complexity"))
+md(claims_md("complexity"))
 
 # %% tags=["hide-input"]
 verdicts = report.check("complexity", table, models, None, n_boot, seed, only=cc.claim_ids(sources))
@@ -333,6 +345,12 @@ comparison_maps(concat_tables(case), list(case), method="ig")  # one titled row 
 # %% [markdown]
 # ## Differences from the paper
 #
+# Three small packaged models instead of Llama 3.1 70B; synthetic multi-hop chains instead of MQuAKE, and an
+# arithmetic ladder of our own and GSM8K by steps as extra difficulty axes; far smaller samples (1–2 MATH and GSM8K
+# items per level, shown but not counted); and a decision rule the paper does not state: an equivalence test
+# against a margin of half a layer per level, read at a fixed prompt length, with a positive control.
+#
+# :::{dropdown} The differences in detail: models, data, cut points, sample sizes, the decision rule, prompt length
 # - **Models and precision.** Three small models packaged on PyPI (SmolLM2-135M-Instruct, 30 layers; Gemma 3
 #   270M, 18; Qwen2.5-Coder-0.5B-Instruct, 24), de-quantised from 4-bit GGUF to fp32, instead of Llama 3.1 70B in
 #   bf16. Instruct models get the raw prompts (no chat template), as in the paper.
@@ -382,15 +400,18 @@ comparison_maps(concat_tables(case), list(case), method="ig")  # one titled row 
 # - **Correctness** (solved / unsolved) is new, as are the intervals, the slope and the fixed criterion.
 # - **Integrated gradients** only for the whole layer output (the paper's Fig. 6a); the code also had attention and
 #   MLP variants.
+# :::
 #
 # ## Reproducibility
 #
+# :::{dropdown} Where every number of this page is stored
 # Every item is identified in the results (`results/depth_complexity/<model>/<key>/meta.json`: item ids, levels,
 # cut points, generated answers), the synthetic items are regenerated bit for bit from `seed`, and every number on
 # this page comes from the cached runs. Per-item checkpoints make an interrupted run resume where it stopped.
 # The erasure and integrated-gradient maps are in `results/erasure_ig/`. The functions take any model that
 # exposes the residual-stack protocol of `lmdepth.analyses.erasure` (embed → blocks → final norm → unembed), not only
 # Hugging Face models.
+# :::
 #
 # ## Summary and environment
 

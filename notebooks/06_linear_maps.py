@@ -91,7 +91,7 @@ from lmdepth.analyses import maps as lmaps
 from lmdepth.charts.maps_charts import floor_lines, heatmap_grid, heatmap_rows, map_heatmaps
 from lmdepth.book.cost import announce_cost
 from lmdepth.book.measurement import show_measurement
-from lmdepth.book.notebook import md, setup, show_table
+from lmdepth.book.notebook import claims_md, md, setup, show_table
 from lmdepth.claims import maps_claims, report
 from lmdepth.claims.paper_values import reported
 from lmdepth.book.pages import maps_page as page
@@ -213,7 +213,7 @@ show_table(page.controls_table(table, run), caption="What each control measured,
 # check the method, not the paper; they are reported below the verdicts.
 
 # %% tags=["hide-input"]
-md(report.describe("maps"))
+md(claims_md("maps"))
 
 # %% tags=["hide-input"]
 units, controls = maps_claims.units_of(table, main_labels)

@@ -29,6 +29,7 @@
 # beyond the paper — the depth score of {doc}`05_depth_vs_complexity` against the number of operations in the
 # problem. The pipeline runs unchanged at the paper's size with the `paper` profile on a GPU.
 #
+# :::{dropdown} Run this chapter yourself, retrain a run, or run the paper's size
 # ```bash
 # source .venv/bin/activate    # the environment scripts/setup_env.sh made (or your own)
 # lmdepth run moeut                                     # the book's runs (committed, and shipped with the package)
@@ -37,6 +38,7 @@
 # lmdepth run moeut -p checkpoint_dir /tmp/my-runs      # the chapter on your runs (others: the committed ones)
 # lmdepth run moeut --profile paper -p device cuda      # the paper's 244M configuration, for a GPU
 # ```
+# :::
 
 # %% tags=["remove-cell"]
 # Colab only. Fetches the repository (a shallow clone: the library, the stored results/ and the trained checkpoints),
@@ -78,7 +80,7 @@ from lmdepth.analyses import depth_questions, scratch as sa
 from lmdepth.charts import findings_charts, scratch_charts as charts
 from lmdepth.scratch import training
 from lmdepth.book.measurement import show_measurement
-from lmdepth.book.notebook import md, setup, show_table
+from lmdepth.book.notebook import claims_md, folded, md, setup, show_table
 from lmdepth.claims import report, scratch_claims as moeut_claims
 from lmdepth.book.pages import scratch_page as page
 from lmdepth.runtime import environment, resolve_device
@@ -95,13 +97,16 @@ params = sa.ScratchParams(profile=profile, train=train, checkpoint_dir=checkpoin
 # `add_sub_multiple_small`: the generator's own expression sampler (`sample.arithmetic.arithmetic`, additions and
 # subtractions, in the five question templates of `add_sub_multiple`) with the answer drawn uniformly from [−49,
 # 49], small operands (entropy 1: mostly one digit, with one operand near the answer) and 2, 3 or 4 operations; its
-# extrapolation split has 5 or 6 operations, as the release's `*_longer` splits add operations. The release's own
-# `add_sub_multiple` draws larger numbers, and four ~1M-parameter runs trained on it for 1,500 steps answered "-10",
+# extrapolation split has 5 or 6 operations, as the release's `*_longer` splits add operations. A problem is the
+# text `" Q: {question} A:"` followed by `" {answer}"`, tokenised by characters.
+#
+# :::{dropdown} Why this module, and how a problem is stored
+# The release's own `add_sub_multiple` draws larger numbers, and four ~1M-parameter runs trained on it for 1,500 steps answered "-10",
 # "-1" or "-11" to nearly every problem (exact match at the constant-answer baseline); the answer range is kept wide
 # so that always giving the most common answer stays near 1–2 %. The `paper` profile uses every arithmetic module of
-# the release at its own difficulties. A problem is the text `" Q: {question} A:"` followed by `" {answer}"`, one
-# per row with a BOS token first and an EOS after the answer, tokenised by characters. Every generated problem is
-# cached with its seed.
+# the release at its own difficulties. A problem is one row, with a BOS token first and an EOS after the answer.
+# Every generated problem is cached with its seed.
+# :::
 
 # %% tags=["hide-input"]
 cfg0 = training.run_config(profile, "moeut", "lm")
@@ -111,7 +116,7 @@ md(page.data_md(cfg0, data))
 show_table(page.split_table(data), caption="Per split: problems, numbers of operations and question length")
 
 # %% tags=["hide-input"]
-show_table(page.example_table(data), caption="Example problems of each split")
+show_table(page.example_table(data), caption="Example problems of each split", fold=True)
 
 # %% [markdown]
 # The number of operations is counted from the question's arithmetic expression (binary `+ − × ÷`, unary minus
@@ -121,21 +126,24 @@ show_table(page.example_table(data), caption="Example problems of each split")
 #
 # The two architectures of this profile (read from its preset, `training.PRESETS`) share d_model, RoPE and the
 # optimiser (AdamW, warm-up and cosine decay, clipping). The **question modelled** objective is the usual loss on
-# every token; **question not modelled** puts loss on the answer and the EOS only. A run that has no finished
-# checkpoint is trained here (with a progress bar; an interrupted run continues from its last checkpoint).
+# every token; **question not modelled** puts loss on the answer and the EOS only.
 
 # %% tags=["hide-input"]
-show_table(page.architecture_table(profile), caption="The two architectures of this profile, side by side")
+show_table(page.architecture_table(profile), caption="The two architectures of this profile, side by side", fold=True)
 
 # %% tags=["hide-input"]
 runs = sa.trained_runs(profile, params.runs_dir, params.data_dir, train=train, device=params.device)
-show_table(page.runs_table(runs), caption="The four trained runs: size, steps, learning rate, training time and final loss")
+show_table(page.runs_table(runs), caption="The four trained runs: size, steps, learning rate, training time and final loss", fold=True)
 md(page.scale_md(runs, profile))
 
 # %% [markdown]
-# The training times were measured when each run was trained (on the machine named in its `meta.json`); CPU time
-# counts every thread of the training process. Loss "question modelled" averages over every token, so its values
-# are not comparable with the answer-only loss.
+# Loss "question modelled" averages over every token, so its values are not comparable with the answer-only loss.
+#
+# :::{dropdown} How the runs are trained and timed
+# A run that has no finished checkpoint is trained here (with a progress bar; an interrupted run continues from its
+# last checkpoint). The training times were measured when each run was trained (on the machine named in its
+# `meta.json`); CPU time counts every thread of the training process.
+# :::
 
 # %% mystnb={"figure": {"caption": "Training loss (moving average over 25 steps) of the four runs. The two objectives average over different tokens (all tokens vs answer tokens only), so only runs with the same objective are comparable. Click a legend entry to isolate a run.", "name": "fig-moeut-loss"}}
 charts.loss_chart(runs)
@@ -153,23 +161,27 @@ charts.learning_curve_chart(runs, baseline=page.interpolation_baseline(splits))
 # %% tags=["hide-input"]
 per_example = sa.evaluate_runs(runs, splits, device=params.device)
 summary = sa.accuracy_summary(per_example)
-show_table(page.accuracy_table(summary), caption="Exact match (with its interval) and answer loss per run and split, and the constant-answer baseline")
+show_table(page.accuracy_table(summary), caption="Exact match (with its interval) and answer loss per run and split, and the constant-answer baseline", fold=True)
 
 # %% mystnb={"figure": {"caption": "Exact match per run and split (rules: Wilson 95 % intervals) and the mean answer loss per answer token.", "name": "fig-moeut-accuracy"}}
 charts.accuracy_chart(summary)
 
 # %% tags=["hide-input"]
 gains = sa.gains_by_split(per_example, splits, n_boot=n_boot, seed=seed)
-show_table(page.gains_table(gains), caption="The paired gains of not modelling the question per split and metric, with 95 % intervals")
+show_table(page.gains_table(gains), caption="The paired gains of not modelling the question per split and metric, with 95 % intervals", fold=True)
 
 # %% [markdown]
+# The table above: what not modelling the question changes, per architecture. The paper, on extrapolation: MoEUT
+# +27 points (36 % → 63 %), Transformer +7 points (41 % → 48 %). Below, the two architectures compared directly.
+#
+# :::{dropdown} What the two tables hold
 # What not modelling the question changes: exact match (answer-only minus all-token run, in points) and the
 # reduction of the answer loss (nats per answer token; positive = better answers), for each architecture and the
 # difference between them, with paired bootstrap intervals over the problems (every run answers the same ones).
-# The paper, on extrapolation: MoEUT +27 points (36 % → 63 %), Transformer +7 points (41 % → 48 %).
 #
 # The two architectures compared directly, each pair of runs trained with the same objective (MoEUT minus
-# Transformer; answer loss reduction positive = MoEUT's answers are better), with the same paired intervals:
+# Transformer; answer loss reduction positive = MoEUT's answers are better), with the same paired intervals.
+# :::
 
 # %% tags=["hide-input"]
 gaps = sa.architecture_gaps(per_example, splits, n_boot=n_boot, seed=seed)
@@ -180,17 +192,22 @@ page.show_gaps(gaps)
 #
 # For each depth step $b$ (row 0: the embeddings; row $b$: the output of step $b-1$) and token $t$, the residual is
 # replaced by an uninformative one and the largest change $\lVert P - P'\rVert_2$ of the answer-token predictions is
-# recorded — the protocol of {doc}`05_depth_vs_complexity`, with the authors' choices for these models: the
-# replacement is the **position mean of one other DM-math problem's residual** (`dm_math.ERASURE_REFERENCE`), tokens
-# 1 … T−2 are erased, and the final output has no row. A model whose later computation steps sit in later layers
-# shows a staircase: early operands stop mattering at lower depth than late ones. Probes 2 and 3 are
+# recorded — the protocol of {doc}`05_depth_vs_complexity`. A model whose later computation steps sit in later
+# layers shows a staircase: early operands stop mattering at lower depth than late ones.
+#
+# :::{dropdown} The authors' choices for these models, and the four probes
+# The replacement is the **position mean of one other DM-math problem's residual** (`dm_math.ERASURE_REFERENCE`),
+# tokens 1 … T−2 are erased, and the final output has no row.
+#
+# Probes 2 and 3 are
 # `add_sub_multiple` problems (5 and 4 operations, the kind of problem the default runs learn, with some operands
 # beyond their usual range), probes 1 and 4 `mul_div_multiple`; a module the runs were not trained on shows how a
 # model spreads an unfamiliar input over depth, not a learned computation.
+# :::
 
 # %% tags=["hide-input"]
 erasure_table, probe_answers = sa.probe_erasures(runs, device=params.device)
-show_table(page.probe_answers_table(probe_answers), caption="The probe problems and each run's answer")
+show_table(page.probe_answers_table(probe_answers), caption="The probe problems and each run's answer", fold=True)
 
 # %% mystnb={"figure": {"caption": "Residual erasure on probe 2 of the paper (an add_sub_multiple problem), one row of panels per run: effect on the answer predictions of replacing the residual at (depth step, token) with the reference mean. Row 0 = embeddings, step 0 at the bottom; each panel has its own colour scale (hover for values).", "name": "fig-moeut-erasure"}}
 charts.probe_chart(erasure_table, sa.PROBES[1][0], list(runs))
@@ -203,7 +220,7 @@ charts.probe_charts(erasure_table, [sa.PROBES[0][0], sa.PROBES[3][0]], list(runs
 
 # %% tags=["hide-input"]
 edepth = sa.erasure_depth(erasure_table)
-show_table(page.erasure_depth_table(edepth), caption="Erasure depth per probe and run")
+show_table(page.erasure_depth_table(edepth), caption="Erasure depth per probe and run", fold=True)
 
 # %% [markdown]
 # A one-number summary of each map: the effect-weighted mean row at which erasing a *question* token changes the
@@ -217,9 +234,14 @@ show_table(page.erasure_depth_table(edepth), caption="Erasure depth per probe an
 # the whole prompt and the effect on the later steps and on the answer predictions is measured
 # ({doc}`05_depth_vs_complexity`, future-token variant with the cut at the first answer token); the **depth score**
 # $D$ is the effect-weighted mean step, shown relative to $L-1$ (mean aggregation over problems, bootstrap 95 %
-# intervals resampling problems within each count). The counts of the two splits do not overlap (interpolate has
-# the short chains, extrapolate the long ones), so a rise over all counts mixes "more operations" with "longer
-# than anything seen in training"; the fitted rise within each split is shown beside it.
+# intervals resampling problems within each count). The fitted rise within each split is shown beside the rise
+# over all counts.
+#
+# :::{dropdown} Why the rise within each split
+# The counts of the two splits do not overlap (interpolate has the short chains, extrapolate the long ones), so a
+# rise over all counts mixes "more operations" with "longer than anything seen in training"; the fitted rise within
+# each split is shown beside it.
+# :::
 
 # %% tags=["hide-input"]
 depth = sa.depth_vs_operations(runs, data, per_example, n_per_operations, n_boot=n_boot, seed=seed, device=params.device)
@@ -230,11 +252,11 @@ charts.depth_ops_chart(depth.levels)
 
 # %% tags=["hide-input"]
 rises = sa.overall_rises(depth)
-show_table(page.rise_table(rises), caption="Rise of the depth score with the number of operations, per run and effect, with its 95 % interval")
-show_table(depth.split_rises, caption="Rise of the depth score per operation within each split, per run (layer effect, mean aggregation)")  # layer effect, mean aggregation
+show_table(page.rise_table(rises), caption="Rise of the depth score with the number of operations, per run and effect, with its 95 % interval", fold=True)
+show_table(depth.split_rises, caption="Rise of the depth score per operation within each split, per run (layer effect, mean aggregation)", fold=True)  # layer effect, mean aggregation
 
 # %% tags=["hide-input"]
-show_table(page.solved_table(depth.solved_groups), caption="Relative depth score of the solved and the unsolved problems per run, with the group sizes")
+show_table(page.solved_table(depth.solved_groups), caption="Relative depth score of the solved and the unsolved problems per run, with the group sizes", fold=True)
 
 # %% [markdown]
 # The same depth score for the sampled problems each run solves and fails (layer effect, all operation counts
@@ -246,11 +268,15 @@ show_table(page.solved_table(depth.solved_groups), caption="Relative depth score
 # From the claims registry (`lmdepth.claims`): not modelling the question should improve MoEUT's extrapolation —
 # exact match (the paper's measure) and, finer for weak models, the answer loss — by more than it improves the
 # Transformer's, each decided from a paired bootstrap interval over the extrapolation problems and the training
-# seeds. The checks are only testable on comparable runs: one learning rate for every compared run, at least three
+# seeds. The four runs above are not comparable (two learning rates, one seed each), so the checks read their own
+# **comparison runs**: both architectures at 1e-3, seeds 0–4 of each objective.
+#
+# :::{dropdown} When runs are comparable, how the comparison runs are trained, and how their seeds enter the interval
+# The checks are only testable on comparable runs: one learning rate for every compared run, at least three
 # training seeds each, and every seed at ≥ 95 % interpolation exact match (a run still learning the training
 # distribution would turn a comparison of objectives into one of training progress). The four runs above are not
 # comparable (the Transformer trains at 2e-3, MoEUT at 1e-3, one seed each), so the checks read their own
-# **comparison runs**: both architectures at 1e-3, seeds 0–4 of each objective (five seeds: the fewest a seed-level
+# comparison runs: both architectures at 1e-3, seeds 0–4 of each objective (five seeds: the fewest a seed-level
 # test can decide with; the table shows which are finished), otherwise the default recipe (MoEUT's seed-0 runs
 # are the runs above). They take ~30 CPU-hours, so the book never trains them: `scripts/train_matched_runs.py` does
 # (resumable). The table shows where they stood when this page was executed; a run that finishes in
@@ -261,6 +287,7 @@ show_table(page.solved_table(depth.solved_groups), caption="Relative depth score
 # runs: runs with the same seed see the same batches), so it includes how much the seeds disagree. With three seeds
 # that level is resampled coarsely (10 distinct draws, its variance understated by a third), while the problems'
 # spread enters twice (once inside each seed's mean), which widens the interval.
+# :::
 
 # %% tags=["hide-input"]
 matched, matched_states = sa.matched_runs(profile, params.runs_dir, device=params.device, loaded=runs)
@@ -276,7 +303,7 @@ show_table(page.matched_table(matched_states, matched_per_example), caption="The
 # the depth claims of the next section:
 
 # %% tags=["hide-input"]
-md(report.describe("moeut"))
+md(claims_md("moeut"))
 
 # %% tags=["hide-input"]
 verdicts = report.check("moeut", moeut_claims.units_of(matched_per_example), [moeut_claims.SUBJECT],
@@ -288,7 +315,7 @@ findings_charts.claims_forest(verdicts)
 
 # %% tags=["hide-input"]
 md(page.comparison_md(verdicts))
-md(page.findings_md(summary, gains, rises, edepth, per_example))
+md(folded("What the four default runs show (descriptive: one seed each, two learning rates)", page.findings_md(summary, gains, rises, edepth, per_example)))
 
 # %% [markdown]
 # (depth-questions)=
@@ -299,7 +326,11 @@ md(page.findings_md(summary, gains, rises, edepth, per_example))
 # the question "significantly utilizes deeper layers" in a "more input-dependent" way, and fine-tuning a
 # pretrained model does not change its depth use. {doc}`05_depth_vs_complexity` cannot ask this of the packaged
 # models (they solve one or two rungs of its ladders); the comparison runs above solve their task, so they can be
-# asked. For `n_depth_per_operations` problems per number of operations from each evaluation split, every run
+# asked: each run's depth score, relative to its last depth step, on the problems every training seed solves, with
+# "more operations" decided **within** each split.
+#
+# :::{dropdown} The problems, the three depth summaries of each, and the split
+# For `n_depth_per_operations` problems per number of operations from each evaluation split, every run
 # gets three depth summaries per problem, each relative to its last depth step (0 = first, 1 = last): the **depth
 # score** of the layer effect and of the answer effect (every depth step skipped on the question, the effect
 # measured from the first answer token on, as above) and the **erasure depth** (where erasing a question token
@@ -307,27 +338,36 @@ md(page.findings_md(summary, gains, rises, edepth, per_example))
 # of the compared runs solves, at the numbers of operations with at least 5 of them. "More operations" is decided
 # **within** each split (the slope at a fixed split); the rise across the splits, which mixes in "longer than any
 # training problem", is shown in the figure.
+# :::
 #
-# **What counts as a rise.** "Depth grows" counts a rise of at least δ = a quarter layer per operation (one of the
-# models' 8 depth steps over the ladder's four more operations, 2 → 6), derived from the alternative: a model that
+# **What counts as a rise.** "Depth grows" counts a rise of at least δ = a quarter layer per operation; the pair
+# rows of MoEUT against the Transformer count only what training adds beyond the two architectures' untrained twins.
+#
+# :::{dropdown} Why δ is a quarter layer, and why the pair rows subtract the untrained twins
+# δ is one of the models' 8 depth steps over the ladder's four more operations, 2 → 6, derived from the alternative: a model that
 # spends one more layer per operation would rise four times δ. A rise whose whole interval lies below δ is
 # *disagrees* — depth grows, if at all, by less than a layer over the ladder — and an undecided row says how large a
 # rise its seeds could have detected. **MoEUT against the Transformer** compares architectures as much as training:
 # the pair rows count only what training adds, the trained gap minus the same gap of the two architectures'
 # untrained twins (the weights each seed started from).
+# :::
 #
-# A fine-tuned **SmolLM2-135M** (the packaged model, trained on the same problems with the answer-only loss, three
-# seeds; `scripts/finetune_runs.py`) asks the paper's contrast: a pretrained model fine-tuned on the task. It is
+# A fine-tuned **SmolLM2-135M** asks the paper's contrast: a pretrained model fine-tuned on the task.
+#
+# :::{dropdown} The fine-tuned SmolLM2-135M: how it is trained, and why its row is not testable
+# It is the packaged model, trained on the same problems with the answer-only loss, three seeds
+# (`scripts/finetune_runs.py`). It is
 # trained outside the book (hours on a CPU); this page reads what is finished, and the table says what is not. Its
 # row has the same 95 % competence gate as every depth row; the CPU fine-tunes did not reach it (the table's last
 # columns), so the row is not testable and says the level reached.
+# :::
 
 # %% tags=["hide-input"]
 show_measurement("moeut")
 
 # %% tags=["hide-input"]
 dq = depth_questions.ask(matched, data, matched_per_example, params, earlier=verdicts)
-show_table(page.finetune_table(dq.finetune_states, dq.over_training), caption="The fine-tuned SmolLM2-135M runs: state, steps, snapshots and the exact match they reached")
+show_table(page.finetune_table(dq.finetune_states, dq.over_training), caption="The fine-tuned SmolLM2-135M runs: state, steps, snapshots and the exact match they reached", fold=True)
 
 # %% mystnb={"figure": {"caption": "Mean relative depth per number of operations, one line per run (the mean over its training seeds; points: each seed), on the problems every seed of the run solves: the depth score D/(L−1) of the layer effect (what the claims read), of the answer effect, or the erasure depth (radio button). Left of the dashed rule the interpolation split, right of it the extrapolation split, whose problems are longer than any training problem. Click a legend entry to isolate a run.", "name": "fig-moeut-depth-recipes"}}
 charts.depth_recipe_chart(dq.units[dq.units.run.isin([*moeut_claims.RECIPES.values(), moeut_claims.FINETUNED_RUN])])
@@ -347,10 +387,20 @@ report.save(dq.chapter_verdicts, "moeut", results_dir)
 # `q=7;x=4;c=q;h=c;…` — and asks for one variable; the answer is the digit at the end of its chain of k = 1 … 6
 # lookups (7 in the extrapolation split). Which variable to look up next is known only once the previous lookup
 # is done; a model reading left to right can resolve each assignment where it stands, one lookup per step of
-# depth. Beside the queried chain stands a twin of the same k lookups ending in another digit, and one-lookup
+# depth. A twin chain beside the queried one means only following the query finds the answer.
+#
+# :::{dropdown} How the questions are built so that only following the query works
+# Beside the queried chain stands a twin of the same k lookups ending in another digit, and one-lookup
 # lines fill the question up to fourteen whatever k: the answer's and the twin's digits occur once each, neither
 # chain is longer and either may come first, so only following the query tells them apart (guessing between the
-# two scores 50 %, far below the 95 % gate). Two designs before this one were not learned and were replaced before
+# two scores 50 %, far below the 95 % gate).
+# :::
+#
+# The recipe is this chapter's Transformer with the question not
+# modelled, with the same depth score, sample size, competence gate, within-split rise and δ as the rows above.
+#
+# :::{dropdown} The two earlier designs, and how the control runs are trained
+# Two designs before this one were not learned and were replaced before
 # any depth was measured: every line shuffled (a line could use a variable assigned later; 23 % exact match at
 # step 9,000 of 30,000), then the queried chain among shorter ones (its first run learned to answer the longest
 # chain's digit or the first digit of the question, not to follow the query). The recipe is this
@@ -358,6 +408,7 @@ report.save(dq.chapter_verdicts, "moeut", results_dir)
 # steps (about 2 hours each on one CPU thread; `scripts/train_matched_runs.py --task chains`), with the same depth
 # score, sample size, competence gate, within-split rise and δ as the rows above. Each run stores a snapshot of its
 # depth score at step 0 and every 10 % of training.
+# :::
 
 # %% tags=["hide-input"]
 page.show_chain_control(dq.chain_states, dq.chain_accuracy, dq.verdicts)
@@ -375,7 +426,7 @@ charts.over_training_chart(dq.comparison_over_training, step="Training step")
 charts.over_training_chart(dq.over_training)
 
 # %% tags=["hide-input"]
-md(page.over_training_md(dq.over_training, dq.finetune_states))
+md(folded("Depth over fine-tuning, seed by seed", page.over_training_md(dq.over_training, dq.finetune_states)))
 
 # %% tags=["remove-cell"]
 # Checks of the code, not of the claims: depth scores lie inside the network; accuracies are proportions; every
@@ -385,6 +436,13 @@ page.check_results(runs, summary, erasure_table, depth.levels)
 # %% [markdown]
 # ## Differences from the paper
 #
+# Models of about 1M parameters trained on a CPU, on one module with small numbers, instead of 244M-parameter models
+# on every arithmetic module; the two architectures at different learning rates in the four default runs, so the
+# verdicts read comparison runs at one learning rate over five training seeds. Beyond the paper: the depth score
+# against the number of operations, registered depth claims decided over training seeds, a pointer-chain positive
+# control, and a fine-tuned SmolLM2-135M (LoRA) in place of a fully fine-tuned Llama-3.2-3B.
+#
+# :::{dropdown} The differences in detail: scale, data, learning rates, tokenizer, erasure rows, depth questions, positive control, fine-tuning
 # - **Scale.** ~1M-parameter models (d_model 128, 8 depth steps) trained on a CPU for the steps in the runs table,
 #   instead of 244M parameters (d_model 1024, 18 depth steps) trained for days on two A100s. The `paper` profile holds
 #   the public MoEUT-244M configuration and a dense baseline of about the same size (`training.PRESETS["paper"]`);
@@ -422,15 +480,18 @@ page.check_results(runs, summary, erasure_table, depth.levels)
 #   (rank 8, every linear map of every layer, merged before any measurement), on this chapter's problems, because a
 #   run spans several sessions of a 2-core CPU and its resume checkpoint must be committed between them (29 MB for
 #   the adapters and their optimiser; 1.6 GB for the full model's).
+# :::
 #
 # ## Reproducibility
 #
+# :::{dropdown} Where the trained runs are stored, and how a run is retrained
 # The trained runs live in `checkpoint_dir` (one folder per run, named by a hash of everything that determines the
 # weights, with `meta.json`: configuration, data, wall time, environment); the book's default runs are committed in
 # `checkpoints/dm_math/`, so rebuilding the book does not retrain, and copied into the installed package, so Colab and
 # a `pip install` load them from any directory (a run is looked up in `checkpoint_dir` first, then among the shipped
 # runs). Delete a folder (or change the preset) and the chapter trains it again into `checkpoint_dir`; an
 # interrupted training resumes from its last checkpoint (`ckpt_every` steps).
+# :::
 #
 # ## Summary and environment
 

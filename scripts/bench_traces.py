@@ -40,11 +40,21 @@ printed at the start and the end. The defaults (one problem a chapter: the skip 
 16 minutes on a loaded 2-core CPU (load average ~3); ``--chapters`` runs a subset. Run with one thread:
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_traces.py --model smollm2-135m --problems 1 --repeats 3
+
+``--ceiling`` also prints one JSON line per trace on the loaded model (chapters 01–06) with its efficiency against
+the exact-work ceiling: ``{"path", "efficiency", "forwards", "plain_forward_s"}``, where ``forwards`` is the work the
+trace's decoder layers did, counted by hooks on every layer as token rows (batch × new tokens, summed over layer
+calls) and expressed in plain forwards of the first problem (its tokens × the layers), ``plain_forward_s`` that
+forward's median CPU seconds (``logits_to_keep=1``), measured in the same process just before, and
+``efficiency = plain_forward_s × forwards / the trace's median CPU seconds``. The unembedding and the attention over a
+reused prefix are not counted, so a path that reads logits at many positions scores lower than its matrix products
+alone would: the figure is conservative.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -83,6 +93,24 @@ FORWARDS: list[int] = []
 def count_forward(module: torch.nn.Module, args: Any) -> None:
     """Forward pre-hook of a decoder: count one pass."""
     FORWARDS.append(1)
+
+
+#: Token rows (batch × new tokens) the loaded model's decoder layers processed since the last clear, one entry per
+#: layer call (:func:`count_rows`).
+LAYER_ROWS: list[int] = []
+
+
+def count_rows(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of a decoder layer: the token rows of this call (its hidden states [B, T, d])."""
+    h = args[0] if args else kwargs["hidden_states"]
+    LAYER_ROWS.append(h.shape[0] * h.shape[1])
+
+
+def plain_forward_s(lm: LoadedModel, ids: torch.Tensor, repeats: int = 5) -> float:
+    """Median CPU seconds of a plain forward of ``ids`` [1, T] (the last position's logits only)."""
+    with torch.no_grad():
+        lm.model(ids, logits_to_keep=1)  # warm-up
+        return statistics.median(timed(lambda: lm.model(ids, logits_to_keep=1))[1] for _ in range(repeats))
 
 
 @dataclass(frozen=True)
@@ -317,7 +345,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
 def measure(pair: Pair, repeats: int, tol: float, forwards: list[int], budget_s: float) -> dict[str, Any]:
     """Up to ``repeats`` interleaved rounds of both paths (the order alternates), fewer once another round would
     take this pair past ``budget_s`` seconds (at least one). The first round's results are compared and its
-    forward passes counted."""
+    forward passes (and the trace's layer rows, :data:`LAYER_ROWS`) counted."""
     cpu: dict[str, list[float]] = {"reference": [], "trace": []}
     wall: dict[str, list[float]] = {"reference": [], "trace": []}
     out, fw = {}, {}
@@ -329,11 +357,14 @@ def measure(pair: Pair, repeats: int, tol: float, forwards: list[int], budget_s:
                 break
             for path in (("reference", "trace") if r % 2 == 0 else ("trace", "reference")):
                 forwards.clear()
+                LAYER_ROWS.clear()
                 res, c, w = timed(pair.reference if path == "reference" else pair.trace)
                 cpu[path].append(c)
                 wall[path].append(w)
                 if r == 0:
                     out[path], fw[path] = res, len(forwards)
+                    if path == "trace":
+                        rows = sum(LAYER_ROWS)
             if r == 0:
                 worst = pair.diff(out["trace"], out["reference"])
                 if not worst <= tol:
@@ -344,7 +375,8 @@ def measure(pair: Pair, repeats: int, tol: float, forwards: list[int], budget_s:
     return {"chapter": pair.chapter, "measurement": pair.measurement, "ref_cpu": med["reference"],
             "trace_cpu": med["trace"], "ratio": med["trace"] / med["reference"],
             "ref_wall": statistics.median(wall["reference"]), "trace_wall": statistics.median(wall["trace"]),
-            "runs": len(cpu["trace"]), "ref_fw": fw["reference"], "trace_fw": fw["trace"], "diff": worst}
+            "runs": len(cpu["trace"]), "ref_fw": fw["reference"], "trace_fw": fw["trace"], "diff": worst,
+            "trace_rows": rows}
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -356,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                     help="no further round of a pair once it would take the pair past S seconds (one round at least)")
     ap.add_argument("--chapters", default=",".join(CHAPTERS), help=f"a subset of {','.join(CHAPTERS)}")
     ap.add_argument("--tol", type=float, default=1e-5, help="largest allowed difference of trace and reference")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also print each trace's efficiency against its exact-work ceiling, one JSON line each")
     args = ap.parse_args(argv)
     chapters = args.chapters.split(",")
     bad = [c for c in chapters if c not in BUILDERS]
@@ -371,7 +405,11 @@ def bench(args: argparse.Namespace, chapters: list[str]) -> list[dict[str, Any]]
     lm = load_model(args.model)
     forwards = FORWARDS
     lm.model.get_decoder().register_forward_pre_hook(count_forward)
+    for layer in lm.adapter.layers:
+        layer.register_forward_pre_hook(count_rows, with_kwargs=True)
     load0, t0, c0 = os.getloadavg(), time.perf_counter(), time.process_time()
+    ref_ids = gsm8k_problems(lm, 1)[0][1]
+    plain = plain_forward_s(lm, ref_ids) if args.ceiling else None
     print(f"model {args.model} ({lm.n_layers} layers), problems/chapter {args.problems}, repeats {args.repeats}, "
           f"torch threads {torch.get_num_threads()}, load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}",
           flush=True)
@@ -389,6 +427,15 @@ def bench(args: argparse.Namespace, chapters: list[str]) -> list[dict[str, Any]]
     for r in rows:
         print(f"{r['chapter']:7} {r['measurement']:44} {r['ref_cpu']:9.2f} {r['trace_cpu']:11.2f} {r['ratio']:9.2f} "
               f"{r['ref_wall']:10.2f} {r['trace_wall']:12.2f} {r['runs']:4} {str(r['ref_fw']) + '/' + str(r['trace_fw']):>18}")
+    if plain is not None:
+        per_forward = ref_ids.shape[1] * lm.n_layers  # token rows of one plain forward of the first problem
+        for r in rows:
+            if r["trace_rows"]:  # chapter 07's traces run on its own scratch model, not this one
+                fw = r["trace_rows"] / per_forward
+                r["efficiency"] = plain * fw / r["trace_cpu"]
+                print(json.dumps({"path": f"{r['chapter']} {r['measurement']}", "efficiency": round(r["efficiency"], 3),
+                                  "forwards": round(fw, 2), "plain_forward_s": round(plain, 4),
+                                  "trace_cpu_s": round(r["trace_cpu"], 3)}))
     load1 = os.getloadavg()
     print(f"all equal within {args.tol:g} (largest difference {max(r['diff'] for r in rows):.1e}); "
           f"{time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU; load average at end "

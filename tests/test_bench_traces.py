@@ -50,3 +50,16 @@ def test_the_bench_times_chapter_07s_traces_on_its_own_scratch_run(tiny_dirs):
     # the last boundary (the trace skips every layer there, but its embedding runs)
     groups = (erase["trace_fw"] - 1) // 9
     assert groups >= 1 and erase["trace_fw"] == 1 + 9 * groups and erase["ref_fw"] == 1 + 8 * groups
+
+
+def test_the_ceiling_counts_a_traces_work_in_plain_forwards(tiny_dirs, capsys):
+    """``--ceiling``: the residual-metrics trace of one problem is exactly one plain forward's work (every layer once
+    over its tokens); the lens trace too (it reads logits, not counted); each line carries its efficiency."""
+    import json
+
+    rows = bench().main(["--model", str(tiny_dirs["llama"]), "--chapters", "01-02,04", "--repeats", "1", "--ceiling"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert [x["path"] for x in lines] == [f"{r['chapter']} {r['measurement']}" for r in rows]
+    assert all(x["forwards"] == 1.0 and x["plain_forward_s"] > 0 and x["efficiency"] > 0 for x in lines)
+    assert lines[0]["efficiency"] == pytest.approx(rows[0]["efficiency"], abs=1e-3)
+    assert rows[0]["efficiency"] == pytest.approx(lines[0]["plain_forward_s"] / rows[0]["trace_cpu"], rel=1e-3)

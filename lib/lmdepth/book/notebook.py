@@ -98,23 +98,60 @@ def styled(df: pd.DataFrame, sortable: bool = False, links: list[str] | None = N
 #: A table of more rows than this starts folded under its caption (about one screen of the verdict tables' rows, whose
 #: claim cells wrap over two or three lines).
 FOLD_ROWS = 10
+#: The class of every folded block the page helpers make (an HTML ``<details>``): tables, prose, measurement code.
+FOLD_CLASS = "lmdepth-folded"
+
+
+def folded(caption: str, markdown: str) -> str:
+    """Markdown that starts folded under ``caption``: the caption shows, a click opens the rest (an HTML
+    ``<details>``, so also in Jupyter and Colab). The body stays Markdown — lists, emphasis, math — because blank
+    lines separate it from the ``<details>`` tags (CommonMark ends an HTML block at a blank line). For a chapter's
+    dated notes, variants and long caveats, off the reader path (:mod:`lmdepth.book.reading`)."""
+    return (f'<details class="{FOLD_CLASS}"><summary>{html.escape(caption)}</summary>\n\n{markdown.strip()}\n\n'
+            "</details>")
+
+
+#: A chapter with more registered claims than this shows their list folded too (each claim is named, with its rule,
+#: in the verdict tables that follow).
+FOLD_CLAIMS = 6
+
+
+def claims_md(chapter: str) -> str:
+    """The chapter's registered claims for its page (:func:`lmdepth.claims.report.describe`, all of it): one line per
+    claim on the reader path — its name, figure and statement — folded under its caption where there are more than
+    :data:`FOLD_CLAIMS`; and, folded, each claim's statistic, rule and unit with how a verdict is decided, and the
+    dated changes to the criteria made after their numbers were seen."""
+    from lmdepth.claims import report
+
+    specs = report.for_chapter(chapter)
+    text = report.describe(chapter)
+    rules, _, history = text.partition("\n\nChanges to the criteria after their numbers were seen:\n")
+    lines = "\n".join(f"- **{s.claim}** ({s.figure}): {s.statement}" for s in specs)
+    if len(specs) > FOLD_CLAIMS:
+        lines = folded(f"The {len(specs)} claims checked here, each with its statement", lines)
+    out = [lines, folded("Each claim's statistic, rule and unit, and how a verdict is decided", rules)]
+    if history:
+        n = history.count("\n- ") + history.startswith("- ")
+        out.append(folded(f"Changes to the criteria after their numbers were seen ({n} dated notes)", history))
+    return "\n\n".join(out)
 
 
 def show_table(df: pd.DataFrame, sortable: bool = False, links: list[str] | None = None,
-               caption: str | None = None) -> None:
+               caption: str | None = None, fold: bool | None = None) -> None:
     """Display :func:`styled` ``df`` now — wherever the call stands in its cell (a table returned by a cell's
     non-last line would otherwise never render); ``sortable``: its rows sort by a clicked column header in the book
     (:mod:`lmdepth.book.table_sort`); ``links``: one address per row, which its first cell links to; ``caption``:
     one line saying what the table holds (every table of the book has one). A table of more than :data:`FOLD_ROWS`
     rows starts folded: its caption and row count show, a click opens it (an HTML ``<details>``, so also in
-    Jupyter and Colab)."""
+    Jupyter and Colab). ``fold``: True folds the table whatever its length (a per-model or per-seed table off the
+    reader path), False never folds it; None (the default) folds by length."""
     from IPython.display import HTML, display
 
     table = styled(df, sortable, links)
     if caption:
         table = table.set_caption(html.escape(caption))
-    if len(df) <= FOLD_ROWS:
+    if not (len(df) > FOLD_ROWS if fold is None else fold):
         display(table)
         return
     summary = html.escape(f"{caption or 'Table'}: {len(df)} rows (click to open)")
-    display(HTML(f'<details class="lmdepth-folded"><summary>{summary}</summary>\n{table.to_html()}</details>'))
+    display(HTML(f'<details class="{FOLD_CLASS}"><summary>{summary}</summary>\n{table.to_html()}</details>'))

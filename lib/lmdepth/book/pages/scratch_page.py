@@ -17,7 +17,7 @@ from lmdepth.analyses.scratch import (
     evaluation_splits,
     extrapolation_gains,
 )
-from lmdepth.book.notebook import md, show_table
+from lmdepth.book.notebook import folded, md, show_table
 from lmdepth.claims import report
 from lmdepth.claims import scratch_claims as sc
 from lmdepth.claims.scratch_claims import RUNS, SUBJECT, comparable, units_of
@@ -472,22 +472,28 @@ def pair_gaps_table(gaps: pd.DataFrame) -> pd.DataFrame:
 # ---- what the chapter shows together (one call per section, so the chapter stays short) ---------------------------
 
 def show_gaps(gaps: pd.DataFrame) -> None:
-    """The MoEUT − Transformer gaps per split (:func:`gaps_table`) and their paragraph (:func:`gaps_md`)."""
+    """The MoEUT − Transformer gaps per split (:func:`gaps_table`, folded: the four default runs are descriptive)
+    and their paragraph (:func:`gaps_md`)."""
     show_table(gaps_table(gaps), caption="MoEUT minus Transformer per split, metric and objective, with its 95 % "
-                                         "interval")
+                                         "interval", fold=True)
     md(gaps_md(gaps))
 
 
 def show_depth_rows(verdicts: pd.DataFrame, gaps: pd.DataFrame) -> None:
-    """The depth rows (their table and :func:`depth_md`), then where the MoEUT − Transformer depth gap comes from
-    (:func:`~lmdepth.analyses.depth_questions.pair_gaps`)."""
+    """The depth rows: their table on the reader path; folded under captions, the same rows in words
+    (:func:`depth_md`: each rise in layers, the seeds' own values, what an undecided row could have detected) and
+    where the MoEUT − Transformer depth gap comes from (:func:`~lmdepth.analyses.depth_questions.pair_gaps`)."""
     show_table(report.display(verdicts), caption="The paper's depth claims on the comparison and fine-tuned runs, "
                                                  "and the positive control")
-    md(depth_md(verdicts))
+    words = depth_md(verdicts)
+    if words:
+        md(folded("The depth rows in words: each rise in layers, the seeds' own values, and what an undecided row "
+                  "could have detected", words))
     show_table(pair_gaps_table(gaps), caption="Where the MoEUT − Transformer depth gap comes from (relative depth; "
                                               "means over the problems and seeds the pair rows read): the trained "
                                               "gap, the untrained twins' gap, what training adds (the pair rows' "
-                                              "statistic), and not modelling the question within each architecture")
+                                              "statistic), and not modelling the question within each architecture",
+               fold=True)
 
 
 def show_chain_control(states: pd.DataFrame, accuracy: pd.DataFrame, verdicts: pd.DataFrame) -> None:
