@@ -3,9 +3,10 @@
 Every run's sidecar keeps its units' own compute seconds (``unit_compute_s``: total, units, timed — see
 :func:`lmdepth.analyses.run.per_unit`), whether the units were computed in that execution or read from their
 checkpoints, and, for runs computed since 2026-12-02, their CPU seconds (``cpu_total``, ``cpu_timed``): the cost
-free of whatever else the machine ran, which :func:`build_cost` prefers. A unit computed before the timing existed is untimed; the table then says how many are. Every sidecar
-also keeps ``wall_time_s``, the wall time of the execution that finished the run: the one cost known for runs
-without units (a benchmark) or without unit timings, but only a lower bound for a run resumed from checkpoints.
+free of whatever else the machine ran, which :func:`build_cost` prefers. A unit computed before the timing existed
+is untimed; the table then says how many are. Every sidecar also keeps ``wall_time_s``, the wall time of the
+execution that finished the run: the one cost known for runs without units (a benchmark) or without unit timings,
+but only a lower bound for a run resumed from checkpoints.
 """
 
 from __future__ import annotations
