@@ -134,3 +134,58 @@ def test_the_training_script_lists_the_positive_control_queue():
     out = subprocess.run([sys.executable, "scripts/train_matched_runs.py", "--task", "chains", "--list",
                           "--checkpoint-dir", "/nonexistent"], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.count("transformer-answer_only seed") == 5 and "of 30,000" in out.stdout
+
+
+@pytest.mark.integration
+def test_the_curriculum_admits_the_next_length_only_past_its_gate(tmp_path, monkeypatch):
+    """Stage 1 draws only one-hop problems; the held-out check set of each length is never drawn; a check below the
+    gate admits nothing, one at the gate admits the next length from that step on; checks stop at the longest."""
+    from dataclasses import replace
+
+    from lmdepth.scratch import curriculum
+
+    cfg = replace(tr.chain_configs("smoke")[0], n_train_per_module=9000)  # ~1,500 of each length: 100 held out
+    train = tr.load_data(cfg, tmp_path / "data").train
+    course = curriculum.Curriculum.build(train, 0.9)
+    length = [ex.n_operations for ex in train]
+    held = {id(e) for c in course.checks.values() for e in c}
+    assert course.lengths == [1, 2, 3, 4, 5, 6] and course.stages == [(0, 1)]
+    assert all(len(c) == curriculum.CHECK_PER_LENGTH and {e.n_operations for e in c} == {n}
+               for n, c in course.checks.items())
+    for n, pool in course.pools.items():
+        assert {length[i] for i in pool.tolist()} == set(range(1, n + 1))
+        assert not held & {id(train[i]) for i in pool.tolist()}
+    scores = iter([0.85, 0.9])
+    monkeypatch.setattr(curriculum, "exact_match", lambda *a, **k: np.array([next(scores)]))
+    model = torch.nn.Linear(1, 1)
+    assert course.check_due(7, 5, model, None) is None  # not a multiple of the check interval: nothing evaluated
+    assert course.check_due(5, 5, model, None) == 0.85 and course.stages == [(0, 1)]
+    assert course.check_due(10, 5, model, None) == 0.9 and course.stages == [(0, 1), (10, 2)] and model.training
+    assert course.stage_of(9)[0] == 0 and {length[i] for i in course.stage_of(9)[1].tolist()} == {1}
+    assert course.stage_of(10)[0] == 10 and {length[i] for i in course.stage_of(12)[1].tolist()} == {1, 2}
+    done = curriculum.Curriculum.build(train, 0.9, [[0, 1], [4, 6]])  # as a checkpoint stores them
+    assert done.stages == [(0, 1), (4, 6)] and done.check_due(5, 5, model, None) is None
+    small = curriculum.Curriculum.build(train[:300], 0.9)  # about 50 of each length: a tenth held out
+    assert all(len(c) == sum(e.n_operations == n for e in train[:300]) // 10 for n, c in small.checks.items())
+    with pytest.raises(DataError, match="at least 10 of each length"):
+        curriculum.Curriculum.build(train[:30], 0.9)
+
+
+@pytest.mark.integration
+def test_a_curriculum_run_resumes_bit_identically_and_records_its_stages(tmp_path):
+    """With a gate every check passes (0), the stages advance at every checkpoint; a run interrupted between two
+    checks ends with the weights and stages of the run trained straight through, and the stages are in its meta."""
+    from dataclasses import replace
+
+    cfg = replace(tr.chain_configs("smoke")[0], n_train_per_module=1200, curriculum_gate=0.0, ckpt_every=5)
+    assert cfg.key() != tr.chain_configs("smoke")[0].key()
+    plain = tr.train_run(cfg, tmp_path / "plain", data_dir=tmp_path / "data", progress=False)
+    assert tr.train_run(cfg, tmp_path / "cut", data_dir=tmp_path / "data", progress=False, stop_after=12) is None
+    cut = tr.train_run(cfg, tmp_path / "cut", data_dir=tmp_path / "data", progress=False)
+    a, b = torch.load(plain, weights_only=False), torch.load(cut, weights_only=False)
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    stages = [(0, 1), (5, 2), (10, 3), (15, 4), (20, 5), (25, 6)]
+    assert [tuple(s) for s in a["meta"]["curriculum"]] == stages == [tuple(s) for s in b["meta"]["curriculum"]]
+    off = tr.train_run(replace(cfg, curriculum_gate=None), tmp_path / "off", data_dir=tmp_path / "data", progress=False)
+    c = torch.load(off, weights_only=False)
+    assert not all(torch.equal(a["state_dict"][k], c["state_dict"][k]) for k in a["state_dict"])

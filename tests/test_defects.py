@@ -11,7 +11,9 @@ pytestmark = pytest.mark.unit
 
 
 def page(body: str, width=800, figures=(), tables=(), page_width=1385, window=1400) -> str:
-    meas = {"width": width, "figures": [{"i": i, "width": w} for i, w in enumerate(figures)],
+    """A measured page; a figure is its drawn width, or (drawn width, its box's width, whether it shows the cue)."""
+    figures = [(f, width, False) if isinstance(f, (int, float)) else f for f in figures]
+    meas = {"width": width, "figures": [{"i": i, "width": w, "box": box, "cue": cue} for i, (w, box, cue) in enumerate(figures)],
             "tables": [{"i": i, "width": w, "columns": c, "id": tid} for i, (w, c, tid) in enumerate(tables)],
             "page": {"width": page_width, "window": window}}
     return f'<html><body>{body}<pre id="lmdepth-measure">{json.dumps(meas).replace("&", "&amp;")}</pre></body></html>'
@@ -67,13 +69,16 @@ def test_the_runs_table_fits_and_skipped_updates_are_reported():
 
 
 def test_a_page_wider_than_its_window_is_a_defect_on_a_desktop_and_on_a_phone():
-    """A page that scrolls sideways as a whole; on a phone only that is checked (a chart wider than the column
-    scrolls in its own box there, lmdepth.book.narrow_screens)."""
+    """A page that scrolls sideways as a whole; on a phone a chart wider than the column scrolls in its own box
+    (lmdepth.book.narrow_screens), and must say so: a wide chart without the scroll cue is a defect there."""
     assert page_defects(page("", page_width=1400)) == []
     assert page_defects(page("", page_width=1412)) == ["the page is 1412 px wide in a 1400 px window: it scrolls sideways"]
-    phone = page("<p>$x_1$</p>", width=358, figures=[676], page_width=724, window=390)
+    phone = page("<p>$x_1$</p>", width=358, figures=[(676, 358, True)], page_width=724, window=390)
     assert page_defects(phone, phone=True) == ["the page is 724 px wide in a 390 px window: it scrolls sideways"]
-    assert page_defects(page("", width=358, figures=[676], page_width=375, window=390), phone=True) == []
+    assert page_defects(page("", width=358, figures=[(676, 358, True), (300, 358, False)], page_width=375,
+                             window=390), phone=True) == []
+    silent = page("", width=358, figures=[(300, 358, False), (676, 358, False)], page_width=375, window=390)
+    assert page_defects(silent, phone=True) == ["figure 2 is 676 px wide in a 358 px box with no scroll cue"]
 
 
 def test_the_narrow_screen_stylesheet_ships_with_every_html_build(tmp_path):
@@ -83,15 +88,19 @@ def test_the_narrow_screen_stylesheet_ships_with_every_html_build(tmp_path):
     from lmdepth.runtime import REPO_ROOT
 
     class App:  # what setup() asks of Sphinx
-        outdir, css, hooks = tmp_path / "html", [], {}
+        outdir, css, js, hooks = tmp_path / "html", [], [], {}
         builder = type("Builder", (), {"format": "html"})()
         add_css_file = lambda self, name: self.css.append(name)  # noqa: E731
+        add_js_file = lambda self, name: self.js.append(name)  # noqa: E731
         connect = lambda self, event, fn: self.hooks.setdefault(event, fn)  # noqa: E731
 
     app = App()
     assert narrow_screens.setup(app)["parallel_read_safe"]
     app.hooks["builder-inited"](app)
     css = (app.outdir / "_static" / narrow_screens.CSS_NAME).read_text()
+    js = (app.outdir / "_static" / narrow_screens.JS_NAME).read_text()
     assert app.css == [narrow_screens.CSS_NAME] and ".lmdepth-vega" in css and "overflow-x: auto" in css
+    assert app.js == [narrow_screens.JS_NAME] and f"'{narrow_screens.WIDE_CLASS}'" in js
+    assert f'.{narrow_screens.WIDE_CLASS}::before {{ content: "{narrow_screens.SCROLL_CUE} ' in css
     config = yaml.safe_load((REPO_ROOT / "_config.yml").read_text())
     assert "lmdepth.book.narrow_screens" in config["sphinx"]["extra_extensions"]

@@ -11,7 +11,9 @@ and reports:
 * fewer rendered tables than the page's unconditional ``show_table(...)`` calls;
 * a page wider than its window (it would scroll sideways as a whole), in a desktop window and on a phone
   (:data:`PHONE`, where a chart or table wider than the column must scroll inside its own box instead:
-  :mod:`lmdepth.book.narrow_screens`).
+  :mod:`lmdepth.book.narrow_screens`);
+* on a phone, a chart wider than its box that does not say it scrolls (no scroll cue: the reader would not know
+  the rest of its axis or its other panels are there).
 
 Layout is measured by a script added to a temporary copy of the page (next to it, so relative links resolve); it
 writes its measurements into the DOM, which ``--dump-dom`` returns. Headless Chromium keeps a window at least 500 px
@@ -40,7 +42,9 @@ window.addEventListener('load', () => setTimeout(() => {
   const width = col.getBoundingClientRect().width;
   const figures = [...document.querySelectorAll('.lmdepth-vega')].map((el, i) => {
     const drawn = el.querySelector('svg, canvas');
-    return {i, width: drawn ? drawn.getBoundingClientRect().width : 0};
+    const cue = getComputedStyle(el, '::before').content;
+    return {i, width: drawn ? drawn.getBoundingClientRect().width : 0, box: el.clientWidth,
+            cue: !['none', 'normal', ''].includes(cue) && getComputedStyle(el).overflowX === 'auto'};
   });
   const tables = [...col.querySelectorAll('table')].map((t, i) => ({
     i, width: t.getBoundingClientRect().width, columns: t.rows.length ? t.rows[0].cells.length : 0,
@@ -128,8 +132,8 @@ def page_defects(dom: str, n_tables: int = 0, phone: bool = False) -> list[str]:
     Args:
         dom: the page after its scripts ran (:func:`rendered`).
         n_tables: tables the page must show at least (:func:`expected_tables` of its chapter).
-        phone: ``dom`` is a phone's rendering (``rendered(..., phone=True)``): only the page's own width is checked
-            (a chart wider than the column scrolls in its box there, and the text was checked on the desktop).
+        phone: ``dom`` is a phone's rendering (``rendered(..., phone=True)``): the page's own width is checked, and
+            that every chart wider than its box shows the scroll cue (the text was checked on the desktop).
     """
     meas = measurements(dom)
     if meas is None:
@@ -138,7 +142,8 @@ def page_defects(dom: str, n_tables: int = 0, phone: bool = False) -> list[str]:
     out = ([f"the page is {page['width']} px wide in a {page['window']} px window: it scrolls sideways"]
            if page["width"] > page["window"] else [])
     if phone:
-        return out
+        return out + [f"figure {f['i'] + 1} is {f['width']:.0f} px wide in a {f['box']:.0f} px box with no scroll cue"
+                      for f in meas["figures"] if f["width"] > f.get("box", page["window"]) + 1 and not f.get("cue")]
     col = meas["width"]
     out += [f"figure {f['i'] + 1} is {f['width']:.0f} px wide, the text column {col:.0f} px"
             for f in meas["figures"] if f["width"] > col + 1]
