@@ -434,8 +434,8 @@ def bench(args: argparse.Namespace, chapters: list[str]) -> list[dict[str, Any]]
                 fw = r["trace_rows"] / per_forward
                 r["efficiency"] = plain * fw / r["trace_cpu"]
                 print(json.dumps({"path": f"{r['chapter']} {r['measurement']}", "efficiency": round(r["efficiency"], 3),
-                                  "forwards": round(fw, 2), "plain_forward_s": round(plain, 4),
-                                  "trace_cpu_s": round(r["trace_cpu"], 3)}))
+                                  "forwards": round(fw, 2), "plain_forward_s": float(f"{plain:.4g}"),  # 4 digits:
+                                  "trace_cpu_s": float(f"{r['trace_cpu']:.4g}")}))  # a tiny model's ms too
     load1 = os.getloadavg()
     print(f"all equal within {args.tol:g} (largest difference {max(r['diff'] for r in rows):.1e}); "
           f"{time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU; load average at end "

@@ -16,7 +16,11 @@ button calls the same :func:`lmdepth.book.explorer.explore` as the book. Voilà 
   (:data:`~lmdepth.charts.vega_offline.HTML_ONLY_ENV`), never through JupyterLab's vega renderer, which puts a
   "Javascript Error" under each chart in Voilà;
 * the notebook's markdown shows MyST roles, such as a link to another page of the book, as their text
-  (:func:`plain_roles`): Voilà renders plain Markdown, where a role is shown raw.
+  (:func:`plain_roles`): Voilà renders plain Markdown, where a role is shown raw;
+* a kernel is kept ready (Voilà's preheated kernel pool, one kernel): it loads the model and runs the notebook
+  before anyone asks, so a page shows its form in seconds instead of the 41–59 s the notebook takes to run on two
+  cores; when a page takes it, the next one is prepared. A last cell, added here, prints :data:`READY_LINE` on the
+  server's terminal when a kernel is ready.
 
 Why Voilà and not a server of our own: it is the maintained way to serve ipywidgets from a kernel (the comm
 protocol, kernel lifetime, one kernel per page), and the explorer's widget is then the same in Jupyter, Colab and
@@ -87,6 +91,12 @@ def plain_roles(markdown: str) -> str:
     return _ROLE.sub(lambda m: m[1] or m[2] or "", markdown)
 
 
+#: What the server's terminal shows each time a kernel has run the notebook and waits for a page.
+READY_LINE = "lmdepth: the explorer is ready: a page opened now shows its form at once"
+#: The cell :func:`prepare` adds at the end: the kernel's own stderr is the server's terminal (no page output).
+_READY_CELL = f"import sys as _sys\nprint({READY_LINE!r}, file=_sys.__stderr__, flush=True)"
+
+
 def prepare(folder: Path, params: Mapping[str, Any]) -> Path:
     """Write the explorer notebook with ``params`` injected (checked first, as ``lmdepth run`` checks them), its
     roles in plain text (:func:`plain_roles`), and the page template with the vega bundle into ``folder``; returns
@@ -107,6 +117,7 @@ def prepare(folder: Path, params: Mapping[str, Any]) -> Path:
         if cell.cell_type == "markdown":
             cell.source = plain_roles(cell.source)
     nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
+    nb.cells.append(nbformat.v4.new_code_cell(_READY_CELL, metadata={"tags": ["remove-cell"]}))
     path = folder / "explorer.ipynb"
     nbformat.write(nb, path)
     if params:  # papermill's loader adds the metadata its parameterizer reads (every cell's tags, its own)
@@ -139,11 +150,11 @@ def check_port(port: int) -> int:
 def voila_command(notebook: Path, port: int, open_browser: bool = False) -> list[str]:
     """The server's command line (:func:`lmdepth.book.explore_server.main`: Voilà, then its folder removed) serving
     ``notebook`` on 127.0.0.1:``port`` (never another port) without :data:`DENIED_EXTENSIONS`, with the template of
-    :func:`prepare` and the code cells hidden; Voilà's connection files go in the notebook's folder, which the server
-    removes when it ends."""
+    :func:`prepare`, the code cells hidden and one kernel kept ready (preheated); Voilà's connection files go in the
+    notebook's folder, which the server removes when it ends."""
     return [sys.executable, "-m", explore_server.MODULE, str(notebook), f"--port={port}", "--Voila.ip=127.0.0.1",
             "--ServerApp.port_retries=0", f"--Voila.connection_dir_root={notebook.parent}",
-            f"--template={TEMPLATE}", "--strip_sources=True",
+            f"--template={TEMPLATE}", "--strip_sources=True", "--preheat_kernel=True", "--pool_size=1",  # one kept ready
             *(f"--VoilaConfiguration.extension_denylist={name}" for name in DENIED_EXTENSIONS),
             *([] if open_browser else ["--no-browser"])]
 
@@ -168,11 +179,11 @@ def serve(params: Mapping[str, Any], port: int = 8866, open_browser: bool = Fals
     with temporary_dir(parent, explore_server.FOLDER_LABEL) as folder:
         notebook = prepare(folder, params)
         cmd = voila_command(notebook, port, open_browser)
-        print(f"lmdepth: serving the explorer at http://127.0.0.1:{port}/ (Ctrl-C stops it; the first page takes "
-              f"~20 s: it loads the model and runs the static example)\n  {shlex.join(cmd)}", file=sys.stderr,
-              flush=True)
+        print(f"lmdepth: serving the explorer at http://127.0.0.1:{port}/ (Ctrl-C stops it). It loads the model and "
+              f"runs the static example first (about a minute on 2 cores), then says it is ready\n  {shlex.join(cmd)}",
+              file=sys.stderr, flush=True)
         return explore_server.run(cmd, folder, environment(folder))
 
 
-__all__ = ["CHAPTER", "REQUIREMENTS", "DENIED_EXTENSIONS", "TEMPLATE", "TEMPLATE_INDEX", "require_voila", "plain_roles",
+__all__ = ["CHAPTER", "REQUIREMENTS", "DENIED_EXTENSIONS", "READY_LINE", "TEMPLATE", "TEMPLATE_INDEX", "require_voila", "plain_roles",
            "prepare", "check_port", "voila_command", "environment", "serve"]

@@ -75,20 +75,26 @@ def run(cmd: list[str], folder: Path, env: Mapping[str, str]) -> int:
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # once: a second one during the cleanup is ignored
     raise SystemExit(128 + signum)
 
 
 def main(argv: list[str]) -> int:
     """The server's process: Voilà serving ``argv`` (the notebook, then Voilà's options) in this process; when it
     ends, the notebook's folder is removed if it is a temporary the library made (:func:`lmdepth.results.temp_dir`)."""
-    # until Voilà installs its own handler (which stops its loop): a SIGTERM while it starts still removes the folder
-    signal.signal(signal.SIGTERM, _stop)
     folder = Path(argv[0]).resolve().parent
     try:
+        # until Voilà installs its own handler (which stops its loop): a SIGTERM while it starts still removes the
+        # folder. Installed inside the try, so a SIGTERM from its first instant on reaches the finally below (it
+        # was installed before the line above, whose raise no finally caught: a kill there left the folder).
+        signal.signal(signal.SIGTERM, _stop)
         from voila.app import main as voila
 
         voila(argv)
     finally:
+        # a second SIGTERM (its parent's death can bring two, 30 ms apart) must not cut the removal short: it raised
+        # SystemExit again inside this block and left the folder behind
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         from lmdepth.results import is_temporary
 
         if is_temporary(folder):  # never a user's folder, whatever notebook this was given
