@@ -93,7 +93,8 @@ def plain_roles(markdown: str) -> str:
 
 #: What the server's terminal shows each time a kernel has run the notebook and waits for a page.
 READY_LINE = "lmdepth: the explorer is ready: a page opened now shows its form at once"
-#: The cell :func:`prepare` adds at the end: the kernel's own stderr is the server's terminal (no page output).
+#: The cell :func:`prepare` adds at the end: the kernel's stderr is the server's terminal (the page does not show it:
+#: Voilà leaves stderr outputs off its pages unless ``show_tracebacks`` is set).
 _READY_CELL = f"import sys as _sys\nprint({READY_LINE!r}, file=_sys.__stderr__, flush=True)"
 
 

@@ -85,8 +85,8 @@ def main(argv: list[str]) -> int:
     folder = Path(argv[0]).resolve().parent
     try:
         # until Voilà installs its own handler (which stops its loop): a SIGTERM while it starts still removes the
-        # folder. Installed inside the try, so a SIGTERM from its first instant on reaches the finally below (it
-        # was installed before the line above, whose raise no finally caught: a kill there left the folder).
+        # folder. Installed inside the try, so a SIGTERM from here on reaches the finally below (one before it, in
+        # the moment the interpreter starts, kills without cleanup: the next start's sweep removes that folder).
         signal.signal(signal.SIGTERM, _stop)
         from voila.app import main as voila
 

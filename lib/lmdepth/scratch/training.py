@@ -11,8 +11,8 @@ Introduced in chapter 07. One call trains one run (architecture × objective) or
   only ("question not modelled", the authors' ``dm_math.loss_on_target_only``).
 * Resumable: a checkpoint (model, optimiser, step, loss history, RNG states) is written atomically every
   ``ckpt_every`` steps and when a call stops early (``stop_after``); the next call continues from it. The batch of
-  step i and the learning rate are pure functions of (seed, i), so an interrupted run ends bit-identical to an
-  uninterrupted one.
+  step i and the learning rate are pure functions of (seed, i) (with a curriculum, of the stages reached too,
+  which the checkpoint stores), so an interrupted run ends bit-identical to an uninterrupted one.
 * An update whose gradient is not finite is skipped (as AMP's ``GradScaler`` does) and its step recorded
   (``skipped_updates``); :data:`MAX_CONSECUTIVE_SKIPS` in a row stop the run with an error, its last checkpoint intact.
 * The finished run is ``<out_dir>/<run name>-<key>/model.pt`` (weights, config, tokenizer, loss history,
