@@ -158,13 +158,14 @@ def test_the_curriculum_admits_the_next_length_only_past_its_gate(tmp_path, monk
     scores = iter([0.85, 0.9])
     monkeypatch.setattr(curriculum, "exact_match", lambda *a, **k: np.array([next(scores)]))
     model = torch.nn.Linear(1, 1)
-    assert course.check_due(7, 5, model, None) is None  # not a multiple of the check interval: nothing evaluated
-    assert course.check_due(5, 5, model, None) == 0.85 and course.stages == [(0, 1)]
-    assert course.check_due(10, 5, model, None) == 0.9 and course.stages == [(0, 1), (10, 2)] and model.training
+    assert course.check_due(7, 5, 30, model, None) is None  # not a multiple of the check interval: nothing evaluated
+    assert course.check_due(5, 5, 30, model, None) == 0.85 and course.stages == [(0, 1)]
+    assert course.check_due(10, 5, 30, model, None) == 0.9 and course.stages == [(0, 1), (10, 2)] and model.training
+    assert course.check_due(30, 5, 30, model, None) is None  # none at the last step: it could change nothing
     assert course.stage_of(9)[0] == 0 and {length[i] for i in course.stage_of(9)[1].tolist()} == {1}
     assert course.stage_of(10)[0] == 10 and {length[i] for i in course.stage_of(12)[1].tolist()} == {1, 2}
     done = curriculum.Curriculum.build(train, 0.9, [[0, 1], [4, 6]])  # as a checkpoint stores them
-    assert done.stages == [(0, 1), (4, 6)] and done.check_due(5, 5, model, None) is None
+    assert done.stages == [(0, 1), (4, 6)] and done.check_due(5, 5, 30, model, None) is None
     small = curriculum.Curriculum.build(train[:300], 0.9)  # about 50 of each length: a tenth held out
     assert all(len(c) == sum(e.n_operations == n for e in train[:300]) // 10 for n, c in small.checks.items())
     with pytest.raises(DataError, match="at least 10 of each length"):
@@ -173,19 +174,61 @@ def test_the_curriculum_admits_the_next_length_only_past_its_gate(tmp_path, monk
 
 @pytest.mark.integration
 def test_a_curriculum_run_resumes_bit_identically_and_records_its_stages(tmp_path):
-    """With a gate every check passes (0), the stages advance at every checkpoint; a run interrupted between two
-    checks ends with the weights and stages of the run trained straight through, and the stages are in its meta."""
+    """With a gate every check passes (0), the stages advance at every check (every 3 steps; checkpoints every 5);
+    a run stopped once at a checkpoint and once by a crash between a check that admitted a length and the next
+    checkpoint ends with the weights, stages and check scores of the run trained straight through."""
     from dataclasses import replace
 
-    cfg = replace(tr.chain_configs("smoke")[0], n_train_per_module=1200, curriculum_gate=0.0, ckpt_every=5)
-    assert cfg.key() != tr.chain_configs("smoke")[0].key()
+    cfg = replace(tr.chain_configs("smoke")[0], n_train_per_module=1200, curriculum_gate=0.0, ckpt_every=5,
+                  curriculum_every=3)
+    assert cfg.key() != tr.chain_configs("smoke")[0].key() != replace(cfg, curriculum_every=5).key()
     plain = tr.train_run(cfg, tmp_path / "plain", data_dir=tmp_path / "data", progress=False)
-    assert tr.train_run(cfg, tmp_path / "cut", data_dir=tmp_path / "data", progress=False, stop_after=12) is None
+    assert tr.train_run(cfg, tmp_path / "cut", data_dir=tmp_path / "data", progress=False, stop_after=4) is None
+
+    def crash(step, model, tok):  # called after the check at step 12 (which admits a length), before a checkpoint
+        if step == 12:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tr.train_run(cfg, tmp_path / "cut", data_dir=tmp_path / "data", progress=False, on_snapshot=crash,
+                     snapshot_every=12)
+    ckpt = torch.load(tr.run_dir(cfg, tmp_path / "cut") / "ckpt.pt", weights_only=False)
+    assert ckpt["step"] == 10 and [tuple(s) for s in ckpt["curriculum"]][-1] == (9, 4)  # the stage of step 12 lost
     cut = tr.train_run(cfg, tmp_path / "cut", data_dir=tmp_path / "data", progress=False)
     a, b = torch.load(plain, weights_only=False), torch.load(cut, weights_only=False)
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
-    stages = [(0, 1), (5, 2), (10, 3), (15, 4), (20, 5), (25, 6)]
+    stages = [(0, 1), (3, 2), (6, 3), (9, 4), (12, 5), (15, 6)]
     assert [tuple(s) for s in a["meta"]["curriculum"]] == stages == [tuple(s) for s in b["meta"]["curriculum"]]
+    checks = [tuple(c) for c in a["meta"]["curriculum_checks"]]
+    assert [c[:2] for c in checks] == [(3, 1), (6, 2), (9, 3), (12, 4), (15, 5)]  # none once every length is in
+    assert checks == [tuple(c) for c in b["meta"]["curriculum_checks"]] and all(0 <= c[2] <= 1 for c in checks)
     off = tr.train_run(replace(cfg, curriculum_gate=None), tmp_path / "off", data_dir=tmp_path / "data", progress=False)
     c = torch.load(off, weights_only=False)
     assert not all(torch.equal(a["state_dict"][k], c["state_dict"][k]) for k in a["state_dict"])
+    assert "curriculum" not in c["meta"] and "curriculum_checks" not in c["meta"]
+
+
+@pytest.mark.integration
+def test_a_curriculum_check_leaves_every_rng_untouched(tmp_path):
+    """The check evaluates a real model: the torch, Python and NumPy generators are where they were."""
+    from lmdepth.data.dm_tokens import CharTokenizer
+    from lmdepth.scratch import curriculum
+    from lmdepth.scratch.models import build_model
+
+    cfg = tr.chain_configs("smoke")[0]
+    train = tr.load_data(cfg, tmp_path / "data").train
+    course = curriculum.Curriculum.build(train, 0.0)
+    tok = CharTokenizer()
+    model = build_model(cfg.model_config(tok.vocab_size), seed=0).train()
+    before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    assert course.check_due(5, 5, 30, model, tok) is not None and model.training
+    assert torch.equal(before[0], torch.get_rng_state()) and before[1] == random.getstate()
+    assert np.array_equal(before[2], np.random.get_state()[1])
+
+
+@pytest.mark.unit
+def test_runs_without_a_curriculum_keep_their_keys():
+    """The comparison runs' folders (committed) are named by keys that the curriculum's fields must not change."""
+    runs = {(c.arch, c.objective, c.seed): tr.run_dir(c, "x").name for c in tr.matched_configs("default")}
+    assert runs["transformer", "lm", 3] == "transformer-lm-3bed7956c71a"
+    assert runs["moeut", "lm", 3] == "moeut-lm-0fe8e26b0e59"

@@ -75,11 +75,13 @@ class ChainProblem:
     answer: int
 
 
-def chain_question(k: int, rng: random.Random, statements: int = STATEMENTS) -> ChainProblem:
+def chain_question(k: int, rng: random.Random, statements: int = STATEMENTS, solved: int = 0) -> ChainProblem:
     """One question whose queried chain has ``k`` hops, beside a twin of ``k`` hops and one-hop fillers,
-    ``statements`` assignments in all."""
+    ``statements`` assignments in all, and ``solved`` fillers' lookups written out before the query (``x?4``)."""
     if not 1 <= 2 * k <= statements:
         raise DataError(f"two chains of {k} hops do not fit {statements} assignments")
+    if solved > statements - 2 * k:
+        raise DataError(f"{solved} solved lookups need as many fillers; {k} hops leave {statements - 2 * k}")
     names = rng.sample(string.ascii_lowercase, statements)
     answer, twin, *others = rng.sample(string.digits, 10)
     fillers = [rng.choice(others) for _ in range(statements - 2 * k)]
@@ -96,18 +98,23 @@ def chain_question(k: int, rng: random.Random, statements: int = STATEMENTS) -> 
     for c in slots:
         lines.append(chains[c][nxt[c]])
         nxt[c] += 1
-    return ChainProblem(";".join(lines) + f". What is {names[k - 1]}?", int(answer))
+    at = 2 * k  # the fillers' names: names[2k:]
+    shown = rng.sample(range(len(fillers)), solved) if solved else []
+    worked = "".join(f"{';'.join(f'{names[at + i]}?{fillers[i]}' for i in shown)}. " if shown else "")
+    return ChainProblem(";".join(lines) + f". {worked}What is {names[k - 1]}?", int(answer))
 
 
-def chain_sampler(hops: tuple[int, ...], statements: int = STATEMENTS, design: str = DESIGN) -> Any:
-    """A sampler of one module's questions (a hop count uniform in ``hops``), drawing from the global ``random``
-    (``design``: only :data:`DESIGN` is generated; it is a parameter so that it enters the data's key)."""
+def chain_sampler(hops: tuple[int, ...], statements: int = STATEMENTS, design: str = DESIGN, solved: int = 0
+                  ) -> Any:
+    """A sampler of one module's questions (a hop count uniform in ``hops``, ``solved`` fillers' lookups written
+    out), drawing from the global ``random`` (``design``: only :data:`DESIGN` is generated; it is a parameter so
+    that it enters the data's key)."""
     if design != DESIGN:
         raise DataError(f"pointer chains are generated in the design {DESIGN!r}, not {design!r}")
 
     def problem() -> ChainProblem:
         rng = random.Random(random.getrandbits(64))
-        return chain_question(random.choice(hops), rng, statements)
+        return chain_question(random.choice(hops), rng, statements, solved)
 
     return problem
 
@@ -117,7 +124,7 @@ def parse(question: str) -> tuple[dict[str, str], str] | None:
     q = _QUERY.search(question)
     if q is None:
         return None
-    body = question[: q.start()].rstrip(". ")
+    body = question[: q.start()].split(". ")[0].rstrip(". ")  # the assignments, without solved lookups
     parts = body.split(";")
     pairs = [_ASSIGN.fullmatch(p) for p in parts]
     if not parts or any(m is None for m in pairs):

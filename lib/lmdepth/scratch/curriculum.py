@@ -12,13 +12,17 @@ The rule, fixed before any run used it (2026-12-02):
 * stage ``m`` trains on the problems of at most ``m`` steps (``n_operations``), drawn as the whole training set
   is (seeded epochs, :func:`~lmdepth.scratch.training.batch_indices`, counted from the stage's first step), so a
   resumed run draws the same batches;
-* :data:`CHECK_PER_LENGTH` problems of each length (a tenth where that is fewer) are held out of training; every ``ckpt_every`` steps the model
+* :data:`CHECK_PER_LENGTH` problems of each length (a tenth where that is fewer) are held out of training; every
+  ``curriculum_every`` steps (a field of the run's key) the model
   answers the held-out problems of the stage's longest length, and when it gets at least ``gate`` of them right
   (exact match) the next stage starts at the next step;
 * once the longest length of the training set is admitted, the run trains on everything but the held-out
-  problems to its last step. The stages reached are stored in the checkpoint and the finished run's meta.
+  problems to its last step. The stages reached and every check's score are stored in the checkpoint and the
+  finished run's meta.
 
-Stateless between checks: the stages so far, ``[(first step, longest length), …]``, determine every batch.
+Stateless between checks: the stages so far, ``[(first step, longest length), …]``, determine every batch. A run
+that stops between a check and its next checkpoint resumes from the checkpoint and makes the same check again on
+the same weights (training is deterministic), so nothing but time is lost.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class Curriculum:
         checks: length → its held-out problems.
         gate: exact match on the held-out problems of the longest admitted length that starts the next stage.
         stages: ``[(first step, longest admitted length), …]``, the first at step 0.
+        checks_made: ``[(step, length checked, exact match), …]``, every check so far.
     """
 
     lengths: list[int]
@@ -57,17 +62,19 @@ class Curriculum:
     checks: dict[int, list[MathExample]]
     gate: float
     stages: list[tuple[int, int]] = field(default_factory=list)
+    checks_made: list[tuple[int, int, float]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, gate: float | None, train: Sequence[MathExample], stages: list) -> Curriculum | None:
-        """The curriculum of a run (None when ``gate`` is None: no curriculum). ``stages`` is the list a checkpoint
-        stored (empty: a new run); the curriculum keeps it as its own :attr:`stages` and appends to it, so the
-        caller's list is always current."""
-        return None if gate is None else cls.build(train, gate, stages)
+    def of(cls, gate: float | None, train: Sequence[MathExample], stages: list, checks_made: list
+           ) -> Curriculum | None:
+        """The curriculum of a run (None when ``gate`` is None: no curriculum). ``stages`` and ``checks_made`` are
+        the lists a checkpoint stored (empty: a new run); the curriculum keeps them as its own and appends to them."""
+        return None if gate is None else cls.build(train, gate, stages, checks_made)
 
     @classmethod
-    def build(cls, train: Sequence[MathExample], gate: float, stages: list | None = None) -> Curriculum:
-        """The curriculum of a training set; ``stages`` as :meth:`of` takes it.
+    def build(cls, train: Sequence[MathExample], gate: float, stages: list | None = None,
+              checks_made: list | None = None) -> Curriculum:
+        """The curriculum of a training set; ``stages`` and ``checks_made`` as :meth:`of` takes them.
 
         Raises:
             DataError: a problem has no step count, or a length has too few problems to hold out a check set.
@@ -89,7 +96,9 @@ class Curriculum:
         pools = {n: torch.tensor([i for i, m in enumerate(length) if m <= n and i not in held]) for n in lengths}
         stages = [] if stages is None else stages
         stages[:] = [tuple(s) for s in stages] or [(0, lengths[0])]  # a checkpoint's are lists
-        return cls(lengths, pools, checks, gate, stages)
+        checks_made = [] if checks_made is None else checks_made
+        checks_made[:] = [tuple(c) for c in checks_made]
+        return cls(lengths, pools, checks, gate, stages, checks_made)
 
     @property
     def longest(self) -> int:
@@ -101,18 +110,19 @@ class Curriculum:
         first, longest = next((s, m) for s, m in reversed(self.stages) if s <= step)
         return first, self.pools[longest]
 
-    def check_due(self, step: int, every: int, model: ScratchLM, tok: CharTokenizer, device: str = "cpu"
-                  ) -> float | None:
-        """After ``step``, when it is a multiple of ``every``: the exact match on the held-out problems of the
-        longest admitted length, and the next stage started at ``step`` when it reaches the gate; None when no
-        check is due or every length is admitted. Leaves the weights and every RNG untouched (the model is
-        returned to training mode)."""
-        if step % every or self.longest == self.lengths[-1]:
+    def check_due(self, step: int, every: int, last: int, model: ScratchLM, tok: CharTokenizer,
+                  device: str = "cpu") -> float | None:
+        """After ``step``, when it is a multiple of ``every`` before the run's ``last`` step: the exact match on the
+        held-out problems of the longest admitted length, and the next stage started at ``step`` when it reaches
+        the gate; None when no check is due or every length is admitted. Leaves the weights and every RNG
+        untouched (the model is returned to training mode)."""
+        if step % every or step >= last or self.longest == self.lengths[-1]:
             return None
         model.eval()
         with torch.no_grad():  # an evaluation: no autograd graph
             em = float(exact_match(model, tok, self.checks[self.longest], device=device).mean())
         model.train()
+        self.checks_made.append((step, self.longest, em))
         if em >= self.gate:
             self.stages.append((step, self.lengths[self.lengths.index(self.longest) + 1]))
         return em

@@ -97,6 +97,8 @@ class TrainConfig:
         curriculum_gate: train shortest problems first, admitting the next length once the held-out problems of
             the longest admitted one reach this exact match (:mod:`lmdepth.scratch.curriculum`); None: no
             curriculum, every batch drawn from the whole training set.
+        curriculum_every: steps between the curriculum's checks (part of the key with a curriculum: when the next
+            length is admitted changes the weights).
     """
 
     arch: str
@@ -121,6 +123,7 @@ class TrainConfig:
     n_curve: int = 200
     threads: int | None = None
     curriculum_gate: float | None = None
+    curriculum_every: int = 500
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -144,7 +147,7 @@ class TrainConfig:
             d["train_levels"] = list(self.train_levels)
         d["betas"] = list(self.betas)
         if self.curriculum_gate is None:
-            d.pop("curriculum_gate")  # no curriculum: the run keys as before
+            d.pop("curriculum_gate"), d.pop("curriculum_every")  # no curriculum: the run keys as before
         return d
 
     def key(self) -> str:
@@ -440,17 +443,18 @@ def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 def _resume(ckpt: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: str
-            ) -> tuple[int, list, list, float, float, list, list]:
+            ) -> tuple[int, list, list, float, float, list, dict[str, list]]:
     """Load a resume checkpoint into ``model``, ``opt`` and the RNGs (nothing when there is none); returns (step,
-    loss history, learning curve, wall s, CPU s, skipped updates, curriculum stages)."""
+    loss history, learning curve, wall s, CPU s, skipped updates, the curriculum's record: its stages and checks)."""
     state = resume_state(ckpt, device)
     if state is None:
-        return 0, [], [], 0.0, 0.0, [], []
+        return 0, [], [], 0.0, 0.0, [], {"stages": [], "checks": []}
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     _set_rng_state(state["rng"])
     return (state["step"], state["history"], state.get("curve", []), state["wall_time_s"], state.get("cpu_time_s", 0.0),
-            state.get("skipped_updates", []), state.get("curriculum", []))
+            state.get("skipped_updates", []),
+            {"stages": state.get("curriculum", []), "checks": state.get("curriculum_checks", [])})
 
 
 def _batch_of(step: int, cfg: TrainConfig, n: int, course: Curriculum | None) -> torch.Tensor:
@@ -506,9 +510,11 @@ def train_run(
     tok = CharTokenizer()
     model = build_model(cfg.model_config(tok.vocab_size), seed=cfg.seed).to(device).train()
     opt = _optimizer(model, cfg)
-    step, history, curve, wall, cpu, skipped, stages = _resume(ckpt, model, opt, device)
+    step, history, curve, wall, cpu, skipped, record = _resume(ckpt, model, opt, device)
     probes = {s: data.split(s)[: cfg.n_curve] for s in ("interpolate", "extrapolate")}
-    course = Curriculum.of(cfg.curriculum_gate, data.train, stages)  # None without one; else it keeps `stages`
+    course = Curriculum.of(cfg.curriculum_gate, data.train, record["stages"], record["checks"])  # keeps both lists
+    # the curriculum's record travels with the run only when there is one
+    taught = {} if course is None else {"curriculum": course.stages, "curriculum_checks": course.checks_made}
 
     def curve_point() -> None:
         """(step, interpolate exact match, extrapolate exact match) on the fixed learning-curve problems."""
@@ -520,7 +526,7 @@ def train_run(
     def save_ckpt() -> None:
         state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
                  "curve": curve, "wall_time_s": wall, "cpu_time_s": cpu, "rng": _rng_state(), "train_config": cfg.key_params(),
-                 "skipped_updates": skipped, "curriculum": stages}
+                 "skipped_updates": skipped, **taught}
         atomic_write(ckpt, lambda tmp: torch.save(state, tmp))
 
     def snapshot() -> None:
@@ -546,7 +552,7 @@ def train_run(
         """The learning curve, snapshots and checkpoints due after this step (none of it is training time)."""
         nonlocal t0, c0
         lap()
-        course and course.check_due(step, cfg.ckpt_every, model, tok, device)  # before the checkpoint (its stages)
+        course and course.check_due(step, cfg.curriculum_every, cfg.steps, model, tok, device)  # before the ckpt
         for go, act in zip(_due(step, cfg, every), (curve_point, snapshot, save_ckpt)):
             if go:
                 act()
@@ -582,7 +588,7 @@ def train_run(
     meta = {"run": cfg.name, "key": cfg.key(), "train_config": cfg.key_params(), "n_parameters": count_parameters(model),
             "active_parameters": active_parameters(model.config), "wall_time_s": round(wall, 1), "cpu_time_s": round(cpu, 1),
             "steps_per_s": round(cfg.steps / wall, 3) if wall else None, "skipped_updates": skipped, "data": data.meta,
-            "curriculum": stages,
+            **taught,
             "objective_label": OBJECTIVE_LABELS[cfg.objective], "environment": environment()}
     trained = {"config": model.config.to_dict(), "state_dict": model.state_dict(), "tokenizer": tok.to_dict(),
                "history": history, "curve": curve, "meta": meta}
