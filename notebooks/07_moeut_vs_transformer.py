@@ -391,9 +391,8 @@ report.save(dq.chapter_verdicts, "moeut", results_dir)
 #
 # :::{dropdown} How the questions are built so that only following the query works
 # Beside the queried chain stands a twin of the same k lookups ending in another digit, and one-lookup
-# lines fill the question up to fourteen whatever k: the answer's and the twin's digits occur once each, neither
-# chain is longer and either may come first, so only following the query tells them apart (guessing between the
-# two scores 50 %, far below the 95 % gate).
+# lines of any digit fill the question up to fourteen whatever k: neither chain is longer, either may come first,
+# and how often a digit occurs does not mark the answer, so only following the query finds it.
 # :::
 #
 # The recipe is this chapter's Transformer with the question not
@@ -401,15 +400,21 @@ report.save(dq.chapter_verdicts, "moeut", results_dir)
 # trained shortest chains first: a chain one hop longer joins the training mix once the model answers 90 % of
 # held-out chains of the longest length it trains on.
 #
+# **No control run has been trained on this design yet, so the control cannot decide.** Its recipe is chosen,
+# with a dated note in the claim's history, before any run trains again: pilots of one-lookup learning at
+# learning rate 1e-3 or 3e-3, with and without solved lookups written into the question, all stayed at 12–30 %
+# exact match after 3,000 steps (`scripts/pilot_chain_recipe.py`; no depth measured).
+#
 # :::{dropdown} The earlier designs and recipe, and how the control runs are trained
-# Two designs before this one were not learned and were replaced before
+# Three designs before this one were not learned and were replaced before
 # any depth was measured: every line shuffled (a line could use a variable assigned later; 23 % exact match at
 # step 9,000 of 30,000), then the queried chain among shorter ones (its first run learned to answer the longest
-# chain's digit or the first digit of the question, not to follow the query). This design trained on every chain
-# length from the start did not learn either: 32.5 % interpolation exact match at step 9,000, below the 44 % that
-# guessing between the two long chains scores (at one hop 2 of 12 right). The rule written down before that run
-# reached step 9,000 — not above 50 % there, train shortest chains first — replaced the recipe on 2026-12-02,
-# before any depth of a chain run was measured. The recipe is this chapter's Transformer with the question not
+# chain's digit or the first digit of the question, not to follow the query), then twins whose fillers used only
+# the other eight digits. Trained on every chain length from the start, that design stood at 32.5 % interpolation
+# exact match at step 9,000, below the 44 % that guessing between the two long chains scores; trained shortest
+# chains first (the rule written down before), it never passed one-lookup chains by step 20,500, and on 150 fresh
+# one-lookup questions it answered a digit that occurs once in the question every time — the design's own cue,
+# now removed. The recipe is this chapter's Transformer with the question not
 # modelled, at the comparison runs' learning rate, five seeds of 30,000 steps (`scripts/train_matched_runs.py
 # --task chains`; about 5.5 CPU-hours each at 0.66 s a step on one thread), with the same depth score, sample size,
 # competence gate, within-split rise and δ as the rows above. The curriculum holds 100 chains of each length out of

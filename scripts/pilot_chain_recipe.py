@@ -9,7 +9,8 @@ match on one-hop questions — never a depth, for the candidates:
 * ``solved``: the question modelled (loss on every token) with two fillers' lookups written out before the query
   (``x?4;e?2.``): a denser signal for the lookup, and no help for the chain (only fillers are solved);
 * ``solved-lr3e-3``: the same at learning rate 3e-3;
-* ``dense``: eight fillers' lookups written out, learning rate 1e-3.
+* ``dense``: eight fillers' lookups written out, learning rate 1e-3;
+* ``four-lines``, ``eight-lines``: the baseline on questions of 4 or 8 assignments instead of 14.
 
 Usage: ``OMP_NUM_THREADS=1 python scripts/pilot_chain_recipe.py solved --steps 2500`` (one JSON line per check).
 """
@@ -30,16 +31,17 @@ from lmdepth.scratch.evaluate import exact_match
 from lmdepth.scratch.models import build_model
 from lmdepth.scratch.training import lm_loss, lr_at, run_config
 
-RECIPES = {"baseline": ("answer_only", 1e-3, 0), "lr3e-3": ("answer_only", 3e-3, 0), "solved": ("lm", 1e-3, 2),
-           "solved-lr3e-3": ("lm", 3e-3, 2), "dense": ("lm", 1e-3, 8)}
+RECIPES = {"baseline": ("answer_only", 1e-3, 0, 14), "lr3e-3": ("answer_only", 3e-3, 0, 14),
+           "solved": ("lm", 1e-3, 2, 14), "solved-lr3e-3": ("lm", 3e-3, 2, 14), "dense": ("lm", 1e-3, 8, 14),
+           "four-lines": ("answer_only", 1e-3, 0, 4), "eight-lines": ("answer_only", 1e-3, 0, 8)}
 
 
-def problems(n: int, k: int, solved: int, seed: int) -> list[MathExample]:
-    """``n`` questions of ``k`` hops (with ``solved`` solved lookups), seeded."""
+def problems(n: int, k: int, solved: int, statements: int, seed: int) -> list[MathExample]:
+    """``n`` questions of ``k`` hops and ``statements`` assignments (``solved`` of them written out), seeded."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        p = chain_question(k, rng, solved=solved)
+        p = chain_question(k, rng, statements, solved)
         out.append(MathExample(p.question, str(p.answer), "pointer_chain", "train"))
     return out
 
@@ -50,7 +52,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--every", type=int, default=500)
     args = ap.parse_args()
-    objective, lr, solved = RECIPES[args.recipe]
+    objective, lr, solved, statements = RECIPES[args.recipe]
     torch.set_num_threads(1)
     cfg = run_config("default", "transformer", objective, lr=lr, seed=0, steps=30_000)
     tok = CharTokenizer()
@@ -59,8 +61,8 @@ def main() -> None:
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0}],
                             lr=lr, betas=cfg.betas)
-    train = problems(args.steps * cfg.batch_size, 1, solved, seed=1)
-    check = problems(100, 1, solved, seed=2)
+    train = problems(args.steps * cfg.batch_size, 1, solved, statements, seed=1)
+    check = problems(100, 1, solved, statements, seed=2)
     t0 = time.process_time()
     for step in range(1, args.steps + 1):
         batch = collate(tok, train[(step - 1) * cfg.batch_size: step * cfg.batch_size])

@@ -47,11 +47,20 @@ def solve(question: str) -> tuple[str, int, Counter]:
     return table[end], n, lengths
 
 
+def end_of(body: list[str], k: int, p, line: bool = False) -> str:
+    """The variable (or the line) that assigns the digit at the end of the queried chain of ``p``."""
+    table = dict(part.split("=") for part in body)
+    var = re.search(r"What is ([a-z])\?", p.question).group(1)
+    while not table[var].isdigit():
+        var = table[var]
+    return f"{var}={table[var]}" if line else var
+
+
 @pytest.mark.unit
 def test_every_question_is_solved_by_following_its_chain_and_keeps_the_design_rules():
     rng = random.Random(0)
     for k in range(1, 8):
-        digits, first = Counter(), Counter()
+        digits, first, cue, guess = Counter(), Counter(), 0.0, 0.0
         for _ in range(200):
             p = chains.chain_question(k, rng)
             answer, hops, lengths = solve(p.question)
@@ -63,16 +72,19 @@ def test_every_question_is_solved_by_following_its_chain_and_keeps_the_design_ru
                 assert line[2].isdigit() or line[2] in defined, (line, p.question)
                 defined.add(line[0])
             ends = [s[-1] for s in body if s[-1].isdigit()]
-            assert ends.count(answer) == 1  # the answer digit occurs once
+            once = [d for d in set(ends) if ends.count(d) == 1]
+            cue += (answer in once) / max(len(once), 1)  # answering a digit that occurs once: right this often
+            guess += 1 / len(set(ends))  # guessing among the digits present
             longest = sorted(lengths.values(), reverse=True)
             assert longest[:2] == [k, k] and (k == 1 or longest[2:3] in ([], [1]))  # a twin of k hops, fillers of 1
             assert len(body) == len(lengths) + 2 * (k - 1)  # two chains of k hops, the rest one-hop lines
-            if k > 1:  # the twin's digit occurs once too (for k = 1 it is one of the fillers' lines)
-                twin = next(v for v in body if v[-1].isdigit() and lengths[v[0]] == k and v[-1] != answer)
-                assert ends.count(twin[-1]) == 1
-                first[ends.index(answer) < ends.index(twin[-1])] += 1
+            if k > 1:  # the twin ends in another digit (for k = 1 it is one of the fillers' lines)
+                twin = next(v for v in body if v[-1].isdigit() and lengths[v[0]] == k and v[0] != end_of(body, k, p))
+                assert twin[-1] != answer
+                first[body.index(end_of(body, k, p, line=True)) < body.index(twin)] += 1
             digits[answer] += 1
         assert len(digits) == 10  # every digit can be the answer
+        assert cue / 200 <= guess / 200 + 0.05, (k, cue, guess)  # how often a digit occurs does not mark the answer
         if k > 1:  # the answer's chain starts first about as often as the twin's (no position cue)
             assert 0.3 < first[True] / 200 < 0.7, (k, first)
     with pytest.raises(DataError):

@@ -513,7 +513,15 @@ DEPTH_CLAIMS: tuple[ClaimSpec, ...] = (
                  "as the rule written down before required: the third design's seed 0, trained on every length "
                  "from the start, stood at 32.5 % interpolation exact match at step 9,000 (not above 50 %; the "
                  "twin-guessing level about 44 %). Changed before any depth of a chain run was measured; task, δ, "
-                 "rule and seed gate unchanged."),
+                 "rule and seed gate unchanged.",
+                 "2026-12-02 (stop): the curriculum run's seed 0 never left one-hop chains (its step-15,000 rule "
+                 "fired; stopped at step 20,500, interpolation exact match 10.5 %). On 150 fresh one-hop questions "
+                 "it answered a digit that occurs once in the question every time (32 right): the design's "
+                 "'the two long chains end in digits found nowhere else' was itself a cue. The fillers now draw "
+                 "from every digit (lmdepth.data.chains.DESIGN). Pilots of one-hop learning (scripts/"
+                 "pilot_chain_recipe.py, 3,000 steps, no depth measured) stayed at 12–30 % for every candidate "
+                 "tried: learning rate 1e-3 or 3e-3, two solved lookups with the question modelled, and the new "
+                 "design; the recipe is chosen, with its note here, before any chain run trains again."),
     ),
     _depth_claim(
         id="moeut.deeper_than_transformer", figure="§5, Fig. 9",

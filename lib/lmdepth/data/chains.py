@@ -10,8 +10,9 @@ pass) does not force, and what a depth score that can see sequential depth shoul
 Each chain is written in the order it is defined (a variable is assigned before it is used; the chains' lines are
 interleaved at random), so a model reading left to right can resolve every assignment where it stands, one hop
 per step of depth. Every question holds two chains of exactly k hops, the queried one and its twin, ending in two
-different digits; the rest of its lines are one-hop fillers (``x=5``). Nothing but following the query tells the
-two long chains apart: their lengths are equal and where their lines stand is random.
+different digits; the rest of its lines are one-hop fillers (``x=5``) of any digit. Nothing but following the query
+tells the two long chains apart: their lengths are equal, where their lines stand is random, and how often a digit
+occurs says nothing about which one ends the queried chain.
 
 Two earlier designs were not learned and were replaced before any depth of a chain run was measured (the design
 is part of the data's key, :data:`DESIGN`):
@@ -25,20 +26,25 @@ is part of the data's key, :data:`DESIGN`):
   15,500; at step 15,500 on 60 fresh questions per k, k = 1: 4 right, 21 the first digit; k = 8: 49 right, all 49
   the longest chain's digit). The twin removes both cues: the longest chains are two, and either may come first.
 
-This design is kept; its recipe changed once (2026-12-02, before any depth was measured): trained on every hop
-count from the start, seed 0 stood at 32.5 % interpolation exact match at step 9,000, below the twin-guessing
-level (about 44 %), so the runs now train shortest chains first (:mod:`lmdepth.scratch.curriculum`,
-``training.CHAIN_CURRICULUM_GATE``), as the rule written down before had said.
+* 2026-12-02 (stop), "twin chains, fillers of the other digits": the fillers drew only from the eight digits
+  that end neither long chain, so the answer was one of the digits that occur once. Trained on every hop count,
+  seed 0 stood at 32.5 % interpolation exact match at step 9,000 (below the twin-guessing level, about 44 %);
+  with the curriculum (shortest chains first, :mod:`lmdepth.scratch.curriculum`) it never passed one-hop chains
+  by step 20,500 and answered, on 150 fresh one-hop questions, a digit that occurs once every time. The fillers
+  now draw from all ten digits (:data:`DESIGN`).
+
+No chain run has trained on this design yet: one-hop pilots (``scripts/pilot_chain_recipe.py``) stayed at
+12–30 % exact match after 3,000 steps for every recipe tried, so its recipe is still to be chosen, with a dated
+note, before any depth of a chain run is measured.
 
 Design rules (each checked by ``tests/test_chains.py`` with the independent solver :func:`hops`):
 
 * every question has :data:`STATEMENTS` assignments whatever k (fillers make up the rest), so its length does not
   change with k;
 * every variable is assigned before it is used (each chain in order, the chains interleaved at random);
-* the queried chain and its twin end in two digits that occur nowhere else in the question, so a model cannot
-  answer by picking "the" digit; the fillers draw from the other eight digits (repeats allowed);
-* guessing: for k ≥ 2 the two longest chains are the candidates (50 %); for k = 1 every line is a one-hop chain
-  and only the lookup finds the answer among the digits present;
+* the queried chain and its twin end in two different digits; the fillers draw from all ten (repeats
+  allowed), so answering a digit that occurs once is right no more often than guessing among the digits present;
+* guessing: among the digits present; for k = 1 every line is a one-hop chain;
 * the variables are distinct lowercase letters, the answer digit uniform;
 * the sampler uses the global ``random`` (seeded per split by :func:`lmdepth.data.dm_math.generate_split`, as the
   arithmetic modules are), so the same data key always gives the same problems.
@@ -57,7 +63,7 @@ from lmdepth.errors import DataError
 STATEMENTS = 14  # assignments per question: two chains of the longest k (7, the extrapolation split) fill it
 #: This book's chain modules (the data's ``modules``) and their settings: the hop counts of each split. Training and
 #: the interpolation split draw k = 1 … 6; the extrapolation split k = 7 (longer than anything in training).
-DESIGN = "twin chains, defined before used"  # see the module docstring for the two designs before it
+DESIGN = "twin chains, defined before used, fillers of any digit"  # the module docstring: the designs before it
 CHAIN_MODULES = {
     "pointer_chain": dict(hops=(1, 2, 3, 4, 5, 6), statements=STATEMENTS, design=DESIGN),
     "pointer_chain_longer": dict(hops=(7,), statements=STATEMENTS, design=DESIGN),
@@ -83,8 +89,8 @@ def chain_question(k: int, rng: random.Random, statements: int = STATEMENTS, sol
     if solved > statements - 2 * k:
         raise DataError(f"{solved} solved lookups need as many fillers; {k} hops leave {statements - 2 * k}")
     names = rng.sample(string.ascii_lowercase, statements)
-    answer, twin, *others = rng.sample(string.digits, 10)
-    fillers = [rng.choice(others) for _ in range(statements - 2 * k)]
+    answer, twin = rng.sample(string.digits, 2)
+    fillers = [rng.choice(string.digits) for _ in range(statements - 2 * k)]  # any digit: no count marks the answer
     chains, at = [], 0
     for length, digit in zip([k, k] + [1] * len(fillers), [answer, twin] + fillers):
         chain = names[at: at + length]  # chain[0] = digit, chain[i] = chain[i-1]
