@@ -12,7 +12,8 @@ match on one-hop questions — never a depth, for the candidates:
 * ``dense``: eight fillers' lookups written out, learning rate 1e-3;
 * ``four-lines``, ``eight-lines``: the baseline on questions of 4 or 8 assignments instead of 14.
 
-Usage: ``OMP_NUM_THREADS=1 python scripts/pilot_chain_recipe.py solved --steps 2500`` (one JSON line per check).
+Usage: ``OMP_NUM_THREADS=1 python scripts/pilot_chain_recipe.py solved --steps 2500`` (one JSON line per check);
+``--layers 2`` trains a shallower Transformer (does depth, not the data, stop the lookup from being learned?).
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ def main() -> None:
     ap.add_argument("recipe", choices=RECIPES)
     ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--every", type=int, default=500)
+    ap.add_argument("--layers", type=int, default=None, help="depth of the Transformer (default: chapter 07's)")
     args = ap.parse_args()
     objective, lr, solved, statements = RECIPES[args.recipe]
     torch.set_num_threads(1)
-    cfg = run_config("default", "transformer", objective, lr=lr, seed=0, steps=30_000)
+    model_kw = {} if args.layers is None else {"model": {"n_layers": args.layers}}
+    cfg = run_config("default", "transformer", objective, lr=lr, seed=0, steps=30_000, **model_kw)
     tok = CharTokenizer()
     model = build_model(cfg.model_config(tok.vocab_size), seed=0).train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -78,7 +81,7 @@ def main() -> None:
             with torch.no_grad():
                 em = float(exact_match(model, tok, check).mean())
             model.train()
-            print(json.dumps({"recipe": args.recipe, "step": step, "k1_em": em, "loss": round(task.item(), 4),
+            print(json.dumps({"recipe": args.recipe, "layers": cfg.model["n_layers"], "step": step, "k1_em": em, "loss": round(task.item(), 4),
                               "cpu_s": round(time.process_time() - t0, 1)}), flush=True)
 
 
