@@ -154,3 +154,21 @@ def test_a_control_without_the_required_pattern_places_no_interval():
     assert row.note == "no valid control" and not (np.isfinite(row.lo) or np.isfinite(row.hi))  # x: the note's place
     sign = t[(t.kind == "row") & (t.claim_id == "cosine.sign_change") & (t.panel == "control")].iloc[0]
     assert sign.note == "" and np.isfinite(sign.x)
+
+
+def test_the_published_record_draws_every_row_with_a_statistic():
+    """The findings page's forest on the committed default-profile record: every row with a number is drawn on
+    both panels — chapter 07's per-recipe depth rows among them — and only numberless rows are left to the line
+    below the chart."""
+    from pathlib import Path
+
+    from lmdepth.claims.findings_claims import numberless
+
+    saved = saved_verdicts(Path(__file__).resolve().parents[1] / "results", "default")
+    numbered = saved[~numberless(saved)]
+    assert np.isfinite(numbered.estimate).all() and not np.isfinite(saved[numberless(saved)].estimate).any()
+    marks = drawn(svg_of(claims_forest(numbered)))
+    assert sorted(m[:3] for m in marks) == sorted((r.model, r.claim, p) for r in numbered.itertuples()
+                                                  for p in PANELS)
+    depth = numbered[numbered.claim_id == "moeut.depth_grows"]
+    assert len(depth) == 4 and {(r.model, r.claim, "statistic") for r in depth.itertuples()} <= {m[:3] for m in marks}
