@@ -1,0 +1,88 @@
+"""Reference check for the chain pilots: is it our scratch model, or the task, that keeps one-hop lookups unlearned?
+
+A plain torch Transformer (``nn.TransformerEncoderLayer``, pre-LN, causal mask, learned absolute positions, none
+of :mod:`lmdepth.scratch.models`) trained on the pilot's one-hop chain questions with the same tokenizer, the same
+answer-only loss mask, batch 32 and AdamW at 1e-3. It prints the held-out accuracy of the answer digit (200
+questions) every 500 steps: if this model learns the lookup where ``scripts/pilot_chain_recipe.py`` does not, the
+scratch model is at fault; if neither does, the task's supervision is.
+
+Usage: ``OMP_NUM_THREADS=1 python scripts/pilot_reference_recall.py --layers 2 --steps 6000 --statements 4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmdepth.data.chains import chain_question
+from lmdepth.data.dm_math import MathExample
+from lmdepth.data.dm_tokens import CharTokenizer, collate
+from lmdepth.scratch.training import loss_mask
+
+
+class PlainLM(nn.Module):
+    """Token + learned position embeddings → ``layers`` pre-LN encoder layers under a causal mask → LN → logits."""
+
+    def __init__(self, vocab: int, layers: int, d: int = 128, heads: int = 4, d_ff: int = 256, max_len: int = 256):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, d), nn.Embedding(max_len, d)
+        self.layers = nn.ModuleList([nn.TransformerEncoderLayer(d, heads, d_ff, dropout=0.0, batch_first=True,
+                                                                norm_first=True) for _ in range(layers)])
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, T] → logits [B, T, V]."""
+        T = ids.shape[1]
+        h = self.emb(ids) + self.pos(torch.arange(T))
+        mask = nn.Transformer.generate_square_subsequent_mask(T)
+        for layer in self.layers:
+            h = layer(h, src_mask=mask, is_causal=True)
+        return self.head(self.norm(h))
+
+
+def questions(n: int, statements: int, seed: int) -> list[MathExample]:
+    """``n`` one-hop chain questions of ``statements`` assignments, seeded."""
+    rng = random.Random(seed)
+    return [MathExample(p.question, str(p.answer), "pointer_chain", "train")
+            for p in (chain_question(1, rng, statements, 0) for _ in range(n))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--statements", type=int, default=4)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tok = CharTokenizer()
+    model = PlainLM(tok.vocab_size, args.layers)
+    opt = torch.optim.AdamW(model.parameters(), 1e-3, weight_decay=0.01)
+    check, rng, t0 = collate(tok, questions(200, args.statements, seed=2)), random.Random(1), time.process_time()
+    rows = torch.arange(len(check.a_start))
+    for step in range(1, args.steps + 1):
+        batch = collate(tok, questions(32, args.statements, seed=rng.getrandbits(32)))
+        logits = model(batch.ids)[:, :-1]
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.ids[:, 1:].reshape(-1), reduction="none")
+        mask = loss_mask(batch, "answer_only").reshape(-1)
+        loss = (ce * mask).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 500 == 0:
+            with torch.no_grad():  # the digit is predicted at the answer's first token (its leading space)
+                pred = model(check.ids)[rows, check.a_start].argmax(-1)
+            acc = float((pred == check.ids[rows, check.a_start + 1]).float().mean())
+            print(json.dumps({"layers": args.layers, "statements": args.statements, "step": step, "digit_acc": acc,
+                              "loss": round(loss.item(), 4), "cpu_s": round(time.process_time() - t0)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
