@@ -6,6 +6,9 @@ answer-only loss mask, batch 32 and AdamW at 1e-3. It prints the held-out accura
 questions) every 500 steps: if this model learns the lookup where ``scripts/pilot_chain_recipe.py`` does not, the
 scratch model is at fault; if neither does, the task's supervision is.
 
+``--solved N`` writes N fillers' lookups out before the query (``x?4;e?2.``) and puts the loss on their digits too
+(only on them and the answer: an MQAR-style dense signal without the random names' noise).
+
 Usage: ``OMP_NUM_THREADS=1 python scripts/pilot_reference_recall.py --layers 2 --steps 6000 --statements 4``.
 """
 
@@ -46,11 +49,16 @@ class PlainLM(nn.Module):
         return self.head(self.norm(h))
 
 
-def questions(n: int, statements: int, seed: int) -> list[MathExample]:
-    """``n`` one-hop chain questions of ``statements`` assignments, seeded."""
+def questions(n: int, statements: int, seed: int, solved: int = 0) -> list[MathExample]:
+    """``n`` one-hop chain questions of ``statements`` assignments (``solved`` lookups written out), seeded."""
     rng = random.Random(seed)
     return [MathExample(p.question, str(p.answer), "pointer_chain", "train")
-            for p in (chain_question(1, rng, statements, 0) for _ in range(n))]
+            for p in (chain_question(1, rng, statements, solved) for _ in range(n))]
+
+
+def targets(tok: CharTokenizer, ids: torch.Tensor) -> torch.Tensor:
+    """[B, T - 1] True where the next token is a written-out lookup's digit (the token after a ``?``)."""
+    return ids[:, :-1] == tok.stoi["?"]
 
 
 def main() -> None:
@@ -58,19 +66,21 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--statements", type=int, default=4)
+    ap.add_argument("--solved", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     tok = CharTokenizer()
     model = PlainLM(tok.vocab_size, args.layers)
     opt = torch.optim.AdamW(model.parameters(), 1e-3, weight_decay=0.01)
-    check, rng, t0 = collate(tok, questions(200, args.statements, seed=2)), random.Random(1), time.process_time()
+    check = collate(tok, questions(200, args.statements, seed=2, solved=args.solved))
+    rng, t0 = random.Random(1), time.process_time()
     rows = torch.arange(len(check.a_start))
     for step in range(1, args.steps + 1):
-        batch = collate(tok, questions(32, args.statements, seed=rng.getrandbits(32)))
+        batch = collate(tok, questions(32, args.statements, seed=rng.getrandbits(32), solved=args.solved))
         logits = model(batch.ids)[:, :-1]
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.ids[:, 1:].reshape(-1), reduction="none")
-        mask = loss_mask(batch, "answer_only").reshape(-1)
+        mask = (loss_mask(batch, "answer_only") | targets(tok, batch.ids)).reshape(-1).float()
         loss = (ce * mask).sum() / mask.sum()
         opt.zero_grad()
         loss.backward()
@@ -80,7 +90,7 @@ def main() -> None:
             with torch.no_grad():  # the digit is predicted at the answer's first token (its leading space)
                 pred = model(check.ids)[rows, check.a_start].argmax(-1)
             acc = float((pred == check.ids[rows, check.a_start + 1]).float().mean())
-            print(json.dumps({"layers": args.layers, "statements": args.statements, "step": step, "digit_acc": acc,
+            print(json.dumps({"layers": args.layers, "statements": args.statements, "solved": args.solved, "step": step, "digit_acc": acc,
                               "loss": round(loss.item(), 4), "cpu_s": round(time.process_time() - t0)}), flush=True)
 
 
