@@ -81,8 +81,8 @@ def main() -> None:
             with torch.no_grad():
                 em = float(exact_match(model, tok, check).mean())
             model.train()
-            print(json.dumps({"recipe": args.recipe, "layers": cfg.model["n_layers"], "step": step, "k1_em": em, "loss": round(task.item(), 4),
-                              "cpu_s": round(time.process_time() - t0, 1)}), flush=True)
+            print(json.dumps({"recipe": args.recipe, "layers": cfg.model["n_layers"], "step": step, "k1_em": em,
+                              "loss": round(task.item(), 4), "cpu_s": round(time.process_time() - t0, 1)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmdepth.data.chains import chain_question
-from lmdepth.data.dm_math import MathExample
 from lmdepth.data.dm_tokens import CharTokenizer, collate
 from lmdepth.scratch.training import loss_mask
+from pilot_chain_recipe import problems  # the pilot's own questions (scripts/ is on the path of a script run)
 
 
 class PlainLM(nn.Module):
@@ -49,13 +48,6 @@ class PlainLM(nn.Module):
         return self.head(self.norm(h))
 
 
-def questions(n: int, statements: int, seed: int, solved: int = 0) -> list[MathExample]:
-    """``n`` one-hop chain questions of ``statements`` assignments (``solved`` lookups written out), seeded."""
-    rng = random.Random(seed)
-    return [MathExample(p.question, str(p.answer), "pointer_chain", "train")
-            for p in (chain_question(1, rng, statements, solved) for _ in range(n))]
-
-
 def targets(tok: CharTokenizer, ids: torch.Tensor) -> torch.Tensor:
     """[B, T - 1] True where the next token is a written-out lookup's digit (the token after a ``?``)."""
     return ids[:, :-1] == tok.stoi["?"]
@@ -73,11 +65,11 @@ def main() -> None:
     tok = CharTokenizer()
     model = PlainLM(tok.vocab_size, args.layers)
     opt = torch.optim.AdamW(model.parameters(), 1e-3, weight_decay=0.01)
-    check = collate(tok, questions(200, args.statements, seed=2, solved=args.solved))
+    check = collate(tok, problems(200, 1, args.solved, args.statements, seed=2))
     rng, t0 = random.Random(1), time.process_time()
     rows = torch.arange(len(check.a_start))
     for step in range(1, args.steps + 1):
-        batch = collate(tok, questions(32, args.statements, seed=rng.getrandbits(32), solved=args.solved))
+        batch = collate(tok, problems(32, 1, args.solved, args.statements, seed=rng.getrandbits(32)))
         logits = model(batch.ids)[:, :-1]
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.ids[:, 1:].reshape(-1), reduction="none")
         mask = (loss_mask(batch, "answer_only") | targets(tok, batch.ids)).reshape(-1).float()
@@ -90,8 +82,9 @@ def main() -> None:
             with torch.no_grad():  # the digit is predicted at the answer's first token (its leading space)
                 pred = model(check.ids)[rows, check.a_start].argmax(-1)
             acc = float((pred == check.ids[rows, check.a_start + 1]).float().mean())
-            print(json.dumps({"layers": args.layers, "statements": args.statements, "solved": args.solved, "step": step, "digit_acc": acc,
-                              "loss": round(loss.item(), 4), "cpu_s": round(time.process_time() - t0)}), flush=True)
+            print(json.dumps({"layers": args.layers, "statements": args.statements, "solved": args.solved,
+                              "step": step, "digit_acc": acc, "loss": round(loss.item(), 4),
+                              "cpu_s": round(time.process_time() - t0)}), flush=True)
 
 
 if __name__ == "__main__":
