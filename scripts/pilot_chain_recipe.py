@@ -10,7 +10,11 @@ match on one-hop questions — never a depth, for the candidates:
   (``x?4;e?2.``): a denser signal for the lookup, and no help for the chain (only fillers are solved);
 * ``solved-lr3e-3``: the same at learning rate 3e-3;
 * ``dense``: eight fillers' lookups written out, learning rate 1e-3;
-* ``four-lines``, ``eight-lines``: the baseline on questions of 4 or 8 assignments instead of 14.
+* ``four-lines``, ``eight-lines``: the baseline on questions of 4 or 8 assignments instead of 14;
+* ``ops``: another sequential task, answer only: a digit and k = 1 … 6 operations applied left to right, mod 10
+  (``Q: 7+3*3-4 A: 6``: ((7 + 3) · 3 − 4) mod 10). Each operation needs the previous result, and every one is a
+  bijection of the digits (``+d``, ``-d``, ``*3``, ``*7``, ``*9``), so no operation erases the ones before it;
+  the printed exact match is over all k, with one figure per k.
 
 Usage: ``OMP_NUM_THREADS=1 python scripts/pilot_chain_recipe.py solved --steps 2500`` (one JSON line per check);
 ``--layers 2`` trains a shallower Transformer (does depth, not the data, stop the lookup from being learned?).
@@ -34,7 +38,27 @@ from lmdepth.scratch.training import lm_loss, lr_at, run_config
 
 RECIPES = {"baseline": ("answer_only", 1e-3, 0, 14), "lr3e-3": ("answer_only", 3e-3, 0, 14),
            "solved": ("lm", 1e-3, 2, 14), "solved-lr3e-3": ("lm", 3e-3, 2, 14), "dense": ("lm", 1e-3, 8, 14),
-           "four-lines": ("answer_only", 1e-3, 0, 4), "eight-lines": ("answer_only", 1e-3, 0, 8)}
+           "four-lines": ("answer_only", 1e-3, 0, 4), "eight-lines": ("answer_only", 1e-3, 0, 8),
+           "ops": ("answer_only", 1e-3, 0, 0)}
+OPS_MAX = 6
+
+
+def op_question(k: int, rng: random.Random) -> MathExample:
+    """A digit, then ``k`` operations applied left to right mod 10 (``+d``/``-d``, d = 1..9; ``*3``/``*7``/``*9``)."""
+    value = rng.randrange(10)
+    text = str(value)
+    for _ in range(k):
+        op = rng.choice("+-*")
+        d = rng.choice("379") if op == "*" else str(rng.randint(1, 9))
+        value = {"+": value + int(d), "-": value - int(d), "*": value * int(d)}[op] % 10
+        text += op + d
+    return MathExample(text, str(value), "op_chain", "train")
+
+
+def op_problems(n: int, seed: int) -> list[MathExample]:
+    """``n`` operation chains, k uniform in 1 … :data:`OPS_MAX`, seeded."""
+    rng = random.Random(seed)
+    return [op_question(rng.randint(1, OPS_MAX), rng) for _ in range(n)]
 
 
 def problems(n: int, k: int, solved: int, statements: int, seed: int) -> list[MathExample]:
@@ -64,8 +88,12 @@ def main() -> None:
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0}],
                             lr=lr, betas=cfg.betas)
-    train = problems(args.steps * cfg.batch_size, 1, solved, statements, seed=1)
-    check = problems(100, 1, solved, statements, seed=2)
+    if args.recipe == "ops":
+        train, check = op_problems(args.steps * cfg.batch_size, seed=1), op_problems(300, seed=2)
+    else:
+        train = problems(args.steps * cfg.batch_size, 1, solved, statements, seed=1)
+        check = problems(100, 1, solved, statements, seed=2)
+    ks = [e.question.count("+") + e.question.count("-") + e.question.count("*") for e in check]
     t0 = time.process_time()
     for step in range(1, args.steps + 1):
         batch = collate(tok, train[(step - 1) * cfg.batch_size: step * cfg.batch_size])
@@ -79,9 +107,11 @@ def main() -> None:
         if step % args.every == 0:
             model.eval()
             with torch.no_grad():
-                em = float(exact_match(model, tok, check).mean())
+                hits = exact_match(model, tok, check)
             model.train()
-            print(json.dumps({"recipe": args.recipe, "layers": cfg.model["n_layers"], "step": step, "k1_em": em,
+            by_k = {k: round(float(hits[[i for i, kk in enumerate(ks) if kk == k]].mean()), 3) for k in sorted(set(ks))}
+            print(json.dumps({"recipe": args.recipe, "layers": cfg.model["n_layers"], "step": step,
+                              "em": round(float(hits.mean()), 3), "em_by_k": by_k if args.recipe == "ops" else None,
                               "loss": round(task.item(), 4), "cpu_s": round(time.process_time() - t0, 1)}), flush=True)
 
 

@@ -6,6 +6,9 @@ answer-only loss mask, batch 32 and AdamW at 1e-3. It prints the held-out accura
 questions) every 500 steps: if this model learns the lookup where ``scripts/pilot_chain_recipe.py`` does not, the
 scratch model is at fault; if neither does, the task's supervision is.
 
+``--lr``, ``--batch`` and ``--warmup`` set the optimiser (a linear warm-up, then constant); ``--adjacent`` writes each
+assignment without its ``=`` (``m4;cm``: name and value side by side, one offset fewer for the lookup to learn).
+
 ``--solved N`` writes N fillers' lookups out before the query (``x?4;e?2.``) and puts the loss on their digits too
 (only on them and the answer: an MQAR-style dense signal without the random names' noise).
 
@@ -15,6 +18,7 @@ Usage: ``OMP_NUM_THREADS=1 python scripts/pilot_reference_recall.py --layers 2 -
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import time
@@ -59,17 +63,29 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--statements", type=int, default=4)
     ap.add_argument("--solved", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--adjacent", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     tok = CharTokenizer()
     model = PlainLM(tok.vocab_size, args.layers)
-    opt = torch.optim.AdamW(model.parameters(), 1e-3, weight_decay=0.01)
-    check = collate(tok, problems(200, 1, args.solved, args.statements, seed=2))
+    opt = torch.optim.AdamW(model.parameters(), args.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup)))
+
+    def draw(n: int, seed: int):
+        items = problems(n, 1, args.solved, args.statements, seed=seed)
+        if args.adjacent:
+            items = [dataclasses.replace(p, question=p.question.replace("=", "")) for p in items]
+        return collate(tok, items)
+
+    check = draw(200, 2)
     rng, t0 = random.Random(1), time.process_time()
     rows = torch.arange(len(check.a_start))
     for step in range(1, args.steps + 1):
-        batch = collate(tok, problems(32, 1, args.solved, args.statements, seed=rng.getrandbits(32)))
+        batch = draw(args.batch, rng.getrandbits(32))
         logits = model(batch.ids)[:, :-1]
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.ids[:, 1:].reshape(-1), reduction="none")
         mask = (loss_mask(batch, "answer_only") | targets(tok, batch.ids)).reshape(-1).float()
@@ -78,11 +94,13 @@ def main() -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         if step % 500 == 0:
             with torch.no_grad():  # the digit is predicted at the answer's first token (its leading space)
                 pred = model(check.ids)[rows, check.a_start].argmax(-1)
             acc = float((pred == check.ids[rows, check.a_start + 1]).float().mean())
             print(json.dumps({"layers": args.layers, "statements": args.statements, "solved": args.solved,
+                              "lr": args.lr, "batch": args.batch, "adjacent": args.adjacent,
                               "step": step, "digit_acc": acc, "loss": round(loss.item(), 4),
                               "cpu_s": round(time.process_time() - t0)}), flush=True)
 
