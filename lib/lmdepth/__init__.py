@@ -8,3 +8,33 @@ plots and computes at once.
 __version__ = "0.1.0"
 # Bump when a change alters any computed number: it is part of every cache key.
 COMPUTE_VERSION = 1
+
+
+def _defer_rfc3987_syntax() -> None:
+    """Let ``rfc3987_syntax`` load only when an IRI is validated, not whenever jsonschema is imported.
+
+    jsonschema imports it at start-up for its ``iri`` formats, and its import compiles ~35 Earley parsers: 3 s of
+    every kernel's and command's start here (altair and nbformat import jsonschema; no schema they check uses those
+    formats). Upstream: python-jsonschema/jsonschema#1428. Until jsonschema defers it, a stand-in whose
+    ``is_valid_syntax`` imports the real module on its first call takes its place, unless it is loaded already.
+    """
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    name = "rfc3987_syntax"
+    if name in sys.modules or importlib.util.find_spec(name) is None:
+        return
+
+    def is_valid_syntax(term: str, value: str) -> bool:
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+        return importlib.import_module(name).is_valid_syntax(term, value)
+
+    stand_in = types.ModuleType(name, "Stand-in of lmdepth: the real module is imported on first use.")
+    stand_in.is_valid_syntax = is_valid_syntax
+    sys.modules[name] = stand_in
+
+
+_defer_rfc3987_syntax()

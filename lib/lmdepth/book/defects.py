@@ -101,14 +101,21 @@ def rendered(page: Path, timeout: int = 120, script: str = "", phone: bool = Fal
     """The DOM of ``page`` after its scripts ran, with the layout measurements in ``<pre id="lmdepth-measure">``;
     ``script``: more HTML (a ``<script>`` of a test) added after the measuring one. With ``phone``, the page is
     measured in a frame of :data:`PHONE`'s size and the DOM returned is the frame's holder: the measurements only."""
+    return loaded(page, timeout, script, phone)[0]
+
+
+def loaded(page: Path, timeout: int = 120, script: str = "", phone: bool = False) -> tuple[str, str]:
+    """:func:`rendered`'s DOM and the console messages of the same load (Chromium's ``CONSOLE(…)`` lines), so that
+    one load serves every check of a page (a load takes seconds)."""
     probe = page.with_name(f".{page.stem}.measure.html")
     frame = page.with_name(f".{page.stem}.phone.html")
     probe.write_text(page.read_text().replace("</body>", MEASURE_JS + script + "</body>", 1))
     try:
-        if not phone:
-            return headless(probe, f"--window-size={WINDOW}", timeout=timeout).stdout
-        frame.write_text(FRAME_HTML % {"src": probe.name, "w": PHONE[0], "h": PHONE[1]})
-        return headless(frame, f"--window-size={WINDOW}", timeout=timeout).stdout
+        if phone:
+            frame.write_text(FRAME_HTML % {"src": probe.name, "w": PHONE[0], "h": PHONE[1]})
+        out = headless(frame if phone else probe, f"--window-size={WINDOW}", "--enable-logging=stderr", "--v=0",
+                       timeout=timeout)
+        return out.stdout, "\n".join(line for line in out.stderr.splitlines() if "CONSOLE" in line)
     finally:
         probe.unlink(missing_ok=True)
         frame.unlink(missing_ok=True)
