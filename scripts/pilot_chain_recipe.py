@@ -55,10 +55,10 @@ def op_question(k: int, rng: random.Random) -> MathExample:
     return MathExample(text, str(value), "op_chain", "train")
 
 
-def op_problems(n: int, seed: int) -> list[MathExample]:
-    """``n`` operation chains, k uniform in 1 … :data:`OPS_MAX`, seeded."""
+def op_problems(n: int, seed: int, max_k: int = OPS_MAX) -> list[MathExample]:
+    """``n`` operation chains, k uniform in 1 … ``max_k``, seeded."""
     rng = random.Random(seed)
-    return [op_question(rng.randint(1, OPS_MAX), rng) for _ in range(n)]
+    return [op_question(rng.randint(1, max_k), rng) for _ in range(n)]
 
 
 def problems(n: int, k: int, solved: int, statements: int, seed: int) -> list[MathExample]:
@@ -77,6 +77,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--every", type=int, default=500)
     ap.add_argument("--layers", type=int, default=None, help="depth of the Transformer (default: chapter 07's)")
+    ap.add_argument("--max-k", type=int, default=OPS_MAX, help="ops: train on chains of 1 … this many operations")
+    ap.add_argument("--curriculum", action="store_true",
+                    help="ops: train on 1 … s operations, s = 1 first, s + 1 once a check answers 90 %% of s")
     args = ap.parse_args()
     objective, lr, solved, statements = RECIPES[args.recipe]
     torch.set_num_threads(1)
@@ -89,14 +92,18 @@ def main() -> None:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0}],
                             lr=lr, betas=cfg.betas)
     if args.recipe == "ops":
-        train, check = op_problems(args.steps * cfg.batch_size, seed=1), op_problems(300, seed=2)
+        train, check = [], op_problems(600, 2, args.max_k)
     else:
         train = problems(args.steps * cfg.batch_size, 1, solved, statements, seed=1)
         check = problems(100, 1, solved, statements, seed=2)
     ks = [e.question.count("+") + e.question.count("-") + e.question.count("*") for e in check]
+    stage, rng = (1 if args.curriculum else args.max_k), random.Random(3)
     t0 = time.process_time()
     for step in range(1, args.steps + 1):
-        batch = collate(tok, train[(step - 1) * cfg.batch_size: step * cfg.batch_size])
+        if args.recipe == "ops":  # drawn per step: the curriculum's stage sets the longest chain
+            batch = collate(tok, [op_question(rng.randint(1, stage), rng) for _ in range(cfg.batch_size)])
+        else:
+            batch = collate(tok, train[(step - 1) * cfg.batch_size: step * cfg.batch_size])
         for g in opt.param_groups:
             g["lr"] = lr_at(step - 1, cfg)
         task, aux = lm_loss(model, batch, objective)
@@ -110,8 +117,11 @@ def main() -> None:
                 hits = exact_match(model, tok, check)
             model.train()
             by_k = {k: round(float(hits[[i for i, kk in enumerate(ks) if kk == k]].mean()), 3) for k in sorted(set(ks))}
+            if args.curriculum and by_k.get(stage, 0) >= 0.9 and stage < args.max_k:
+                stage += 1
             print(json.dumps({"recipe": args.recipe, "layers": cfg.model["n_layers"], "step": step,
                               "em": round(float(hits.mean()), 3), "em_by_k": by_k if args.recipe == "ops" else None,
+                              "stage": stage,
                               "loss": round(task.item(), 4), "cpu_s": round(time.process_time() - t0, 1)}), flush=True)
 
 
