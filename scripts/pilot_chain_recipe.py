@@ -81,11 +81,14 @@ def main() -> None:
     ap.add_argument("--curriculum", action="store_true",
                     help="ops: train on 1 … s operations, s = 1 first, s + 1 once a check answers 90 %% of s")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
+    ap.add_argument("--batch", type=int, default=None, help="problems a step (default: chapter 07's 32)")
     args = ap.parse_args()
     objective, lr, solved, statements = RECIPES[args.recipe]
     lr = args.lr or lr
     torch.set_num_threads(1)
     model_kw = {} if args.layers is None else {"model": {"n_layers": args.layers}}
+    if args.batch:
+        model_kw["batch_size"] = args.batch
     cfg = run_config("default", "transformer", objective, lr=lr, seed=0, steps=30_000, **model_kw)
     tok = CharTokenizer()
     model = build_model(cfg.model_config(tok.vocab_size), seed=0).train()

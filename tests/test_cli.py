@@ -271,3 +271,7 @@ print(before.startswith("Stand-in"), check.conforms("https://a.b/c?d#e", "iri"),
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "True", "False", "True"]  # deferred; valid, invalid; the real module once checked
+    other = ("import lmdepth, jsonschema\nfrom rfc3987_syntax import parse, RFC3987_SYNTAX_TERMS\n"
+             "import rfc3987_syntax.syntax_helpers\nprint(callable(parse), 'iri' in RFC3987_SYNTAX_TERMS)")
+    out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "True"]  # another user of the module meets all of it

@@ -24,16 +24,26 @@ def _defer_rfc3987_syntax() -> None:
     import types
 
     name = "rfc3987_syntax"
-    if name in sys.modules or importlib.util.find_spec(name) is None:
+    spec = None if name in sys.modules else importlib.util.find_spec(name)
+    if spec is None:
         return
 
-    def is_valid_syntax(term: str, value: str) -> bool:
+    def real() -> types.ModuleType:
         if sys.modules.get(name) is stand_in:
             del sys.modules[name]
-        return importlib.import_module(name).is_valid_syntax(term, value)
+        return importlib.import_module(name)
+
+    def is_valid_syntax(term: str, value: str) -> bool:
+        return real().is_valid_syntax(term, value)
 
     stand_in = types.ModuleType(name, "Stand-in of lmdepth: the real module is imported on first use.")
-    stand_in.is_valid_syntax = is_valid_syntax
+    def attribute(attr: str) -> object:  # any other public name (PEP 562): the real module's
+        if attr.startswith("__"):  # what tools probe on every module (__file__, __spec__ …) loads nothing
+            raise AttributeError(attr)
+        return getattr(real(), attr)
+
+    stand_in.is_valid_syntax, stand_in.__getattr__ = is_valid_syntax, attribute
+    stand_in.__path__ = list(spec.submodule_search_locations or [])  # its submodules import as before
     sys.modules[name] = stand_in
 
 
