@@ -86,10 +86,10 @@ def main() -> None:
     objective, lr, solved, statements = RECIPES[args.recipe]
     lr = args.lr or lr
     torch.set_num_threads(1)
-    model_kw = {} if args.layers is None else {"model": {"n_layers": args.layers}}
+    overrides = {} if args.layers is None else {"model": {"n_layers": args.layers}}
     if args.batch:
-        model_kw["batch_size"] = args.batch
-    cfg = run_config("default", "transformer", objective, lr=lr, seed=0, steps=30_000, **model_kw)
+        overrides["batch_size"] = args.batch
+    cfg = run_config("default", "transformer", objective, lr=lr, seed=0, steps=30_000, **overrides)
     tok = CharTokenizer()
     model = build_model(cfg.model_config(tok.vocab_size), seed=0).train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -101,7 +101,7 @@ def main() -> None:
     else:
         train = problems(args.steps * cfg.batch_size, 1, solved, statements, seed=1)
         check = problems(100, 1, solved, statements, seed=2)
-    ks = [e.question.count("+") + e.question.count("-") + e.question.count("*") for e in check]
+    ks = [e.n_operations for e in check]  # operations, or hops for a chain question
     stage, rng = (1 if args.curriculum else args.max_k), random.Random(3)
     t0 = time.process_time()
     for step in range(1, args.steps + 1):
