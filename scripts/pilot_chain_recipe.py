@@ -43,8 +43,9 @@ RECIPES = {"baseline": ("answer_only", 1e-3, 0, 14), "lr3e-3": ("answer_only", 3
 OPS_MAX = 6
 
 
-def op_question(k: int, rng: random.Random) -> MathExample:
-    """A digit, then ``k`` operations applied left to right mod 10 (``+d``/``-d``, d = 1..9; ``*3``/``*7``/``*9``)."""
+def op_question(k: int, rng: random.Random, width: int = 0) -> MathExample:
+    """A digit, then ``k`` operations applied left to right mod 10 (``+d``/``-d``, d = 1..9; ``*3``/``*7``/``*9``),
+    left-padded with spaces to ``width`` characters (a length that does not tell k)."""
     value = rng.randrange(10)
     text = str(value)
     for _ in range(k):
@@ -52,13 +53,13 @@ def op_question(k: int, rng: random.Random) -> MathExample:
         d = rng.choice("379") if op == "*" else str(rng.randint(1, 9))
         value = {"+": value + int(d), "-": value - int(d), "*": value * int(d)}[op] % 10
         text += op + d
-    return MathExample(text, str(value), "op_chain", "train")
+    return MathExample(text.rjust(width), str(value), "op_chain", "train")
 
 
-def op_problems(n: int, seed: int, max_k: int = OPS_MAX) -> list[MathExample]:
+def op_problems(n: int, seed: int, max_k: int = OPS_MAX, width: int = 0) -> list[MathExample]:
     """``n`` operation chains, k uniform in 1 … ``max_k``, seeded."""
     rng = random.Random(seed)
-    return [op_question(rng.randint(1, max_k), rng) for _ in range(n)]
+    return [op_question(rng.randint(1, max_k), rng, width) for _ in range(n)]
 
 
 def problems(n: int, k: int, solved: int, statements: int, seed: int) -> list[MathExample]:
@@ -80,6 +81,7 @@ def main() -> None:
     ap.add_argument("--max-k", type=int, default=OPS_MAX, help="ops: train on chains of 1 … this many operations")
     ap.add_argument("--curriculum", action="store_true",
                     help="ops: train on 1 … s operations, s = 1 first, s + 1 once a check answers 90 %% of s")
+    ap.add_argument("--pad", action="store_true", help="ops: every question left-padded to one length")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
     ap.add_argument("--batch", type=int, default=None, help="problems a step (default: chapter 07's 32)")
     args = ap.parse_args()
@@ -97,7 +99,8 @@ def main() -> None:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0}],
                             lr=lr, betas=cfg.betas)
     if args.recipe == "ops":
-        train, check = [], op_problems(600, 2, args.max_k)
+        width = 1 + 2 * args.max_k if args.pad else 0
+        train, check = [], op_problems(600, 2, args.max_k, width)
     else:
         train = problems(args.steps * cfg.batch_size, 1, solved, statements, seed=1)
         check = problems(100, 1, solved, statements, seed=2)
@@ -106,7 +109,7 @@ def main() -> None:
     t0 = time.process_time()
     for step in range(1, args.steps + 1):
         if args.recipe == "ops":  # drawn per step: the curriculum's stage sets the longest chain
-            batch = collate(tok, [op_question(rng.randint(1, stage), rng) for _ in range(cfg.batch_size)])
+            batch = collate(tok, [op_question(rng.randint(1, stage), rng, width) for _ in range(cfg.batch_size)])
         else:
             batch = collate(tok, train[(step - 1) * cfg.batch_size: step * cfg.batch_size])
         for g in opt.param_groups:
@@ -124,7 +127,7 @@ def main() -> None:
             by_k = {k: round(float(hits[[i for i, kk in enumerate(ks) if kk == k]].mean()), 3) for k in sorted(set(ks))}
             if args.curriculum and by_k.get(stage, 0) >= 0.9 and stage < args.max_k:
                 stage += 1
-            print(json.dumps({"recipe": args.recipe, "layers": cfg.model["n_layers"], "step": step,
+            print(json.dumps({"recipe": args.recipe, "layers": cfg.model["n_layers"], "pad": args.pad, "step": step,
                               "em": round(float(hits.mean()), 3), "em_by_k": by_k if args.recipe == "ops" else None,
                               "stage": stage,
                               "loss": round(task.item(), 4), "cpu_s": round(time.process_time() - t0, 1)}), flush=True)

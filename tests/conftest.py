@@ -57,7 +57,8 @@ SMOKE_BOOK_TESTS = frozenset({
     "tests/test_book.py::test_pages_load_without_console_errors_or_network",
     "tests/test_book.py::test_internal_links_resolve",
     "tests/test_book.py::test_colab_buttons_point_to_committed_notebooks",
-    "tests/test_colab.py::test_every_chapter_runs_from_an_empty_directory",
+    "tests/test_colab.py::test_the_smoke_book_computed_every_run_in_a_fresh_environment",
+    "tests/test_colab.py::test_the_summary_pages_run_in_colab_on_runs_without_a_book_record",
 })
 
 
@@ -86,15 +87,40 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def smoke_book(tmp_path_factory) -> Path:
+def book_env(tmp_path_factory) -> Path:
+    """The python of a fresh environment (tests/fresh_env.py) whose ``python3`` kernel spec lies in its folder's
+    ``jupyter/``: the smoke book's kernels."""
+    from fresh_env import install_wheel, kernel_spec
+
+    env = tmp_path_factory.mktemp("book-env")  # outside the book's root, which the HTML build reads
+    python = install_wheel(env)
+    kernel_spec(python, env / "jupyter")
+    return python
+
+
+@pytest.fixture(scope="session")
+def smoke_book(tmp_path_factory, book_env) -> Path:
     """Every chapter executed once with the smoke profile (``execute_book``, from scratch: an empty results folder),
     staged and rendered to HTML. Its root holds ``book/`` (the executed pages), ``results/`` (the runs they computed)
-    and ``_build/html``. Shared by the page checks of tests/test_book.py and, for its runs, by the Colab simulation
-    of tests/test_colab.py (which copies them: nothing here may be changed by a test)."""
+    and ``_build/html``. Shared by the page checks of tests/test_book.py and tests/test_colab.py (nothing here may be
+    changed by a test).
+
+    The chapters execute as a Colab or ``pip install`` reader runs them: each kernel is the python of a fresh
+    environment (``book_env``: the wheel built from this checkout and only what its install brings), started in
+    the root, which holds nothing of the repository."""
     from lmdepth.book.build import execute_book, render_html, stage_book
 
     root = tmp_path_factory.mktemp("book")
-    execute_book(profile="smoke", force=True, book_dir=root / "book", results_dir=root / "results")
+    saved = {k: os.environ.get(k) for k in ("JUPYTER_PATH", "PYTHONPATH")}
+    os.environ.update(JUPYTER_PATH=str(book_env.parents[2] / "jupyter"), PYTHONPATH="")  # the kernels see the fresh environment alone
+    try:
+        execute_book(profile="smoke", force=True, book_dir=root / "book", results_dir=root / "results", workdir=root)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
     stage_book(root)
     render_html(root, strict=True)
     return root

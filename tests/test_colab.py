@@ -10,17 +10,12 @@ directory that holds nothing of the repository. This test does the same on a fre
   what every Colab runtime has beside them (a Jupyter kernel and ipywidgets). They are linked from the test's own
   environment instead of downloaded (a real install takes minutes; see the README), so a module the chapters import
   but the package does not declare is missing here as it would be in Colab;
-* every committed chapter runs with papermill from a directory that holds nothing of the repository, with the smoke
-  profile's parameters; the summary pages run last, on what the others left. The runs themselves are not computed a
-  second time: the working directory's ``results/`` is seeded with a copy of the runs the smoke book
-  (``smoke_book``, tests/conftest.py) computed with the same parameters (chapter 07's trained smoke runs and their
-  data too), and the test checks that every chapter read them from there (none is replaced, no other finished run
-  appears, nothing is trained). So each chapter still imports everything it uses from the fresh environment, loads
-  its data, reads and verifies its runs, draws every chart and decides every verdict there; computing runs in that
-  environment is proven by chapter 04 (its logit-lens, tuned-lens and bigram runs computed there from scratch: a
-  copied lens run cannot be read from another directory), the README's ``lmdepth run`` lines (from scratch, in their
-  own directory: the packaged SmolLM2 found through its asset package, traces, per-problem checkpoints) and the
-  explorer page (loads the model and traces live);
+* every chapter runs in such an environment from a directory that holds nothing of the repository, and computes
+  every run there from scratch: that is how the smoke book (``smoke_book``, tests/conftest.py) executes, so its
+  chapters are not run a second time here; this test checks that its runs were computed there. The summary pages
+  also run as a reader without a book record runs them (the committed pages, on a copy of those runs: they read
+  every run found and compute nothing). The live explorer widget (the book build shows its static example) is
+  tested in a live kernel by tests/test_explorer.py;
 * the book's trained runs shipped inside the wheel load there from any directory and answer as trained (each
   recipe's seed-0 run, on fresh problems). Chapter 07 on all of them (about 20 runs, with their depth questions) is
   the committed book's own execution, so it is not repeated here (it took about 450 s of this test);
@@ -39,25 +34,19 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
-import zipfile
-from importlib import metadata
 from pathlib import Path
 
 import nbformat
 import pytest
 import yaml
-from packaging.requirements import Requirement
 
+from fresh_env import fresh_env, install_wheel
 from lmdepth.book.chapters import CHAPTERS, profile_params
 from lmdepth.runtime import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
-#: What a Colab runtime provides beyond the package's own dependencies (widgets; pip and setuptools, with which the
-#: install cell builds the package). The Jupyter kernel is not here: the package declares ipykernel itself.
-COLAB_RUNTIME = ("ipywidgets", "pip", "setuptools")
 #: The longest a chapter from the stored results may take in the simulated Colab session (it took about 2 h cold).
 FROM_STORED_S = 600
 
@@ -67,72 +56,10 @@ def colab_cell(stem: str) -> str:
     return next(c.source for c in nb.cells if c.cell_type == "code" and "google.colab" in c.source)
 
 
-def _closure(requirements: list[str]) -> set[str]:
-    """Names of the installed distributions these requirement strings pull in, recursively (markers evaluated)."""
-    todo, seen = [Requirement(r) for r in requirements], set()
-    while todo:
-        req = todo.pop()
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
-        name = metadata.distribution(req.name).metadata["Name"]
-        if name.lower() in seen:
-            continue
-        seen.add(name.lower())
-        todo += [Requirement(r) for r in metadata.requires(name) or []]
-    return seen
-
-
-def _link_distributions(names: set[str], site: Path) -> None:
-    """Make ``site`` hold (symlinks to) the installed files of these distributions: their top-level packages,
-    modules and metadata folders."""
-    site.mkdir(parents=True)
-    for name in names:
-        dist = metadata.distribution(name)
-        for top in {Path(f).parts[0] for f in dist.files or [] if not str(f).startswith("..")}:
-            if not (site / top).exists() and Path(dist.locate_file(top)).exists():
-                (site / top).symlink_to(dist.locate_file(top))
-
-
-def _fresh_env(root: Path) -> tuple[Path, Path]:
-    """A new virtual environment under ``root`` that sees exactly the wheel's declared dependencies (and theirs),
-    the packaged models and :data:`COLAB_RUNTIME`, linked in; lmdepth itself is not installed. Returns (its python,
-    the wheel built from this checkout)."""
-    # Built from a private copy of the checkout's files (tracked, or untracked and not ignored: what a commit of the
-    # working tree would hold): pip builds in the source folder (build/, *.egg-info), and the two pytest workers build
-    # this fixture at the same time (its tests lie in two work units, tests/conftest.py), which in one folder races.
-    source = root / "source"
-    listed = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            check=True, capture_output=True, text=True).stdout.split("\0")
-    for name in filter(None, listed):
-        if (REPO_ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(REPO_ROOT / name, source / name)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                            str(root / "wheel"), str(source)], capture_output=True, text=True)
-    assert built.returncode == 0, f"pip wheel failed:\n{built.stdout}\n{built.stderr}"
-    wheel = next((root / "wheel").glob("lmdepth-*.whl"))
-    with zipfile.ZipFile(wheel) as z:
-        wheel_meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
-    declared = [line.split(":", 1)[1].strip() for line in wheel_meta.splitlines() if line.startswith("Requires-Dist:")]
-    assets = [line.split("#")[0].strip() for line in (REPO_ROOT / "requirements-assets.txt").read_text().splitlines()]
-    names = _closure(declared + list(COLAB_RUNTIME)) | {Requirement(a).name.lower() for a in assets if a}
-    assert "lmdepth" not in names
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "env")], check=True)
-    python = root / "env" / "bin" / "python"
-    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                  check=True, capture_output=True, text=True).stdout.strip())
-    _link_distributions(names, root / "preinstalled")
-    (purelib / "preinstalled.pth").write_text(str(root / "preinstalled") + "\n")
-    return python, wheel
-
-
 @pytest.fixture(scope="module")
 def colab_env(tmp_path_factory) -> Path:
     """A fresh environment with the wheel installed and the dependency closure linked in; returns its python."""
-    python, wheel = _fresh_env(tmp_path_factory.mktemp("colab"))
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, capture_output=True)
-    return python
+    return install_wheel(tmp_path_factory.mktemp("colab"))
 
 
 def test_the_install_cell_installs_what_this_test_installs():
@@ -212,11 +139,6 @@ def test_the_readmes_pip_block_runs_as_printed(colab_env, tmp_path):
     assert len(list((tmp_path / "lmdepth-results" / "notebooks").glob("*.ipynb"))) == len(runnable)
 
 
-#: The chapters in two lanes that share no run (norms, cosine and the lens chapter all read the residual run of the
-#: same model, so they stay in one lane), each lane in order; the summary pages run after both, on what they computed.
-LANES = (("norms", "cosine", "lens", "explorer"), ("skipping", "complexity", "maps", "moeut"))
-
-
 def _run_chapter(python: Path, work: Path, tmp_path: Path, env: dict[str, str], chapter: str) -> str | None:
     """Run one committed chapter with papermill from ``work``; what went wrong, or None."""
     stem = CHAPTERS[chapter]
@@ -237,13 +159,9 @@ def _run_chapter(python: Path, work: Path, tmp_path: Path, env: dict[str, str], 
     return None
 
 
-#: The analyses of chapter 04, which is computed from scratch in the simulated Colab directory: a lens run's sidecar
-#: names its tuned-lens run by the path it was computed at (relative to that process's working directory), which a
-#: copied results folder read from another directory does not have.
-COMPUTED_IN_COLAB = ("logit_lens", "tuned_lens", "bigram_baseline")
 #: What of the smoke book's results/ is not copied into the simulated Colab directory: the book build's record (a
-#: Colab reader has none: the summary pages then read every run found) and chapter 04's runs.
-NOT_SEEDED = ("book", *COMPUTED_IN_COLAB)
+#: Colab reader has none: the summary pages then read every run found).
+NOT_SEEDED = ("book",)
 
 
 def _finished_runs(results: Path) -> dict[str, str]:
@@ -251,40 +169,40 @@ def _finished_runs(results: Path) -> dict[str, str]:
     return {str(m.relative_to(results)): m.read_text() for m in results.glob("*/*/*/meta.json")}
 
 
-def test_every_chapter_runs_from_an_empty_directory(colab_env, smoke_book, tmp_path):
-    """Every chapter in the fresh environment, from a directory that holds nothing of the repository but, in
-    ``results/``, a copy of the runs the smoke book computed: the chapters must read every run from there (the
-    parameters papermill passes here are the ones the book build passed, so the cache keys are the same) and compute
-    none, except chapter 04 (:data:`COMPUTED_IN_COLAB`), which computes its runs here from scratch; everything else
-    (imports, data, verification of the runs, charts, verdicts) happens in this environment."""
-    from concurrent.futures import ThreadPoolExecutor
+def test_the_smoke_book_computed_every_run_in_a_fresh_environment(smoke_book):
+    """The smoke book (tests/conftest.py) executed every chapter in a fresh environment's kernel (the installed
+    wheel and what its install brings), from a directory that holds nothing of the repository, and computed every
+    run from scratch there, chapter 07's trained smoke runs too: each run's sidecar names no commit (the package ran
+    outside any checkout; a kernel of this checkout names HEAD), and nothing was trained into the working directory."""
+    metas = [*(smoke_book / "results").glob("*/*/*/meta.json"), *(smoke_book / "results").glob("dm_math_runs/*/meta.json")]
+    runs = {str(m.relative_to(smoke_book)): json.loads(m.read_text()) for m in metas}
+    runs = {k: r for k, r in runs.items() if "environment" in r}  # the generated data's sidecar names none
+    analyses = {Path(k).parts[1] for k in runs}
+    assert {"residual_stream", "layer_skipping", "depth_complexity", "erasure_ig", "logit_lens", "tuned_lens",
+            "bigram_baseline", "linear_maps", "dm_math_runs"} <= analyses, analyses
+    assert {k: r["environment"]["git_commit"] for k, r in runs.items() if r["environment"]["git_commit"]} == {}
+    assert not (smoke_book / "checkpoints").exists()
 
-    python, work = colab_env, tmp_path / "work"
+
+def test_the_summary_pages_run_in_colab_on_runs_without_a_book_record(smoke_book, book_env, tmp_path):
+    """The summary pages as a Colab reader runs them after the other chapters: the committed pages, in the fresh
+    environment, from a directory whose ``results/`` holds the smoke book's runs and its chapters' verdicts where a
+    chapter run outside a book build saves them, but no book record (a reader has none), so they read every run and
+    verdict found there; they compute nothing, and leave every run as it was."""
+    work = tmp_path / "work"
     work.mkdir()
     top = smoke_book / "results"
     shutil.copytree(top, work / "results",
                     ignore=lambda d, names: [n for n in names if Path(d) == top and n in NOT_SEEDED])
+    for csv in (top / "book" / "smoke").glob("*/verdicts/*.csv"):  # lmdepth.claims.report.save, outside a build
+        (work / "results" / "verdicts" / csv.parts[-3]).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(csv, work / "results" / "verdicts" / csv.parts[-3] / f"{csv.stem}-smoke.csv")
     seeded = _finished_runs(work / "results")
     assert len(seeded) >= 5, sorted(seeded)  # residual, skipping, complexity, erasure, maps …
-    env = {**_kernel_env(tmp_path), "OMP_NUM_THREADS": "1"}  # two kernels at once: one thread each, no spinning
-    assert sorted(c for lane in LANES for c in lane) == sorted(c for c in CHAPTERS if c not in ("atlas", "reproducibility"))
-
-    def lane(chapters: tuple[str, ...]) -> list[str]:
-        return [f for f in (_run_chapter(python, work, tmp_path, env, c) for c in chapters) if f]
-
-    with ThreadPoolExecutor(len(LANES)) as pool:
-        failures = [f for found in pool.map(lane, LANES) for f in found]
-    failures += lane(("atlas", "reproducibility"))
+    env = {**_kernel_env(tmp_path), "OMP_NUM_THREADS": "1"}
+    failures = [f for f in (_run_chapter(book_env, work, tmp_path, env, c) for c in ("atlas", "reproducibility")) if f]
     assert failures == [], "\n\n".join(failures)
-    assert not any(p.name == "checkpoints" for p in work.iterdir())  # nothing trained into the working directory
-    # every seeded run was read from the copy: none computed (a new key), recomputed or moved aside as damaged;
-    # chapter 04's runs were computed here
-    after = _finished_runs(work / "results")
-    new = sorted(set(after) - set(seeded))
-    assert [k for k in new if Path(k).parts[0] not in COMPUTED_IN_COLAB] == [], \
-        "computed in the Colab run instead of reading the smoke book's"
-    assert set(COMPUTED_IN_COLAB) <= {Path(k).parts[0] for k in new}, new
-    assert [k for k in seeded if after.get(k) != seeded[k]] == []
+    assert _finished_runs(work / "results") == seeded  # nothing computed, replaced or moved aside
     assert not list((work / "results").rglob("*.damaged-*"))
 
 
@@ -332,7 +250,7 @@ def test_chapter_03_in_colab_reads_the_stored_results(tmp_path):
     clone's results/ or checkpoints/ changes or appears. About 2 h of computing when nothing is stored."""
     from lmdepth.book.build import clean_notebook
 
-    python, _ = _fresh_env(tmp_path / "colab")
+    python, _ = fresh_env(tmp_path / "colab")
     fake = tmp_path / "fake-colab"  # Colab's runtime imports google.colab at start-up; here a stand-in does
     (fake / "google" / "colab").mkdir(parents=True)  # a namespace package: google.protobuf stays importable
     (fake / "google" / "colab" / "__init__.py").write_text('"""Stand-in for Colab\'s module (tests/test_colab.py)."""\n')

@@ -238,11 +238,13 @@ def clean_notebook(path: Path, repo_url: str | None = None) -> list[str]:
 
 
 def execute_book(profile: str = "default", force: bool = False, book_dir: Path | None = None,
-                 results_dir: Path | None = None, only: Sequence[str] | None = None) -> dict[str, float]:
+                 results_dir: Path | None = None, only: Sequence[str] | None = None,
+                 workdir: Path | None = None) -> dict[str, float]:
     """Execute every chapter whose inputs changed into ``book_dir``. Returns wall seconds per executed chapter.
 
     ``only`` limits the build to these chapters (plus the summary pages, which follow any executed page); the
-    other pages keep their last execution, stale or not, until a build without ``only``.
+    other pages keep their last execution, stale or not, until a build without ``only``. ``workdir`` is the
+    kernels' working directory (default: the repository); the chapters get their folders relative to it.
 
     Raises:
         ParameterError: ``only`` names an unknown chapter.
@@ -257,7 +259,7 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        times = _execute_all(profile, force, book_dir, results_dir, only)
+        times = _execute_all(profile, force, book_dir, results_dir, only, workdir or REPO_ROOT)
         write_findings_summary(book_dir, results_dir, profile)
         return times
     finally:  # do not leak the build's settings into the caller (e.g. later tests in the same process)
@@ -268,8 +270,8 @@ def execute_book(profile: str = "default", force: bool = False, book_dir: Path |
                 os.environ[k] = v
 
 
-def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, only: Sequence[str] | None
-                 ) -> dict[str, float]:
+def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, only: Sequence[str] | None,
+                 workdir: Path) -> dict[str, float]:
     times: dict[str, float] = {}
     for i, chapter in enumerate(execution_order(), 1):
         out = book_dir / f"{CHAPTERS[chapter]}.ipynb"
@@ -298,19 +300,19 @@ def _execute_all(profile: str, force: bool, book_dir: Path, results_dir: Path, o
             check_verdicts(record_root)
         print(f"[{i}/{len(CHAPTERS)}] {chapter}: executing ({profile} profile) …", flush=True)
         t0 = time.time()
-        # Relative to the repository (the kernel's cwd), so the published notebook names no local path.
+        # Relative to the kernel's cwd (the repository), so the published notebook names no local path.
         params = profile_params(profile, chapter)
         declared = declared_parameters(chapter)
         for name, path in (("results_dir", results_dir), ("book_dir", book_dir)):
             if name in declared:  # pages that read results or the other executed notebooks
-                params[name] = os.path.relpath(path, REPO_ROOT)
+                params[name] = os.path.relpath(path, workdir)
         # this execution's runs and claims replace the last one's only once it has finished (an interrupt leaves
         # the last page and its record as they were)
         staging = _staging(record_root, chapter)
         shutil.rmtree(staging, ignore_errors=True)  # an interrupted execution's
         os.environ[BOOK_RECORD_ENV] = str(staging.resolve())
         try:
-            execute_chapter(chapter, params, out, cwd=REPO_ROOT)
+            execute_chapter(chapter, params, out, cwd=workdir)
         finally:
             os.environ.pop(BOOK_RECORD_ENV, None)
         errors = clean_notebook(out, repository_url())
