@@ -382,54 +382,49 @@ report.save(dq.chapter_verdicts, "moeut", results_dir)
 #
 # The arithmetic above is a sum of small numbers: every operand can be read at once and added in one parallel
 # pass, so a model need not spend more depth on more operations, and a flat depth score says nothing about whether
-# the score *could* see depth grow. The positive control is a task whose steps must run in sequence: **pointer
-# chains**. A question lists fourteen assignments, chains interleaved, each written in the order it is defined —
-# `q=7;x=4;c=q;h=c;…` — and asks for one variable; the answer is the digit at the end of its chain of k = 1 … 6
-# lookups (7 in the extrapolation split). Which variable to look up next is known only once the previous lookup
-# is done; a model reading left to right can resolve each assignment where it stands, one lookup per step of
-# depth. A twin chain beside the queried one means only following the query finds the answer.
+# the score *could* see depth grow. The positive control is a task whose steps must run in sequence: **operation
+# chains**. A question is a digit and k = 1 … 6 operations applied left to right, mod 10 — `7+3*3-4` is
+# ((7 + 3) · 3 − 4) mod 10 = 6 — and the extrapolation split has 7 and 8. Each operation acts on the result of the
+# ones before it, and with multiplications among them the operands cannot simply be added up at once: the steps
+# must be composed, and more operations take more steps.
 #
-# :::{dropdown} How the questions are built so that only following the query works
-# Beside the queried chain stands a twin of the same k lookups ending in another digit, and one-lookup
-# lines of any digit fill the question up to fourteen whatever k: neither chain is longer, either may come first,
-# and how often a digit occurs does not mark the answer, so only following the query finds it.
+# :::{dropdown} How the questions are built so that only computing the chain works
+# The operations are `+d` and `-d` (d = 1 … 9), `*3`, `*7` and `*9`, drawn uniformly: each maps the ten digits
+# one to one, so no operation erases the ones before it, the last one alone says nothing of the answer, and the
+# answer is uniform over the digits at every k. Every question of a split is padded with spaces to one length, so
+# neither its length nor the answer's position tells k.
 # :::
 #
-# The recipe is this chapter's Transformer with the question not
-# modelled, with the same depth score, sample size, competence gate, within-split rise and δ as the rows above,
-# trained shortest chains first: a chain one hop longer joins the training mix once the model answers 90 % of
-# held-out chains of the longest length it trains on.
+# The recipe is this chapter's Transformer with the question not modelled, with the same depth score, sample size,
+# competence gate, within-split rise and δ as the rows above, trained shortest chains first: a chain one operation
+# longer joins the training mix once the model answers 90 % of held-out problems of the longest length it trains
+# on. It trains on 128 problems a step for 16,000 steps (`scripts/train_matched_runs.py --task chains`), five
+# seeds; until they are finished and pass the competence gate, the control cannot decide.
 #
-# **No control run has been trained on this design yet, so the control cannot decide.** Its recipe is chosen,
-# with a dated note in the claim's history, before any run trains again: pilots of one-lookup learning at
-# learning rate 1e-3 or 3e-3, with and without solved lookups written into the question, all stayed at 12–30 %
-# exact match after 3,000 steps (`scripts/pilot_chain_recipe.py`; no depth measured).
-#
-# :::{dropdown} The earlier designs and recipe, and how the control runs are trained
-# Three designs before this one were not learned and were replaced before
-# any depth was measured: every line shuffled (a line could use a variable assigned later; 23 % exact match at
-# step 9,000 of 30,000), then the queried chain among shorter ones (its first run learned to answer the longest
-# chain's digit or the first digit of the question, not to follow the query), then twins whose fillers used only
-# the other eight digits. Trained on every chain length from the start, that design stood at 32.5 % interpolation
-# exact match at step 9,000, below the 44 % that guessing between the two long chains scores; trained shortest
-# chains first (the rule written down before), it never passed one-lookup chains by step 20,500, and on 150 fresh
-# one-lookup questions it answered a digit that occurs once in the question every time — the design's own cue,
-# now removed. The recipe is this chapter's Transformer with the question not
-# modelled, at the comparison runs' learning rate, five seeds of 30,000 steps (`scripts/train_matched_runs.py
-# --task chains`; about 5.5 CPU-hours each at 0.66 s a step on one thread), with the same depth score, sample size,
-# competence gate, within-split rise and δ as the rows above. The curriculum holds 100 chains of each length out of
-# training and checks them every 500 steps; the stages a run went through are stored with it. Each run stores a
-# snapshot of its depth score at step 0 and every 10 % of training.
+# :::{dropdown} The earlier task, the pilots, and how the control runs are trained
+# The control first used **pointer chains** (`q=7;x=4;c=q;h=c;… What is h?`: follow k assignments to a digit).
+# Four designs of them were not learned and were replaced before any depth was measured: every line shuffled
+# (23 % exact match at step 9,000 of 30,000), the queried chain among shorter ones (its run answered the longest
+# chain's digit, not the query's), twins whose fillers used only the other eight digits (its run answered a digit
+# that occurs once), and twins among fillers of any digit, which no recipe piloted learned above 35 % on one-lookup
+# chains (learning rates 1e-3 and 3e-3, lookups written out, two layers, shorter questions).
+# Operation chains were piloted on exact match alone, no depth measured (`scripts/pilot_chain_recipe.py ops`):
+# every length mixed from the start stalled at 12–27 % by step 8,000; shortest first at 32 problems a step, two
+# operations stood at 76 % by step 12,000; at 128 a step every length had joined by step 7,000, with one to five
+# operations at 94–100 % and six at 48 % (step 7,250). The curriculum holds 100 problems of each length out of
+# training and checks them every 250 steps; the stages a run went through are stored with it. Each run stores a
+# snapshot of its depth score at step 0 and every 10 % of training; a run takes about 1.7 CPU-hours on one
+# thread (0.37 s a step).
 # :::
 
 # %% tags=["hide-input"]
 page.show_chain_control(dq.chain_states, dq.chain_accuracy, dq.verdicts)
 
-# %% mystnb={"figure": {"caption": "The positive control: mean relative depth per number of hops, one line (the mean over its seeds; points: each seed), on the problems every seed solves. Left of the dashed rule the interpolation split (1–6 hops), right of it the extrapolation split (7).", "name": "fig-moeut-chain-depth"}}
-charts.depth_recipe_chart(dq.units[dq.units.run == moeut_claims.CHAIN_RUN], split_at=6.5, x_title="Lookups in the chain (hops)")
+# %% mystnb={"figure": {"caption": "The positive control: mean relative depth per number of operations, one line (the mean over its seeds; points: each seed), on the problems every seed solves. Left of the dashed rule the interpolation split (1–6 operations), right of it the extrapolation split (7–8).", "name": "fig-moeut-chain-depth"}}
+charts.depth_recipe_chart(dq.units[dq.units.run == moeut_claims.CHAIN_RUN], split_at=6.5, x_title="Operations in the chain")
 
-# %% mystnb={"figure": {"caption": "The positive control over training: top, the rise of the depth score per hop within the splits on every problem of the snapshot's sample; bottom, exact match on 200 problems of each split; one line per seed, a snapshot every 10 % of training (step 0: the untrained weights).", "name": "fig-moeut-chain-training"}}
-charts.over_training_chart(dq.chain_over_training, step="Training step", per="hop")
+# %% mystnb={"figure": {"caption": "The positive control over training: top, the rise of the depth score per operation within the splits on every problem of the snapshot's sample; bottom, exact match on 200 problems of each split; one line per seed, a snapshot every 10 % of training (step 0: the untrained weights).", "name": "fig-moeut-chain-training"}}
+charts.over_training_chart(dq.chain_over_training, step="Training step")
 
 # %% mystnb={"figure": {"caption": "The comparison runs trained since snapshots are stored, over training: top, the rise of the depth score per operation within the splits on every problem of the snapshot's sample; bottom, exact match on 200 problems of each split; a snapshot every 10 % of training (a run resumed from a checkpoint has the snapshots after it).", "name": "fig-moeut-comparison-training"}}
 charts.over_training_chart(dq.comparison_over_training, step="Training step")
@@ -451,7 +446,7 @@ page.check_results(runs, summary, erasure_table, depth.levels)
 # Models of about 1M parameters trained on a CPU, on one module with small numbers, instead of 244M-parameter models
 # on every arithmetic module; the two architectures at different learning rates in the four default runs, so the
 # verdicts read comparison runs at one learning rate over five training seeds. Beyond the paper: the depth score
-# against the number of operations, registered depth claims decided over training seeds, a pointer-chain positive
+# against the number of operations, registered depth claims decided over training seeds, an operation-chain positive
 # control, and a fine-tuned SmolLM2-135M (LoRA) in place of a fully fine-tuned Llama-3.2-3B.
 #
 # :::{dropdown} The differences in detail: scale, data, learning rates, tokenizer, erasure rows, depth questions, positive control, fine-tuning
@@ -486,7 +481,7 @@ page.check_results(runs, summary, erasure_table, depth.levels)
 #   p ≤ 0.05, so a row read over so few can say at most *inconclusive*; five can). The paper credits MoEUT's deeper
 #   depth use to its training objective; here the pair rows subtract what the two architectures show before any
 #   training (their untrained twins), and "depth grows" is decided against a smallest rise δ, not against 0.
-# - **The positive control** (pointer chains, section "Can the depth score see depth grow?") is not in the paper: it
+# - **The positive control** (operation chains, section "Can the depth score see depth grow?") is not in the paper: it
 #   tests whether the depth score can see depth grow at all on a task that needs sequential steps.
 #   The paper fine-tunes all weights of Llama-3.2-3B on DM math; here SmolLM2-135M is fine-tuned with LoRA adapters
 #   (rank 8, every linear map of every layer, merged before any measurement), on this chapter's problems, because a

@@ -1,6 +1,7 @@
-"""The depth score's positive control: pointer-chain questions checked by an independent solver (answers, hop
-counts, the design rules of :mod:`lmdepth.data.chains`), their data keys, and the training runs' snapshots (they
-leave the trained weights as they would be without them)."""
+"""The depth score's positive control: pointer-chain questions (its task until 2026-12-03; operation chains since,
+tests/test_op_chains.py) checked by an independent solver (answers, hop counts, the design rules of
+:mod:`lmdepth.data.chains`), their data keys, and the control's training runs (the curriculum, resuming, snapshots
+that leave the trained weights as they would be without them)."""
 
 from __future__ import annotations
 
@@ -113,8 +114,9 @@ def test_the_positive_control_runs_are_the_comparison_recipe_on_chains():
     ref = tr.run_config("default", "transformer", "answer_only", lr=tr.MATCHED_LR)
     for c in configs:
         assert (c.arch, c.objective, c.lr, c.model, c.modules) == (ref.arch, ref.objective, ref.lr, ref.model,
-                                                                     ("pointer_chain",))
-        assert c.steps == 30_000
+                                                                     ("op_chain",))
+        assert (c.steps, c.batch_size, c.n_train_per_module, c.curriculum_gate, c.curriculum_every) == \
+            (16_000, 128, 1_000_000, 0.9, 250)  # the recipe of 2026-12-03 (the chain claim's history)
     assert tr.chain_configs("paper") == []
     assert len({tr.run_dir(c, "x").name for c in configs}) == 5
 
@@ -138,14 +140,14 @@ def test_snapshots_leave_the_trained_weights_as_they_would_be_without_them(tmp_p
     curve = snapshot_curve([(cfg.seed, rd)])
     assert list(curve.step) == steps and curve["interpolate"].between(0, 1).all()
     with np.load(rd / "snapshot-00000.npz") as z:
-        assert set(z["n_operations"]) == {1, 2, 3, 4, 5, 6, 7} and z["E"].shape[1:] == (4, 4)
+        assert set(z["n_operations"]) == {1, 2, 3, 4, 5, 6, 7, 8} and z["E"].shape[1:] == (4, 4)
 
 
 @pytest.mark.unit
 def test_the_training_script_lists_the_positive_control_queue():
     out = subprocess.run([sys.executable, "scripts/train_matched_runs.py", "--task", "chains", "--list",
                           "--checkpoint-dir", "/nonexistent"], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.count("transformer-answer_only seed") == 5 and "of 30,000" in out.stdout
+    assert out.stdout.count("transformer-answer_only seed") == 5 and "of 16,000" in out.stdout
 
 
 @pytest.mark.integration

@@ -49,7 +49,7 @@ class DepthQuestions:
         over_training: the fine-tuned runs' depth over training (:func:`~lmdepth.analyses.finetuned.over_training`).
         chapter_verdicts: the chapter's earlier verdict rows, then these (what the chapter saves and counts).
         chain_states: where each positive-control run stands (``run, seed, lr, state, steps``).
-        chain_accuracy: the positive-control runs' exact match per split and number of hops (``train_seed, split,
+        chain_accuracy: the positive-control runs' exact match per split and number of operations (``train_seed, split,
             n_operations, exact_match, n``).
         chain_over_training: the positive-control runs' depth over training, from their snapshots
             (:func:`~lmdepth.analyses.scratch.snapshot_curve`).
@@ -116,7 +116,7 @@ def pair_gaps(units: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _accuracy_by_hops(evaluation: pd.DataFrame) -> pd.DataFrame:
+def _accuracy_by_length(evaluation: pd.DataFrame) -> pd.DataFrame:
     if evaluation.empty:
         return pd.DataFrame(columns=["train_seed", "split", "n_operations", "exact_match", "n"])
     return (evaluation.groupby(["train_seed", "split", "n_operations"]).correct.agg(exact_match="mean", n="size")
@@ -162,7 +162,7 @@ def ask(matched: dict[str, TrainedRun], data: MathData, per_example: pd.DataFram
         curve = curve.assign(run=curve.folder.map(names))
         curve = curve.assign(seed=curve.run + " seed " + curve.seed.astype(str))
     return DepthQuestions(units, verdicts, states, over_training(finetune_dir) if finetune_dir else pd.DataFrame(),
-                          chapter, chain_states, _accuracy_by_hops(chain_eval), chain_curve, curve)
+                          chapter, chain_states, _accuracy_by_length(chain_eval), chain_curve, curve)
 
 
 __all__ = ["DepthQuestions", "ask", "chain_questions", "pair_gaps"]

@@ -128,8 +128,8 @@ def depth_recipe_chart(units: pd.DataFrame, height: int = 220, split_at: float =
     """The depth questions' data: a relative depth summary per number of operations, one line per run (its mean over
     training seeds) and one small point per seed, on the problems every seed of the run solves (the problems the
     claims read); a radio button picks the summary (the claims read the layer effect's depth score and the erasure
-    depth). The dashed rule at ``split_at`` separates the interpolation split (2–4 operations; pointer chains: 1–6
-    hops) from the extrapolation split (5–6; 7)."""
+    depth). The dashed rule at ``split_at`` separates the interpolation split (2–4 operations; operation chains: 1–6)
+    from the extrapolation split (5–6; 7–8)."""
     rows = []
     for run, u in units.groupby("run", sort=False):
         s = solved_by_all(u).melt(id_vars=["train_seed", "n_operations", "unit"], value_vars=list(DEPTH_METRICS),

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from lmdepth.data.chains import CHAIN_EXTRAPOLATE, CHAIN_MODULES, chain_sampler, hops
+from lmdepth.data.op_chains import OP_CHAIN_EXTRAPOLATE, OP_CHAIN_MODULES, op_sampler
 from lmdepth.errors import DataError, MissingPackageError
 from lmdepth.results import atomic_write_text
 
@@ -55,7 +56,8 @@ EXTRAPOLATE = {
     "mul_div_multiple": "mul_div_multiple_longer",
     "mixed": "mixed_longer",
     "add_sub_multiple_small": "add_sub_multiple_small_longer",  # this book's variant (SMALL_MODULES)
-    **CHAIN_EXTRAPOLATE,  # the depth score's positive control (lmdepth.data.chains)
+    **CHAIN_EXTRAPOLATE,  # the depth score's positive control: pointer chains (lmdepth.data.chains), not learned
+    **OP_CHAIN_EXTRAPOLATE,  # … and operation chains (lmdepth.data.op_chains), its task since 2026-12-03
 }
 #: Modules of this book built from the generator's own expression sampler (``sample.arithmetic.arithmetic``) with
 #: smaller numbers, for models small enough to train on a CPU (chapter 07). ``add_sub_multiple_small``: an
@@ -186,7 +188,7 @@ def _arithmetic() -> Any:
 def small_module_settings(modules: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The :data:`SMALL_MODULES` settings of ``modules`` and of their extrapolation splits ({} for the generator's
     own modules): what a cache key must hold so that changed settings are never served stale data."""
-    own = SMALL_MODULES | CHAIN_MODULES
+    own = SMALL_MODULES | CHAIN_MODULES | OP_CHAIN_MODULES
     names = [n for m in modules for n in (m, EXTRAPOLATE.get(m)) if n in own]
     return {n: {k: list(v) if isinstance(v, tuple) else v for k, v in own[n].items()} for n in names}
 
@@ -221,12 +223,13 @@ def module_generators(split: str, modules: Sequence[str]) -> dict[str, Any]:
     """
     if split not in (*TRAIN_LEVELS, "interpolate", "extrapolate"):
         raise DataError(f"Unknown split {split!r}: use one of {[*TRAIN_LEVELS, 'interpolate', 'extrapolate']}.")
-    chains = [m for m in modules if m in CHAIN_MODULES]
-    if chains:  # no generator needed
-        if len(chains) != len(modules):
-            raise DataError(f"The chain modules {chains} cannot be mixed with arithmetic modules in one run.")
-        names = [EXTRAPOLATE[m] if split == "extrapolate" else m for m in modules]
-        return {n: chain_sampler(**CHAIN_MODULES[n]) for n in names}
+    for own, sampler in ((CHAIN_MODULES, chain_sampler), (OP_CHAIN_MODULES, op_sampler)):  # no generator needed
+        chains = [m for m in modules if m in own]
+        if chains:
+            if len(chains) != len(modules):
+                raise DataError(f"The chain modules {chains} cannot be mixed with other modules in one run.")
+            names = [EXTRAPOLATE[m] if split == "extrapolate" else m for m in modules]
+            return {n: sampler(**own[n]) for n in names}
     arith = _arithmetic()
     gen = importlib.import_module("mathematics_dataset.generate")
     small = [m for m in modules if m in SMALL_MODULES]

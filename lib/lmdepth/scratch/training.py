@@ -245,20 +245,25 @@ def matched_configs(profile: str = "default") -> list[TrainConfig]:
             for objective in ("answer_only", "lm") for seed in SEEDS_OF[objective] for arch in ("transformer", "moeut")]
 
 
-#: The depth score's positive control (chapter 07; :mod:`lmdepth.data.chains`): chapter 07's answer-only recipe on
-#: pointer chains of 1 … 6 hops instead of sums. Steps sized from a measured step (0.22 CPU-s for the Transformer,
-#: 0.43 for MoEUT, 32 problems of ~62 characters, one thread): 30,000 steps ≈ 1.8 CPU-hours for the Transformer.
-#: Set on 2026-12-01 before any chain run was trained.
-CHAIN_MODULE = "pointer_chain"
-CHAIN_STEPS = {"default": 30_000, "quick": 30_000, "smoke": 30}  # the paper profile has none (no GPU run planned)
+#: The depth score's positive control (chapter 07; :mod:`lmdepth.data.op_chains`): chapter 07's answer-only
+#: Transformer on chains of 1 … 6 operations mod 10 instead of sums, with a curriculum over lengths
+#: (:mod:`lmdepth.scratch.curriculum`: the next length joins once 90 % of 100 held-out problems of the longest
+#: admitted one are answered, checked every 250 steps), 128 problems a step, every training problem drawn about once.
+#: History, each change made before any depth of a chain run was measured:
+#:
+#: * 2026-12-01: pointer chains (:mod:`lmdepth.data.chains`), 32 problems a step, 30,000 steps;
+#: * 2026-12-02: the curriculum over hops (gate 0.9; seed 0 without it at step 9,000: 32.5 % interpolation exact
+#:   match, the twin-guessing level about 44 %); that run never passed one-hop chains by step 20,500;
+#: * 2026-12-03: operation chains instead (no pointer-chain recipe piloted learned one-hop lookups above 35 %), 128
+#:   problems a step (at 32 a step the pilot took 12,000 steps to reach two operations at 76 %; at 128 it had every
+#:   length by step 7,000), checks every 250 steps as in the pilot, 16,000 steps (~1.7 CPU-hours at 0.37 CPU-s a
+#:   step, one thread), 1,000,000 training problems.
+CHAIN_MODULE = "op_chain"
+CHAIN_STEPS = {"default": 16_000, "quick": 16_000, "smoke": 30}  # the paper profile has none (no GPU run planned)
+_CHAIN_TRAIN = dict(batch_size=128, n_train_per_module=1_000_000, curriculum_every=250)
+CHAIN_TRAIN = {"default": _CHAIN_TRAIN, "quick": _CHAIN_TRAIN, "smoke": {}}  # the smoke preset's own sizes
 CHAIN_SEEDS = PAIR_SEEDS
-CHAIN_ARCHS = ("transformer",)  # MoEUT (~3.6 CPU-hours a run) once the Transformer's seeds are in
-#: 2026-12-02: the chain runs train with a curriculum over hops (:mod:`lmdepth.scratch.curriculum`): the next hop
-#: count is admitted once 90 % of the held-out problems of the longest admitted one are answered. Set by the rule
-#: written down before (seed 0 without it at step 9,000 not above 50 % interpolation exact match: it was at 32.5 %,
-#: the twin-guessing level about 44 %) and before any depth of a chain run was measured. Its first run never passed
-#: one-hop chains (by step 20,500; see :mod:`lmdepth.data.chains` for the cue it used); the recipe of the chains'
-#: next design is chosen, with a dated note in the chain claim's history, before any chain run trains again.
+CHAIN_ARCHS = ("transformer",)  # MoEUT once the Transformer's seeds are in
 CHAIN_CURRICULUM_GATE = 0.9
 #: Snapshots over training: the depth score at ~10 % steps (scripts/train_matched_runs.py writes them).
 SNAPSHOTS_PER_RUN = 10
@@ -270,7 +275,7 @@ def chain_configs(profile: str = "default", archs: tuple[str, ...] = CHAIN_ARCHS
     if profile not in CHAIN_STEPS:
         return []
     return [run_config(profile, arch, "answer_only", lr=MATCHED_LR, seed=seed, threads=1, modules=(CHAIN_MODULE,),
-                       steps=CHAIN_STEPS[profile], curriculum_gate=CHAIN_CURRICULUM_GATE)
+                       steps=CHAIN_STEPS[profile], curriculum_gate=CHAIN_CURRICULUM_GATE, **CHAIN_TRAIN[profile])
             for seed in CHAIN_SEEDS for arch in archs]
 
 

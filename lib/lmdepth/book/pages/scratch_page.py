@@ -341,7 +341,7 @@ def finetune_table(states: pd.DataFrame, curve: pd.DataFrame | None = None) -> p
     return out
 
 
-#: The rise rows (a slope per operation or hop) and the depth steps that turn their relative depth into layers.
+#: The rise rows (a slope per operation) and the depth steps that turn their relative depth into layers.
 RISE_CLAIMS = {"moeut.depth_grows": sc.DEPTH_STEPS, "moeut.chain_depth_grows": sc.DEPTH_STEPS,
                "moeut.finetuned_flat": sc.FT_LAYERS}
 
@@ -426,7 +426,7 @@ def over_training_md(curve: pd.DataFrame, states: pd.DataFrame) -> str:
 
 #: What the positive control's state means for every flat depth row of the book (chapters 05 and 07).
 CHAIN_READING = {
-    State.AGREES: "The depth score rises with the number of lookups that must run in sequence: the instrument can "
+    State.AGREES: "The depth score rises with the number of operations that must run in sequence: the instrument can "
                   "see depth grow in models of this size, so a flat row on arithmetic is a finding about that task, "
                   "not a blind spot of the score.",
     State.DISAGREES: "Even on a task whose steps must run in sequence, the depth score does not rise by δ: in models "
@@ -440,13 +440,13 @@ CHAIN_READING = {
 
 
 def chain_accuracy_table(accuracy: pd.DataFrame) -> pd.DataFrame:
-    """Exact match of each positive-control seed per number of hops (columns), interpolation split (1–6 hops)
-    and extrapolation split (7)."""
+    """Exact match of each positive-control seed per number of operations (columns), interpolation split (1–6)
+    and extrapolation split (7–8)."""
     if accuracy.empty:
         return pd.DataFrame({"state": ["no positive-control run is finished yet"]})
     t = accuracy.assign(cell=accuracy.exact_match.map(lambda v: f"{v:.0%}"))
     out = t.pivot_table(index=["split", "train_seed"], columns="n_operations", values="cell", aggfunc="first")
-    out.columns = [f"{int(k)} hop{'' if k == 1 else 's'}" for k in out.columns]
+    out.columns = [f"{int(k)} operation{'' if k == 1 else 's'}" for k in out.columns]
     return out.reset_index().rename(columns={"train_seed": "seed"}).fillna("")
 
 
@@ -497,8 +497,10 @@ def show_depth_rows(verdicts: pd.DataFrame, gaps: pd.DataFrame) -> None:
 
 
 def show_chain_control(states: pd.DataFrame, accuracy: pd.DataFrame, verdicts: pd.DataFrame) -> None:
-    """The positive control: its runs' exact match per hop (:func:`chain_accuracy_table`) and :func:`chain_md`."""
-    show_table(chain_accuracy_table(accuracy), caption="Exact match of each positive-control seed per number of hops")
+    """The positive control: its runs' exact match per operation count (:func:`chain_accuracy_table`) and
+    :func:`chain_md`."""
+    show_table(chain_accuracy_table(accuracy), caption="Exact match of each positive-control seed per number of "
+                                                       "operations")
     md(chain_md(states, verdicts))
 
 
