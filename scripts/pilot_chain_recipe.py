@@ -11,7 +11,7 @@ match on one-hop questions — never a depth, for the candidates:
 * ``solved-lr3e-3``: the same at learning rate 3e-3;
 * ``dense``: eight fillers' lookups written out, learning rate 1e-3;
 * ``four-lines``, ``eight-lines``: the baseline on questions of 4 or 8 assignments instead of 14;
-* ``ops``: another sequential task, answer only: a digit and k = 1 … 6 operations applied left to right, mod 10
+* ``ops`` (the task chosen on 2026-12-03, :mod:`lmdepth.data.op_chains`; ``--pad`` as it is generated there): another sequential task, answer only: a digit and k = 1 … 6 operations applied left to right, mod 10
   (``Q: 7+3*3-4 A: 6``: ((7 + 3) · 3 − 4) mod 10). Each operation needs the previous result, and every one is a
   bijection of the digits (``+d``, ``-d``, ``*3``, ``*7``, ``*9``), so no operation erases the ones before it;
   the printed exact match is over all k, with one figure per k.

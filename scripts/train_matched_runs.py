@@ -7,10 +7,11 @@ started again across sessions.
     .venv/bin/python scripts/train_matched_runs.py            # the whole queue, in order
     .venv/bin/python scripts/train_matched_runs.py --list     # each run's key and state, nothing trained
     .venv/bin/python scripts/train_matched_runs.py --only transformer:answer_only:2   # that run alone
-    .venv/bin/python scripts/train_matched_runs.py --task chains   # the depth score's positive control (pointer chains)
+    .venv/bin/python scripts/train_matched_runs.py --task chains   # the depth score's positive control (operation chains)
 
 ``--task chains`` trains the positive control of the depth score (``lmdepth.scratch.training.chain_configs``:
-the same answer-only Transformer on pointer chains of 1 … 6 hops, five seeds, 30,000 steps) into
+the same answer-only Transformer on operation chains of 1 … 6 operations with a curriculum, five seeds, 16,000 steps
+of 128 problems, ~1.7 h each on one thread) into
 ``checkpoints/chains``. Every run stores a snapshot of its depth score at step 0 and every 10 % of training
 (``snapshot-<step>.npz`` beside the run; ``lmdepth.analyses.scratch.snapshot_writer``); a run resumed from a
 checkpoint stores the snapshots still ahead of it.
