@@ -280,7 +280,7 @@ def test_chapter_05_names_a_trained_positive_control_only_from_a_counted_rise():
                                        [0.03, 0.02, 0.003, 0.001]), verdicts, slopes, levels)
     assert one.startswith("**Positive control from a trained run: MoEUT, question not modelled**")
     assert "the control's rise, 0.0200" in one
-    # the pointer-chain control flat too: the chapter says its flat rows are no evidence, and only then
+    # the operation-chain control flat too: the chapter says its flat rows are no evidence, and only then
     chain = pd.DataFrame([dict(claim_id=cp.CHAIN_CLAIM, model=sc.CHAIN_RECIPE, n=200, estimate=0.001, ci_low=-0.004,
                                ci_high=0.006, counted_as="disagrees")])
     flat = growth(["disagrees"] * 4, [0.002, -0.001, 0.003, 0.001])

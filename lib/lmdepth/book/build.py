@@ -139,11 +139,12 @@ def _record_problem(record: Path) -> str | None:
 
 
 #: Inputs of a chapter beyond the library and its profile, as globs under the repository: chapter 07 reads every
-#: finished training run (its comparison runs are trained outside the book, so a run that finishes must re-execute it).
-#: Files beyond the library that a chapter reads: a finished run (its meta.json) or a fine-tuning snapshot
-#: (snapshot-*.npz, written every 10 % of training) makes the chapter stale. A resume checkpoint alone does not.
+#: finished training run (trained outside the book, so a run that finishes must re-execute it) and the snapshots of
+#: the fine-tuned and positive-control runs (snapshot-*.npz, every 10 % of training: drawn over training while a run
+#: trains). A resume checkpoint alone does not make it stale.
 CHAPTER_INPUTS = {"moeut": ("checkpoints/dm_math/*/meta.json", "checkpoints/dm_math_ft/*/meta.json",
-                            "checkpoints/dm_math_ft/*/snapshot-*.npz")}
+                            "checkpoints/dm_math_ft/*/snapshot-*.npz", "checkpoints/chains/*/meta.json",
+                            "checkpoints/chains/*/snapshot-*.npz")}
 
 
 #: Chapters that show another chapter's verdict rows: chapter 05 names its positive control from chapter 07's "depth

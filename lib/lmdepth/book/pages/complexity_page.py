@@ -177,14 +177,14 @@ def completeness_note(result: RunResult) -> str:
 # ---- a positive control from a trained run (chapter 07's depth rows) ------------------------------------------
 
 #: Chapter 07's claims whose rows could be this chapter's positive control: a model trained from scratch whose depth
-#: score rises with the number of sequential lookups (the pointer chains, built as the control) or of operations,
-#: measured with this chapter's depth score.
+#: score rises with the number of operations that must run in sequence (the operation chains, built as the control)
+#: or in a sum, measured with this chapter's depth score.
 CHAIN_CLAIM = "moeut.chain_depth_grows"
 GROWTH_CLAIMS = (CHAIN_CLAIM, "moeut.depth_grows")
 
 
 def trained_growth_rows(results_dir: str, profile: str) -> pd.DataFrame:
-    """Chapter 07's rise rows (:data:`GROWTH_CLAIMS`: the pointer-chain positive control, then "depth grows with the
+    """Chapter 07's rise rows (:data:`GROWTH_CLAIMS`: the operation-chain positive control, then "depth grows with the
     number of operations" per recipe trained from scratch): those the book build recorded for ``profile`` (chapter
     07 executes before this chapter), else those of the latest ``lmdepth run moeut`` into ``results_dir``; empty
     when chapter 07 has not been run."""
@@ -217,7 +217,7 @@ def trained_control_md(growth: pd.DataFrame, verdicts: pd.DataFrame, slopes: pd.
                 "a trained run; the synthetic one stands in.")
     listed = "; ".join(f"{r.model} {_rise(r)}, n = {r.n}, {r.counted_as}" for r in growth.itertuples())
     chain = growth[growth.claim_id == CHAIN_CLAIM]
-    blind = (" Even the positive control built for it — pointer chains, whose lookups must run in sequence — does "
+    blind = (" Even the positive control built for it — operation chains, whose steps must run in sequence — does "
              "not rise by δ, so in models of this size the depth score does not see sequential depth, and no flat "
              "row of this chapter is evidence that depth does not grow."
              if len(chain) and chain.iloc[0].counted_as == "disagrees" else "")
