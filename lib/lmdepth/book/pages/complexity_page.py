@@ -232,7 +232,7 @@ def trained_control_md(growth: pd.DataFrame, verdicts: pd.DataFrame, slopes: pd.
         size = float(finite.max()) if len(finite) and finite.max() > 0 else float("nan")
         what = f"the largest estimated rise, {size:.4f} per step" if np.isfinite(size) else ""
         head = (f"**No positive control from a trained run yet.** No recipe trained from scratch has a depth score "
-                f"that rises decisively with the number of operations or lookups (chapter 07's rows, rise of the "
+                f"that rises decisively with the number of operations (chapter 07's rows, rise of the "
                 f"relative depth score per step [95 % CI]: {listed}), so the synthetic control above stands in."
                 + blind)
     if not np.isfinite(size):
