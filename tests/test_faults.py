@@ -310,10 +310,10 @@ def test_the_book_build_checks_the_pages_it_keeps(tmp_path, monkeypatch):
     nb = nbformat.v4.new_notebook(metadata={"lmdepth": {"build_hash": "h", "profile": "default"}})
     nbformat.write(nb, book / "01_residual_norms.ipynb")
     monkeypatch.setattr(build, "execute_chapter", lambda *a, **k: pytest.fail("must not execute"))
-    assert build._execute_all("default", False, book, root, None) == {}  # intact: up to date
+    assert build._execute_all("default", False, book, root, None, build.REPO_ROOT) == {}  # intact: up to date
     (run / "meta.json").unlink()
     with pytest.raises(DataError, match="is missing"):
-        build._execute_all("default", False, book, root, None)
+        build._execute_all("default", False, book, root, None, build.REPO_ROOT)
 
 
 def test_the_sidecar_records_its_own_digest(tmp_path):
@@ -454,16 +454,16 @@ def _chapter_writes(verdict: str, interrupt: bool = False):
 
 def test_an_interrupted_chapter_leaves_its_last_page_and_record_in_place(tmp_path, monkeypatch):
     build, book, root = _one_chapter_build(tmp_path, monkeypatch, _chapter_writes("claim,state\nnorms.a,supported\n"))
-    build._execute_all("default", True, book, root, None)
+    build._execute_all("default", True, book, root, None, build.REPO_ROOT)
     record = root / "book" / "default" / "norms"
     before, page = _files(record), (book / "01_residual_norms.ipynb").read_bytes()
     assert "manifest.json" in before and "verdicts/smollm2-135m.csv" in before
     monkeypatch.setattr(build, "execute_chapter", _chapter_writes("claim,state\n", interrupt=True))
     with pytest.raises(KeyboardInterrupt):
-        build._execute_all("default", True, book, root, None)
+        build._execute_all("default", True, book, root, None, build.REPO_ROOT)
     assert _files(record) == before and (book / "01_residual_norms.ipynb").read_bytes() == page
     assert [p.name for p in (root / "book" / "default").iterdir()] == ["norms"]  # the half record is not among them
-    assert build._execute_all("default", False, book, root, None) == {}  # and the page is whole: up to date
+    assert build._execute_all("default", False, book, root, None, build.REPO_ROOT) == {}  # and the page is whole: up to date
 
 
 def test_a_page_whose_record_is_missing_is_executed_again(tmp_path, monkeypatch):
@@ -477,14 +477,14 @@ def test_a_page_whose_record_is_missing_is_executed_again(tmp_path, monkeypatch)
 
     build, book, root = _one_chapter_build(tmp_path, monkeypatch, execute)
     _page(book)
-    build._execute_all("default", False, book, root, None)
+    build._execute_all("default", False, book, root, None, build.REPO_ROOT)
     assert executed == ["norms"] and (root / "book" / "default" / "norms" / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize("hurt", ["deleted", "edited", "added"])
 def test_the_findings_stop_in_one_line_when_a_verdict_file_is_not_whole(hurt, tmp_path, monkeypatch):
     build, book, root = _one_chapter_build(tmp_path, monkeypatch, _chapter_writes("claim,state\nnorms.a,supported\n"))
-    build._execute_all("default", True, book, root, None)
+    build._execute_all("default", True, book, root, None, build.REPO_ROOT)
     verdicts = root / "book" / "default" / "norms" / "verdicts"
     {"deleted": lambda: (verdicts / "smollm2-135m.csv").unlink(),
      "edited": lambda: (verdicts / "smollm2-135m.csv").write_text("claim,state\nnorms.a,refuted\n"),
@@ -494,14 +494,14 @@ def test_the_findings_stop_in_one_line_when_a_verdict_file_is_not_whole(hurt, tm
         build.write_findings_summary(book, root, "default")
     assert "\n" not in str(e.value) and not (book / "findings.md").exists()
     with pytest.raises(DataError, match="chapter norms"):  # the page that shows them is not "up to date" either
-        build._execute_all("default", False, book, root, None)
+        build._execute_all("default", False, book, root, None, build.REPO_ROOT)
 
 
 def test_a_chapter_without_its_manifest_stops_the_build_in_one_line(tmp_path, monkeypatch):
     """The manifest deleted together with one of the verdict files it lists: the chapter was left unchecked, the build
     exited 0 and the findings lost that file's rows."""
     build, book, root = _one_chapter_build(tmp_path, monkeypatch, _chapter_writes("claim,state\nnorms.a,supported\n"))
-    build._execute_all("default", True, book, root, None)
+    build._execute_all("default", True, book, root, None, build.REPO_ROOT)
     record = root / "book" / "default" / "norms"
     (record / "manifest.json").unlink()
     (record / "verdicts" / "smollm2-135m.csv").unlink()
@@ -510,7 +510,7 @@ def test_a_chapter_without_its_manifest_stops_the_build_in_one_line(tmp_path, mo
         build.write_findings_summary(book, root, "default")
     assert "\n" not in str(e.value) and not (book / "findings.md").exists()
     with pytest.raises(DataError, match=match):  # nor is its page "up to date"
-        build._execute_all("default", False, book, root, None)
+        build._execute_all("default", False, book, root, None, build.REPO_ROOT)
 
 
 def test_a_run_cut_from_a_chapters_record_is_still_checked(tmp_path, monkeypatch):
@@ -527,13 +527,13 @@ def test_a_run_cut_from_a_chapters_record_is_still_checked(tmp_path, monkeypatch
         _page(out.parent)
 
     build, book, root = _one_chapter_build(tmp_path, monkeypatch, execute)
-    build._execute_all("default", True, book, root, None)
+    build._execute_all("default", True, book, root, None, build.REPO_ROOT)
     runs = root / "book" / "default" / "norms" / RECORD_RUNS
-    assert used and runs.read_text() and build._execute_all("default", False, book, root, None) == {}
+    assert used and runs.read_text() and build._execute_all("default", False, book, root, None, build.REPO_ROOT) == {}
     shutil.rmtree(used[0])
     runs.write_text("")
     with pytest.raises(DataError, match=r"record of chapter norms is not whole: .*runs.jsonl was changed after"):
-        build._execute_all("default", False, book, root, None)
+        build._execute_all("default", False, book, root, None, build.REPO_ROOT)
 
 
 def test_the_atlas_leaves_out_a_run_whose_sidecar_was_edited(tmp_path, capsys):
