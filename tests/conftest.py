@@ -111,16 +111,10 @@ def smoke_book(tmp_path_factory, book_env) -> Path:
     from lmdepth.book.build import execute_book, render_html, stage_book
 
     root = tmp_path_factory.mktemp("book")
-    saved = {k: os.environ.get(k) for k in ("JUPYTER_PATH", "PYTHONPATH")}
-    os.environ.update(JUPYTER_PATH=str(book_env.parents[2] / "jupyter"), PYTHONPATH="")  # the kernels see the fresh environment alone
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # the kernels see the fresh environment alone
+        mp.setenv("JUPYTER_PATH", str(book_env.parents[2] / "jupyter"))
+        mp.setenv("PYTHONPATH", "")
         execute_book(profile="smoke", force=True, book_dir=root / "book", results_dir=root / "results", workdir=root)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
     stage_book(root)
     render_html(root, strict=True)
     return root
