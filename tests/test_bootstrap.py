@@ -1,11 +1,21 @@
 """The one percentile bootstrap (lmdepth.metrics.bootstrap), the one halves rule and the one relative change."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from lmdepth.kernels.residual_kernels import relative_norm
-from lmdepth.metrics.bootstrap import TAILS, draws, percentile_interval, replicate_means, resample, tails
+from lmdepth.metrics.bootstrap import (
+    TAILS,
+    draws,
+    group_means,
+    group_sums,
+    percentile_interval,
+    replicate_means,
+    resample,
+    tails,
+)
 from lmdepth.metrics.layer_curves import half_layers, half_means
 
 pytestmark = pytest.mark.unit
@@ -121,3 +131,22 @@ def test_halves_of_odd_and_even_layer_counts():
 def test_the_relative_change_of_the_skip_reference_is_the_relative_norm_of_the_difference():
     new, ref = torch.tensor([[3.0, 4.0], [1.0, 1.0]]), torch.tensor([[0.0, 0.0], [1.0, 0.0]])
     assert relative_norm(new - ref, ref).tolist() == pytest.approx([5.0 / 1e-6, 1.0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_group_totals_and_means_are_pandas_groupby_transform_in_numpy(seed):
+    """The statistics' per-resample group reductions give what pandas' ``groupby(keys).transform`` gives, NaN
+    values (left out) and NaN keys (NaN rows) included."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    keys = rng.integers(1, 6, n).astype(float)
+    x = rng.normal(size=(n, 3))
+    if seed % 2:
+        x[rng.random((n, 3)) < 0.25] = np.nan
+        keys[rng.random(n) < 0.15] = np.nan
+    x[keys == 5, 0] = np.nan  # a group with no value in one column: its mean is NaN, its total 0
+    means = pd.DataFrame(x).groupby(keys).transform("mean").to_numpy()
+    np.testing.assert_allclose(group_means(x, keys), means, rtol=1e-12, atol=0)
+    sums = pd.Series(x[:, 0]).groupby(keys).transform("sum").to_numpy()
+    np.testing.assert_allclose(group_sums(x[:, 0], keys), sums, rtol=1e-12, atol=0)
+    assert group_sums(x[:, 0], keys).shape == (n,) and group_means(x, keys).shape == (n, 3)

@@ -37,6 +37,7 @@ import pandas as pd
 from lmdepth.claims.spec import EARLY_LAYERS, ClaimSpec
 from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
 from lmdepth.errors import DataError
+from lmdepth.metrics.bootstrap import group_sums
 from lmdepth.metrics.depth import association, depth_score, partial_slope
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.metrics.verdicts import MIN_UNITS, Rule
@@ -127,7 +128,7 @@ def fit_inputs(v: np.ndarray, skip: int) -> tuple[np.ndarray, np.ndarray, np.nda
     e, lv, tokens = v[:, :-2].copy(), v[:, -2], v[:, -1]
     e[:, :skip] = 0.0
     total = e.sum(1)
-    level_total = pd.Series(total).groupby(lv).transform("sum").to_numpy()
+    level_total = group_sums(total, lv)
     with np.errstate(invalid="ignore", divide="ignore"):
         return depth_score(e), lv, tokens, np.where(level_total > 0, total / level_total, 0.0)
 

@@ -32,6 +32,7 @@ import pandas as pd
 
 from lmdepth.claims.spec import REPLICATE, ClaimSpec
 from lmdepth.errors import DataError
+from lmdepth.metrics.bootstrap import group_means
 from lmdepth.metrics.depth import partial_slope
 from lmdepth.metrics.intervals import exact_match
 from lmdepth.metrics.verdicts import Rule
@@ -329,7 +330,7 @@ def repeatable_spread(seeds: np.ndarray, operations: np.ndarray) -> float:
     covariance, over problems of the same number of operations, between the depths two different training seeds
     give the same problem (``seeds`` [problems, S ≥ 2]). Noise that differs from seed to seed has no covariance
     across seeds, so only what the problems repeat remains; a negative mean covariance (nothing repeats) is 0."""
-    centred = seeds - pd.DataFrame(seeds).groupby(operations).transform("mean").to_numpy()
+    centred = seeds - group_means(seeds, operations)
     n_seeds = centred.shape[1]
     cov = (centred.T @ centred) / len(centred)  # [S, S]
     mean_cross = (cov.sum() - np.trace(cov)) / (n_seeds * (n_seeds - 1))
