@@ -166,3 +166,16 @@ def test_the_findings_page_keeps_every_subject_that_is_not_an_unpicked_model():
     assert list(shown(v, ["a", "b", "c"], among={"a", "b", "c"})["model"]) == list(v["model"])
     assert list(shown(v, ["a", "b"], among={"a", "b", "c"})["model"]) == [
         "a", "b", "a → b", "MoEUT vs Transformer", "MoEUT, question modelled", "SmolLM2-135M fine-tuned"]
+
+
+def test_the_findings_views_of_an_empty_record_keep_its_columns_and_draw():
+    """No verdict saved yet (a page-90 run before any chapter): the rows shown keep the record's columns, so the
+    views that read them (the headline bar, the forest of rows with a number) work on no rows."""
+    from lmdepth.charts.findings_charts import claims_forest, headline_bar
+    from lmdepth.claims.findings_claims import numberless, saved_verdicts
+
+    empty = saved_verdicts("/nonexistent-results", profile="default")
+    v = shown(empty, [], among={"a"})
+    assert list(v.columns) == list(empty.columns) and v.empty
+    headline_bar(v)
+    claims_forest(v[~numberless(v)])

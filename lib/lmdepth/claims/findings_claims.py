@@ -95,7 +95,9 @@ def shown(verdicts: pd.DataFrame, models: list[str], among: set[str] | list[str]
     is none of ``among`` (a run trained here, a fine-tuned model, a comparison such as ``MoEUT vs Transformer``) is
     always shown, so with every model picked the page counts the rows the introduction counts."""
     hidden = set(among) - set(models)
-    return verdicts[[not any(m.strip() in hidden for m in str(s).split("→")) for s in verdicts["model"]]]
+    # a boolean array, not a list: an empty list would select no columns of an empty record instead of no rows
+    keep = np.array([not any(m.strip() in hidden for m in str(s).split("→")) for s in verdicts["model"]], dtype=bool)
+    return verdicts[keep]
 
 
 def _cell(r) -> str:
