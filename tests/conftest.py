@@ -108,11 +108,12 @@ def smoke_book(tmp_path_factory, book_env) -> Path:
     The chapters execute as a Colab or ``pip install`` reader runs them: each kernel is the python of a fresh
     environment (``book_env``: the wheel built from this checkout and only what its install brings), started in
     the root, which holds nothing of the repository."""
+    from fresh_env import env_root
     from lmdepth.book.build import execute_book, render_html, stage_book
 
     root = tmp_path_factory.mktemp("book")
     with pytest.MonkeyPatch.context() as mp:  # the kernels see the fresh environment alone
-        mp.setenv("JUPYTER_PATH", str(book_env.parents[2] / "jupyter"))
+        mp.setenv("JUPYTER_PATH", str(env_root(book_env) / "jupyter"))
         mp.setenv("PYTHONPATH", "")
         execute_book(profile="smoke", force=True, book_dir=root / "book", results_dir=root / "results", workdir=root)
     stage_book(root)

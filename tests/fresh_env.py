@@ -81,6 +81,11 @@ def fresh_env(root: Path) -> tuple[Path, Path]:
     return python, wheel
 
 
+def env_root(python: Path) -> Path:
+    """The ``root`` that :func:`fresh_env` was given, from the python it returned (``root/env/bin/python``)."""
+    return python.parents[2]
+
+
 def install_wheel(root: Path) -> Path:
     """:func:`fresh_env` under ``root`` with the wheel installed (no dependencies: they are linked in); its python."""
     python, wheel = fresh_env(root)

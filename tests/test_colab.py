@@ -41,7 +41,7 @@ import nbformat
 import pytest
 import yaml
 
-from fresh_env import fresh_env, install_wheel
+from fresh_env import env_root, fresh_env, install_wheel
 from lmdepth.book.chapters import CHAPTERS, profile_params
 from lmdepth.runtime import REPO_ROOT
 
@@ -94,15 +94,15 @@ print(json.dumps(out))
 
 def test_the_wheel_ships_the_books_trained_runs_and_they_answer_as_trained(colab_env):
     python = colab_env
-    run = subprocess.run([str(python), "-c", SHIPPED_CHECK], capture_output=True, text=True, cwd=python.parents[2],
+    run = subprocess.run([str(python), "-c", SHIPPED_CHECK], capture_output=True, text=True, cwd=env_root(python),
                          env={**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1"}, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
-    env_root = str(python.parents[1])
-    assert out["file"].startswith(env_root), f"lmdepth imported from {out['file']}, not from the installed wheel"
+    venv = str(python.parents[1])
+    assert out["file"].startswith(venv), f"lmdepth imported from {out['file']}, not from the installed wheel"
     assert sorted(out["runs"]) == ["moeut-answer_only", "moeut-lm", "transformer-answer_only", "transformer-lm"]
     for name, got in out["runs"].items():
-        assert got["path"].startswith(env_root) and "_checkpoints" in got["path"], (name, got)
+        assert got["path"].startswith(venv) and "_checkpoints" in got["path"], (name, got)
         assert got["em"] >= 0.85, (name, got)  # trained to 96-100 %; a broken copy answers near 0
 
 
@@ -231,7 +231,7 @@ tops -= set(sys.stdlib_module_names) | {"lmdepth"}
 print(json.dumps({"file": lmdepth.__file__, "failed": failed, "tops": sorted(tops),
                   "missing": sorted(t for t in tops if importlib.util.find_spec(t) is None)}))
 """
-    run = subprocess.run([str(colab_env), "-c", code], capture_output=True, text=True, cwd=colab_env.parents[2],
+    run = subprocess.run([str(colab_env), "-c", code], capture_output=True, text=True, cwd=env_root(colab_env),
                          env={**os.environ, "PYTHONPATH": ""}, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
