@@ -81,12 +81,12 @@ def _grouped(x: np.ndarray, keys: np.ndarray, mean: bool) -> np.ndarray:
     flat = x.reshape(len(x), int(np.prod(x.shape[1:], dtype=int)))  # [N, C]
     ok = ~np.isnan(keys)
     out = np.full(flat.shape, np.nan)
-    _, group = np.unique(keys[ok], return_inverse=True)
+    names, group = np.unique(keys[ok], return_inverse=True)
     v = flat[ok]
     present = ~np.isnan(v)
     n_cols = v.shape[1]
     slot = (group.reshape(-1, 1) * n_cols + np.arange(n_cols)).ravel()  # one bincount for every (group, column)
-    size = (int(group.max()) + 1) * n_cols if len(group) else 0
+    size = len(names) * n_cols
     total = np.bincount(slot, weights=np.where(present, v, 0.0).ravel(), minlength=size)
     if mean:
         with np.errstate(invalid="ignore", divide="ignore"):
