@@ -246,3 +246,19 @@ def test_runs_without_a_curriculum_keep_their_keys():
     runs = {(c.arch, c.objective, c.seed): tr.run_dir(c, "x").name for c in tr.matched_configs("default")}
     assert runs["transformer", "lm", 3] == "transformer-lm-3bed7956c71a"
     assert runs["moeut", "lm", 3] == "moeut-lm-0fe8e26b0e59"
+
+
+@pytest.mark.unit
+def test_the_control_below_delta_reads_as_a_small_rise_only_where_every_seed_rose():
+    import pandas as pd
+
+    from lmdepth.book.pages import scratch_page as sp
+
+    row = pd.read_csv(Path(__file__).parents[1] / "results/book/default/moeut/verdicts/Transformer_operation_chains.csv")
+    row = row.assign(state="disagrees", counted_as="disagrees", reason="", ci_low=0.011, control_ci_low=0.0107)
+    states = pd.DataFrame([dict(seed=s, state="finished", steps=16000) for s in range(5)])
+    small = sp.chain_md(states, row)
+    assert "does rise" in small and "does not see sequential depth" not in small
+    flat = sp.chain_md(states, row.assign(ci_low=-0.003))  # an interval reaching 0: the score did not see it
+    assert "does not see sequential depth" in flat and "does rise" not in flat
+    assert "does not see" in sp.chain_md(states, row.assign(control_ci_low=-0.001))  # one seed fell

@@ -287,6 +287,12 @@ def test_chapter_05_names_a_trained_positive_control_only_from_a_counted_rise():
     blind = cp.trained_control_md(pd.concat([chain, flat]), verdicts, slopes, levels)
     assert "does not see sequential depth" in blind and sc.CHAIN_RECIPE in blind
     assert "does not see sequential depth" not in cp.trained_control_md(flat, verdicts, slopes, levels)
+    # below δ, but above 0 in its interval and in every seed: a small rise, not a blind score
+    small = chain.assign(estimate=0.016, ci_low=0.011, ci_high=0.023, control_ci_low=0.0107)
+    seen = cp.trained_control_md(pd.concat([small, flat]), verdicts, slopes, levels)
+    assert "rises, but by less than δ" in seen and "does not see sequential depth" not in seen
+    assert "does not see sequential depth" in cp.trained_control_md(pd.concat([small.assign(control_ci_low=-0.002),
+                                                                              flat]), verdicts, slopes, levels)
 
 
 @pytest.mark.unit

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -182,3 +183,22 @@ def test_every_stored_run_reads_as_its_typed_summary(analysis):
         assert all(getattr(s, f.name) is not None for f in fields(s) if f.type in ("int", "str", "float"))
         if hasattr(s, "n_layers"):
             assert s.n_layers > 0
+
+
+@pytest.mark.unit
+def test_a_conversion_parses_each_gguf_once_and_puts_the_reader_back(tmp_path):
+    import gguf
+
+    from lmdepth.model.registry import _one_gguf_parse
+
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    w.add_tensor("w", np.arange(4, dtype=np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    plain = gguf.GGUFReader
+    with _one_gguf_parse():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # the tokenizer's, the config's and the weights' parse: one
+        assert list(first.tensors[0].data) == [0, 1, 2, 3]
+    assert gguf.GGUFReader is plain and plain(path) is not first

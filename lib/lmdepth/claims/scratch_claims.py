@@ -589,6 +589,12 @@ RECIPE_CLAIMS = ("moeut.depth_grows",)
 CHAIN_CLAIMS = ("moeut.chain_depth_grows",)
 #: The positive control's row (``lmdepth.scratch.training.chain_configs``), and the ``run`` its depth rows carry.
 CHAIN_RECIPE, CHAIN_RUN = "Transformer, operation chains", "transformer-op_chain"
+
+
+def rises(row) -> bool:
+    """A rise row (its ``ci_low`` and the seeds' smallest own value, ``control_ci_low``) whose interval lies above 0
+    and whose every seed rose: the score rose, by δ or not, so a row below δ is a small rise, not a flat one."""
+    return bool(row.ci_low > 0 and row.control_ci_low > 0)
 PAIR_CLAIMS = ("moeut.deeper_than_transformer", "moeut.deeper_erasure", "moeut.input_dependent")
 FINETUNED_CLAIMS = ("moeut.finetuned_flat",)
 #: The rows of the accuracy comparison (the subject :data:`SUBJECT`, on :func:`units_of`).

@@ -10,6 +10,7 @@ from lmdepth.analyses.complexity import ComplexitySummary, model_names, summary_
 from lmdepth.analyses.erasure import ErasureSummary
 from lmdepth.book.notebook import md, show_table
 from lmdepth.claims import report
+from lmdepth.claims import scratch_claims as sc
 from lmdepth.claims.complexity_claims import length_r
 from lmdepth.claims.findings_claims import saved_verdicts
 from lmdepth.data.difficulty import LEVELS, SOURCE_TITLES
@@ -217,10 +218,14 @@ def trained_control_md(growth: pd.DataFrame, verdicts: pd.DataFrame, slopes: pd.
                 "a trained run; the synthetic one stands in.")
     listed = "; ".join(f"{r.model} {_rise(r)}, n = {r.n}, {r.counted_as}" for r in growth.itertuples())
     chain = growth[growth.claim_id == CHAIN_CLAIM]
-    blind = (" Even the positive control built for it — operation chains, whose steps must run in sequence — does "
+    below = len(chain) and chain.iloc[0].counted_as == "disagrees"
+    blind = ("" if not below else
+             " The positive control built for it — operation chains, whose steps must run in sequence — rises, but "
+             "by less than δ, so in models of this size the depth score sees sequential depth only as a rise of that "
+             "size." if sc.rises(chain.iloc[0]) else
+             " Even the positive control built for it — operation chains, whose steps must run in sequence — does "
              "not rise by δ, so in models of this size the depth score does not see sequential depth, and no flat "
-             "row of this chapter is evidence that depth does not grow."
-             if len(chain) and chain.iloc[0].counted_as == "disagrees" else "")
+             "row of this chapter is evidence that depth does not grow.")
     rising = growth[growth.counted_as == "agrees"]
     if len(rising):
         best = rising.loc[rising.estimate.idxmax()]

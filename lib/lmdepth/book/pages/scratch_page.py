@@ -439,6 +439,13 @@ CHAIN_READING = {
 }
 
 
+#: The control's reading where it comes out below δ but every seed rose (:func:`~lmdepth.claims.scratch_claims.rises`).
+CHAIN_SMALL_RISE = ("The depth score does rise with the number of operations that must run in sequence — its interval "
+                    "lies above 0 and every seed rose — but by less than δ: in models of this size the score sees "
+                    "sequential depth only as a rise of this size, so a flat depth row of this book (chapters 05 and "
+                    "07) speaks against depth growth of this size only where its interval excludes it.")
+
+
 def chain_accuracy_table(accuracy: pd.DataFrame) -> pd.DataFrame:
     """Exact match of each positive-control seed per number of operations (columns), interpolation split (1–6)
     and extrapolation split (7–8)."""
@@ -461,7 +468,8 @@ def chain_md(states: pd.DataFrame, verdicts: pd.DataFrame) -> str:
     if rows.empty:
         return f"**The positive control.** {where}"
     r = rows.iloc[0]
-    return f"**The positive control.** {where} {_depth_row(r)}. {CHAIN_READING[State(r.state)]}"
+    reading = CHAIN_SMALL_RISE if State(r.state) is State.DISAGREES and sc.rises(r) else CHAIN_READING[State(r.state)]
+    return f"**The positive control.** {where} {_depth_row(r)}. {reading}"
 
 
 def pair_gaps_table(gaps: pd.DataFrame) -> pd.DataFrame:
