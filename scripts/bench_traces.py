@@ -46,9 +46,12 @@ the exact-work ceiling: ``{"path", "efficiency", "forwards", "plain_forward_s"}`
 trace's decoder layers did, counted by hooks on every layer as token rows (batch × new tokens, summed over layer
 calls) and expressed in plain forwards of the first problem (its tokens × the layers), ``plain_forward_s`` that
 forward's median CPU seconds (``logits_to_keep=1``), measured in the same process just before, and
-``efficiency = plain_forward_s × forwards / the trace's median CPU seconds``. The unembedding and the attention over a
-reused prefix are not counted, so a path that reads logits at many positions scores lower than its matrix products
-alone would: the figure is conservative.
+the rows the trace's head (the unembedding) multiplied beyond one per forward, counted by a hook on the head
+(``head_rows``), and that head's median CPU seconds a row (``plain_head_row_s``, timed on 256 random rows at a time),
+``efficiency = (plain_forward_s × forwards + plain_head_row_s × head_rows) / the trace's median CPU seconds``. The
+attention over a reused prefix and the V-wide work on the logits (log-softmax, the lens' KLs and top-k, a skip's
+distances) are not counted — the lens spends ~0.6 s of a 3 s trace on them for SmolLM2 —, so the figure is
+conservative: a path that reduces many logits scores below what its matrix products alone would.
 """
 
 from __future__ import annotations
@@ -104,6 +107,25 @@ def count_rows(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> No
     """Forward pre-hook of a decoder layer: the token rows of this call (its hidden states [B, T, d])."""
     h = args[0] if args else kwargs["hidden_states"]
     LAYER_ROWS.append(h.shape[0] * h.shape[1])
+
+
+#: Token rows the loaded model's head (the unembedding) multiplied since the last clear, one entry per call
+#: (:func:`count_head_rows`): the lens and the skip sessions read logits at many positions.
+HEAD_ROWS: list[int] = []
+
+
+def count_head_rows(module: torch.nn.Module, args: Any) -> None:
+    """Forward pre-hook of the head: the rows of this call (its input [..., d])."""
+    HEAD_ROWS.append(args[0].numel() // args[0].shape[-1])
+
+
+def plain_head_row_s(lm: LoadedModel, rows: int = 256, repeats: int = 5) -> float:
+    """Median CPU seconds of the head on one row, timed on ``rows`` random rows at a time (a lens block's size)."""
+    head = lm.model.get_output_embeddings()
+    x = torch.randn(rows, lm.adapter.d_model, dtype=head.weight.dtype)
+    with torch.no_grad():
+        head(x)  # warm-up
+        return statistics.median(timed(lambda: head(x))[1] for _ in range(repeats)) / rows
 
 
 def plain_forward_s(lm: LoadedModel, ids: torch.Tensor, repeats: int = 5) -> float:
@@ -358,13 +380,14 @@ def measure(pair: Pair, repeats: int, tol: float, forwards: list[int], budget_s:
             for path in (("reference", "trace") if r % 2 == 0 else ("trace", "reference")):
                 forwards.clear()
                 LAYER_ROWS.clear()
+                HEAD_ROWS.clear()
                 res, c, w = timed(pair.reference if path == "reference" else pair.trace)
                 cpu[path].append(c)
                 wall[path].append(w)
                 if r == 0:
                     out[path], fw[path] = res, len(forwards)
                     if path == "trace":
-                        rows = sum(LAYER_ROWS)
+                        rows, head_rows = sum(LAYER_ROWS), sum(HEAD_ROWS)
             if r == 0:
                 worst = pair.diff(out["trace"], out["reference"])
                 if not worst <= tol:
@@ -376,7 +399,7 @@ def measure(pair: Pair, repeats: int, tol: float, forwards: list[int], budget_s:
             "trace_cpu": med["trace"], "ratio": med["trace"] / med["reference"],
             "ref_wall": statistics.median(wall["reference"]), "trace_wall": statistics.median(wall["trace"]),
             "runs": len(cpu["trace"]), "ref_fw": fw["reference"], "trace_fw": fw["trace"], "diff": worst,
-            "trace_rows": rows}
+            "trace_rows": rows, "head_rows": head_rows}
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -407,9 +430,11 @@ def bench(args: argparse.Namespace, chapters: list[str]) -> list[dict[str, Any]]
     lm.model.get_decoder().register_forward_pre_hook(count_forward)
     for layer in lm.adapter.layers:
         layer.register_forward_pre_hook(count_rows, with_kwargs=True)
+    lm.model.get_output_embeddings().register_forward_pre_hook(count_head_rows)
     load0, t0, c0 = os.getloadavg(), time.perf_counter(), time.process_time()
     ref_ids = gsm8k_problems(lm, 1)[0][1]
     plain = plain_forward_s(lm, ref_ids) if args.ceiling else None
+    head_s = plain_head_row_s(lm) if args.ceiling else None
     print(f"model {args.model} ({lm.n_layers} layers), problems/chapter {args.problems}, repeats {args.repeats}, "
           f"torch threads {torch.get_num_threads()}, load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}",
           flush=True)
@@ -432,9 +457,11 @@ def bench(args: argparse.Namespace, chapters: list[str]) -> list[dict[str, Any]]
         for r in rows:
             if r["trace_rows"]:  # chapter 07's traces run on its own scratch model, not this one
                 fw = r["trace_rows"] / per_forward
-                r["efficiency"] = plain * fw / r["trace_cpu"]
+                extra_rows = max(0.0, r["head_rows"] - fw)  # each plain forward's own one row is in `plain`
+                r["efficiency"] = (plain * fw + head_s * extra_rows) / r["trace_cpu"]
                 print(json.dumps({"path": f"{r['chapter']} {r['measurement']}", "efficiency": round(r["efficiency"], 3),
                                   "forwards": round(fw, 2), "plain_forward_s": float(f"{plain:.4g}"),  # 4 digits:
+                                  "head_rows": round(extra_rows, 2), "plain_head_row_s": float(f"{head_s:.4g}"),
                                   "trace_cpu_s": float(f"{r['trace_cpu']:.4g}")}))  # a tiny model's ms too
     load1 = os.getloadavg()
     print(f"all equal within {args.tol:g} (largest difference {max(r['diff'] for r in rows):.1e}); "

@@ -35,6 +35,7 @@ from pathlib import Path
 from lmdepth.analyses.scratch import run_state, snapshot_writer
 from lmdepth.errors import LmDepthError
 from lmdepth.scratch.training import (
+    CHAIN_ARCHS,
     SNAPSHOTS_PER_RUN,
     chain_configs,
     load_data,
@@ -45,9 +46,11 @@ from lmdepth.scratch.training import (
 
 #: (arch, objective, seed, config) in training order per task: for the comparison, answer-only first (the objective
 #: of the chapter's headline rows), the Transformer first (it decides whether the arms reach matched competence at
-#: this learning rate); the positive control seed by seed.
+#: this learning rate); the positive control seed by seed, the Transformer's (the chapter's) and then MoEUT's, which
+#: chapter 07 reads once ``CHAIN_ARCHS`` names it (when its five seeds are in).
 QUEUES = {"comparison": [(c.arch, c.objective, c.seed, c) for c in matched_configs("default")],
-          "chains": [(c.arch, c.objective, c.seed, c) for c in chain_configs("default")]}
+          "chains": [(c.arch, c.objective, c.seed, c) for c in chain_configs("default", archs=CHAIN_ARCHS)]
+          + [(c.arch, c.objective, c.seed, c) for c in chain_configs("default", archs=("moeut",))]}
 CHECKPOINT_DIRS = {"comparison": "checkpoints/dm_math", "chains": "checkpoints/chains"}
 
 

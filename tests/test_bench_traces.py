@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from lmdepth.model.registry import load_model
 from lmdepth.runtime import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
@@ -54,7 +55,7 @@ def test_the_bench_times_chapter_07s_traces_on_its_own_scratch_run(tiny_dirs):
 
 def test_the_ceiling_counts_a_traces_work_in_plain_forwards(tiny_dirs, capsys):
     """``--ceiling``: the residual-metrics trace of one problem is exactly one plain forward's work (every layer once
-    over its tokens); the lens trace too (it reads logits, not counted); each line carries its efficiency."""
+    over its tokens); the lens trace too, and its head's rows are counted beside; each line carries its efficiency."""
     import json
 
     rows = bench().main(["--model", str(tiny_dirs["llama"]), "--chapters", "01-02,04", "--repeats", "1", "--ceiling"])
@@ -63,3 +64,12 @@ def test_the_ceiling_counts_a_traces_work_in_plain_forwards(tiny_dirs, capsys):
     assert all(x["forwards"] == 1.0 and x["plain_forward_s"] > 0 and x["efficiency"] > 0 for x in lines)
     assert lines[0]["efficiency"] == pytest.approx(rows[0]["efficiency"], abs=1e-3)
     assert rows[0]["efficiency"] == pytest.approx(lines[0]["plain_forward_s"] / rows[0]["trace_cpu"], rel=1e-3)
+    # the head's rows beyond a forward's one: none for the residual metrics; the lens unembeds its P positions at
+    # every layer and the last residual (P (L + 1) + 1: its self-check's row too), the tuned lens L more times P
+    n_layers = len(load_model(str(tiny_dirs["llama"])).adapter.layers)
+    logit, tuned = lines[1]["head_rows"], lines[2]["head_rows"]
+    assert lines[0]["head_rows"] == 0 and lines[0]["plain_head_row_s"] > 0
+    p = (logit - 1) / (n_layers + 1)
+    assert p == int(p) > 0 and tuned == p * (2 * n_layers + 1) + 1, (logit, tuned, n_layers)
+    head = lines[1]["plain_forward_s"] + lines[1]["plain_head_row_s"] * logit
+    assert lines[1]["efficiency"] == pytest.approx(head / rows[1]["trace_cpu"], rel=1e-2)

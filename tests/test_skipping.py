@@ -277,6 +277,8 @@ def test_the_benchmark_is_stored_like_a_run_and_retimed_only_on_request(tiny_dir
         return real(*a, **k)
 
     monkeypatch.setattr(skip_analysis, "time_paths", counting)
+    assert skip_analysis.benchmark(str(tiny_dirs["llama"]), n_pool=3, compute=False, **kw) is None  # nothing stored
+    assert timed["n"] == 0 and "`-p benchmark true`" in skip_page.benchmark_md(None)[0]
     first = skip_analysis.benchmark(str(tiny_dirs["llama"]), n_pool=3, **kw)
     b = first.table.iloc[0]
     assert not first.from_cache and timed["n"] == 1
@@ -287,6 +289,8 @@ def test_the_benchmark_is_stored_like_a_run_and_retimed_only_on_request(tiny_dir
     assert s.measured_at == first.meta["measured_at"] and s.platform and len(s.load_average) in (0, 2)
     again = skip_analysis.benchmark(str(tiny_dirs["llama"]), n_pool=3, **kw)
     assert again.from_cache and timed["n"] == 1 and again.table.equals(first.table)
+    read = skip_analysis.benchmark(str(tiny_dirs["llama"]), n_pool=3, compute=False, **kw)  # the build's read
+    assert read.from_cache and timed["n"] == 1 and read.table.equals(first.table)
     paragraphs = skip_page.benchmark_md(again)
     assert "stored with the book's results" in paragraphs[0] and "timed in this build" in skip_page.benchmark_md(first)[0]
     skip_analysis.benchmark(str(tiny_dirs["llama"]), n_pool=3, use_cache=False, **kw)

@@ -102,6 +102,11 @@ class Job:
         """The weights id of every model the run depends on, as resolved for this run."""
         return {m: ref.weights_id for m, ref in self.refs.items()}
 
+    def stored(self) -> RunResult | None:
+        """The finished run of these parameters and weights if the cache holds it intact, else None; nothing is
+        computed or recorded (a run that is not part of the build, read where it was stored)."""
+        return self.store().load_verified()
+
     def execute(self, compute: Callable[[RunStore], tuple[Any, ...]]) -> RunResult:
         """Serve a finished run from the cache, or compute it (resuming from checkpoints) and finish it.
 

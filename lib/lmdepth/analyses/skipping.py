@@ -347,15 +347,17 @@ def later_effect_table(table: pd.DataFrame, models: Sequence[str]) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-def benchmark(params: SkipParams | None = None, n_pool: int = 200, tol: float = 1e-5, **kwargs: Any) -> RunResult:
+def benchmark(params: SkipParams | None = None, n_pool: int = 200, tol: float = 1e-5, compute: bool = True,
+              **kwargs: Any) -> RunResult | None:
     """The fast path timed against the naive loop on the first problem (future tokens, layer skip, at most 2 cut
     points: 2 × L naive passes), the work both do on it counted (:func:`~lmdepth.hooks.skip_cost.work_units`), and
     the counted ratio with the paper's 4 cut points over ``n_pool`` problems (tokenization only).
 
     Cached like every run, so a rebuild from stored results does not time it again: the timing is a measurement of
     the machine and the date in the sidecar (``environment``, ``measured_at``, ``load_average``);
-    ``use_cache=False`` measures again. Only ``dataset, seed, selection, n_cuts, device, dtype`` of the parameters
-    matter.
+    ``use_cache=False`` measures again. ``compute=False`` only reads a stored timing (None without one): the book
+    shows the committed one without timing the naive loop in its build (it is a measurement of a machine, not of
+    the model). Only ``dataset, seed, selection, n_cuts, device, dtype`` of the parameters matter.
 
     Returns:
         One-row table: ``model, tokens, n_cuts, naive_passes, threads, naive_cpu_s, fast_cpu_s, naive_s, fast_s,
@@ -367,6 +369,8 @@ def benchmark(params: SkipParams | None = None, n_pool: int = 200, tol: float = 
     p, ref = resolved(SkipParams, params, kwargs)
     key = dict(dataset=dataset_id(p.dataset), seed=p.seed, selection=p.selection, n_cuts=min(p.n_cuts, 2),
                device=p.device, dtype=p.dtype, n_pool=n_pool, version=2)  # 2: the trace is the timed path
+    if not compute:
+        return Job(BENCHMARK, p, key, refs=ref, record=False).stored()
     return Job(BENCHMARK, p, key, refs=ref).execute(lambda store: _benchmark(p, ref, n_pool, tol))
 
 

@@ -147,9 +147,14 @@ def check_identities(table: pd.DataFrame, models: Sequence[str]) -> None:
             raise AssertionError(f"{m}, future tokens: layers up to the skipped one cannot change")
 
 
-def benchmark_md(result: RunResult) -> list[str]:
+def benchmark_md(result: RunResult | None) -> list[str]:
     """Chapter 03's benchmark (:func:`lmdepth.analyses.skipping.benchmark`) as four Markdown paragraphs: when and
-    where it was measured, the two paths timed, the work both do counted, and the counted ratio over many problems."""
+    where it was measured, the two paths timed, the work both do counted, and the counted ratio over many problems;
+    one paragraph saying how to time it where none is stored."""
+    if result is None:
+        return ["No timing of this model is stored here: `-p benchmark true` times the session against the naive "
+                "loop on one problem in this chapter (a few minutes on a CPU), and `scripts/bench_skipping.py` does "
+                "so on more problems."]
     b, s = result.table.iloc[0], BenchmarkSummary.of(result)
     when = (f"Measured {s.measured_at or '(date not recorded)'} on {s.platform or 'an unrecorded machine'}"
             f"{', ' + s.cuda if s.cuda else ''}, {int(b.threads)} CPU threads"
