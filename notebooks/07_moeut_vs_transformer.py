@@ -399,7 +399,7 @@ report.save(dq.chapter_verdicts, "moeut", results_dir)
 # competence gate, within-split rise and δ as the rows above, trained shortest chains first: a chain one operation
 # longer joins the training mix once the model answers 90 % of held-out problems of the longest length it trains
 # on. It trains on 128 problems a step for 16,000 steps (`scripts/train_matched_runs.py --task chains`), five
-# seeds; until they are finished and pass the competence gate, the control cannot decide.
+# seeds; the control decides only over seeds that finished and pass the competence gate.
 #
 # :::{dropdown} The earlier task, the pilots, and how the control runs are trained
 # The control first used **pointer chains** (`q=7;x=4;c=q;h=c;… What is h?`: follow k assignments to a digit).

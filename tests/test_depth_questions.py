@@ -291,6 +291,7 @@ def test_chapter_05_names_a_trained_positive_control_only_from_a_counted_rise():
     small = chain.assign(estimate=0.016, ci_low=0.011, ci_high=0.023, control_ci_low=0.0107)
     seen = cp.trained_control_md(pd.concat([small, flat]), verdicts, slopes, levels)
     assert "rises, but by less than δ" in seen and "does not see sequential depth" not in seen
+    assert seen.startswith("**A trained positive control rises, but by less than δ.**") and blind.startswith("**No ")
     assert "does not see sequential depth" in cp.trained_control_md(pd.concat([small.assign(control_ci_low=-0.002),
                                                                               flat]), verdicts, slopes, levels)
 

@@ -219,10 +219,11 @@ def trained_control_md(growth: pd.DataFrame, verdicts: pd.DataFrame, slopes: pd.
     listed = "; ".join(f"{r.model} {_rise(r)}, n = {r.n}, {r.counted_as}" for r in growth.itertuples())
     chain = growth[growth.claim_id == CHAIN_CLAIM]
     below = len(chain) and chain.iloc[0].counted_as == "disagrees"
+    small = bool(below) and sc.rises(chain.iloc[0])
     blind = ("" if not below else
              " The positive control built for it — operation chains, whose steps must run in sequence — rises, but "
              "by less than δ, so in models of this size the depth score sees sequential depth only as a rise of that "
-             "size." if sc.rises(chain.iloc[0]) else
+             "size." if small else
              " Even the positive control built for it — operation chains, whose steps must run in sequence — does "
              "not rise by δ, so in models of this size the depth score does not see sequential depth, and no flat "
              "row of this chapter is evidence that depth does not grow.")
@@ -236,8 +237,10 @@ def trained_control_md(growth: pd.DataFrame, verdicts: pd.DataFrame, slopes: pd.
         finite = growth.estimate[np.isfinite(growth.estimate)]
         size = float(finite.max()) if len(finite) and finite.max() > 0 else float("nan")
         what = f"the largest estimated rise, {size:.4f} per step" if np.isfinite(size) else ""
-        head = (f"**No positive control from a trained run yet.** No recipe trained from scratch has a depth score "
-                f"that rises decisively with the number of operations (chapter 07's rows, rise of the "
+        lead = ("**A trained positive control rises, but by less than δ.**" if small else
+                "**No positive control from a trained run yet.**")
+        head = (f"{lead} No recipe trained from scratch has a depth score "
+                f"that rises by its claim's δ with the number of operations (chapter 07's rows, rise of the "
                 f"relative depth score per step [95 % CI]: {listed}), so the synthetic control above stands in."
                 + blind)
     if not np.isfinite(size):
