@@ -128,6 +128,39 @@ def plain_head_row_s(lm: LoadedModel, rows: int = 256, repeats: int = 5) -> floa
         return statistics.median(timed(lambda: head(x))[1] for _ in range(repeats)) / rows
 
 
+def plain_reduction_row_s(lm: LoadedModel, reduction: Callable[[torch.Tensor], Callable[[], Any]], rows: int = 256,
+                          repeats: int = 5) -> float:
+    """Median CPU seconds of a path's reduction of one row of the head's logits, timed on ``rows`` rows at a time
+    (``reduction(z)`` allocates its buffers and returns the work to time)."""
+    head = lm.model.get_output_embeddings()
+    with torch.no_grad():
+        work = reduction(head(torch.randn(rows, lm.adapter.d_model, dtype=head.weight.dtype)).float())
+        work()  # warm-up
+        return statistics.median(timed(work)[1] for _ in range(repeats)) / rows
+
+
+def plain_lens_reduction(z: torch.Tensor, k: int = TOP_K) -> Callable[[], torch.Tensor]:
+    """What a lens must compute from rows of logits z [rows, V] against the output distribution (here the first
+    row's, for every row), in plain torch with its buffers allocated once: the log-softmax and the probabilities,
+    both KLs as row dot products (Σ p log p − Σ p log p_f and Σ p_f log p_f − Σ p_f log p) and the top-k overlap."""
+    final_logp = torch.log_softmax(z[:1], -1).expand_as(z).contiguous()
+    final_p, final_top = final_logp.exp(), z[:1].topk(k, -1).indices
+    neg_entropy_f = (final_p * final_logp).sum(-1)
+    logp, p = torch.empty_like(z), torch.empty_like(z)
+
+    def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("rv,rv->r", a, b)
+
+    def work() -> torch.Tensor:
+        torch.log_softmax(z, -1, out=logp)
+        torch.exp(logp, out=p)
+        kl, kl_final = dot(p, logp) - dot(p, final_logp), neg_entropy_f - dot(final_p, logp)
+        overlap = (z.topk(k, -1).indices[:, :, None] == final_top[:, None, :]).any(-1).float().mean(-1)
+        return torch.stack([kl, kl_final, overlap])
+
+    return work
+
+
 def plain_forward_s(lm: LoadedModel, ids: torch.Tensor, repeats: int = 5) -> float:
     """Median CPU seconds of a plain forward of ``ids`` [1, T] (the last position's logits only)."""
     with torch.no_grad():
@@ -145,6 +178,10 @@ class Pair:
     trace: Callable[[], Any]
     reference: Callable[[], Any]
     diff: Callable[[Any, Any], float]
+    #: what the path must compute from each row of logits beyond the matmul, in plain torch (``[rows, V]`` logits
+    #: → the work to time): counted in its ceiling at the CPU seconds it takes plainly (:func:`plain_reduction_row_s`);
+    #: None: not counted (the skip sessions' distances: their figure is then conservative).
+    row_reduction: Callable[[torch.Tensor], Callable[[], Any]] | None = None
 
 
 def _max_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
@@ -235,7 +272,7 @@ def lens_pairs(lm: LoadedModel, n: int) -> list[Pair]:
         def diff(got, ref):
             return max(max(float((g[0] - r[0]).abs().max()), abs(g[1] - r[1])) for g, r in zip(got, ref))
 
-        pairs.append(Pair("04", name, trace, reference, diff))
+        pairs.append(Pair("04", name, trace, reference, diff, plain_lens_reduction))
     return pairs
 
 
@@ -255,13 +292,14 @@ def complexity_pairs(lm: LoadedModel, n: int) -> list[Pair]:
     # the depth score's skip session, per the chapter: MATH (2 cuts, 64 answer tokens) and a synthetic ladder
     math = _spread(difficulty_examples("math", None, 2, SEED), n)
     ladder = _spread(difficulty_examples("vars", None, 20, SEED), n)
-    skip_inputs = []
-    for source, exs in (("math", math), ("vars", ladder)):
+    for source, exs, name in (("math", math, "MATH"), ("vars", ladder, "ladder items (variable chains)")):
+        skip_inputs = []
         for ex in exs:
             full = tok(ex.text, return_tensors="pt").input_ids
             ids, cuts, _ = analysis_input(tok, ex, full, source, SEED, 2, 4, 64, "predict")
             skip_inputs.append((ids, cuts))
-    pairs.append(_skip_pair(lm, "05", "depth score: skip session", skip_inputs, ("layer",), False, False, None))
+        pairs.append(_skip_pair(lm, "05", f"depth score: skip session, {name}", skip_inputs, ("layer",), False,
+                                False, None))
     # the correctness check: MATH generated (128 tokens, one batch of up to 8), the ladder teacher-forced
     prompts = [e.prompt for e in math]
     pairs.append(Pair("05", "correctness: greedy generation", lambda: greedy_texts(lm.nn, tok, prompts, 128, lm.device),
@@ -352,6 +390,67 @@ def scratch_pairs(lm: LoadedModel, n: int) -> list[Pair]:
     return [skip, erase]
 
 
+def tuned_lens_step_ceiling(lm: LoadedModel, repeats: int, steps: int = 8) -> dict[str, Any]:
+    """Chapter 04's tuned-lens training step (:func:`lmdepth.model.translators.training_step`, the default recipe:
+    64 tokens a step, every layer, the vocabulary head of the top-16 final tokens plus 2,048 sampled negatives) on
+    the residuals of GSM8K *train* problems, against the work any implementation of it must do, timed plainly on
+    tensors of its shapes in the same process: the matrix products — forward, the translators ([L, 64, d] ×
+    [L, d, d]) and the head's rows on the candidates ([64 (L + 1), d] × [d, |S|]); backward, the residual gradient
+    through the head ([64 L, |S|] × [|S|, d]) and the translators' ([L, d, 64] × [L, 64, d]) —, the softmax over S
+    and its gradient ([64 L, |S|]), and one fused Adam update of the translators. The final norm, the gather of the
+    candidates' rows and the importance weights are not counted, so the figure is conservative."""
+    from lmdepth.hooks.lens_hooks import collect_residuals_hooked
+    from lmdepth.model.translators import (Translators, TunedLensRecipe, final_targets, frozen, optimizer,
+                                           sample_candidates, training_step)
+
+    cfg = TunedLensRecipe()
+    B, L, d = cfg.batch_tokens, lm.n_layers, lm.adapter.d_model
+    exs = load_examples("gsm8k", split="train", n_examples=40, seed=SEED, selection="first")
+    h = collect_residuals_hooked(lm, exs, B * (steps + 1))  # [tokens, L + 1, d]
+    unembed = Unembedding.of(lm, "float32", traced=False)
+    lse, top = final_targets(unembed, h[:, -1], cfg.head_k)
+    head = torch.unique(top.flatten())
+    is_tail = torch.ones(unembed.vocab, dtype=torch.bool)
+    is_tail[head] = False
+    tail = is_tail.nonzero().squeeze(1)
+    gen = torch.Generator().manual_seed(SEED)
+    cands = [sample_candidates(head, tail, min(cfg.n_negatives, len(tail)), gen) for _ in range(steps + 1)]
+    tr = Translators(L, d, h[:, :L].pow(2).mean(-1).sqrt().mean(0))
+    opt = optimizer(tr, cfg.lr)
+
+    def step(i: int) -> None:
+        training_step(tr, opt, unembed, h[i * B:(i + 1) * B], lse[i * B:(i + 1) * B], *cands[i], cfg.lr)
+
+    with torch.enable_grad(), frozen(lm.model):  # as train_translators runs it
+        S = len(cands[0][0])
+        W = unembed.weight[cands[0][0]].float()  # [|S|, d]
+        x, y, A = torch.randn(L, B, d), torch.randn(B * (L + 1), d), torch.randn(L, d, d)
+        g, z = torch.randn(B * L, S), torch.randn(B * L, S, requires_grad=True)
+        plain_tr = Translators(L, d)
+        plain_opt = optimizer(plain_tr, cfg.lr)
+        for q in plain_tr.parameters():
+            q.grad = torch.randn_like(q)
+
+        def work() -> None:
+            torch.bmm(x, A.transpose(1, 2))
+            y @ W.T
+            g @ W
+            torch.bmm(x.transpose(1, 2), x)
+            z.grad = None
+            torch.logsumexp(z, -1).sum().backward()
+            plain_opt.step()
+
+        step(steps)  # warm-up
+        work()
+        path, plain = [], []
+        for _ in range(max(repeats, 5)):  # interleaved, as the pairs are
+            path.append(timed(lambda: [step(i) for i in range(steps)])[1] / steps)
+            plain.append(timed(lambda: [work() for _ in range(steps)])[1] / steps)
+        path_s, plain_s = statistics.median(path), statistics.median(plain)
+    return {"path": "04 tuned lens: a training step", "efficiency": round(plain_s / path_s, 3),
+            "candidates": S, "plain_work_s": float(f"{plain_s:.4g}"), "trace_cpu_s": float(f"{path_s:.4g}")}
+
+
 BUILDERS = {"01-02": residual_pairs, "03": skipping_pairs, "04": lens_pairs, "05": complexity_pairs, "06": maps_pairs,
             "07": scratch_pairs}
 
@@ -399,7 +498,7 @@ def measure(pair: Pair, repeats: int, tol: float, forwards: list[int], budget_s:
             "trace_cpu": med["trace"], "ratio": med["trace"] / med["reference"],
             "ref_wall": statistics.median(wall["reference"]), "trace_wall": statistics.median(wall["trace"]),
             "runs": len(cpu["trace"]), "ref_fw": fw["reference"], "trace_fw": fw["trace"], "diff": worst,
-            "trace_rows": rows, "head_rows": head_rows}
+            "trace_rows": rows, "head_rows": head_rows, "row_reduction": pair.row_reduction}
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -458,11 +557,15 @@ def bench(args: argparse.Namespace, chapters: list[str]) -> list[dict[str, Any]]
             if r["trace_rows"]:  # chapter 07's traces run on its own scratch model, not this one
                 fw = r["trace_rows"] / per_forward
                 extra_rows = max(0.0, r["head_rows"] - fw)  # each plain forward's own one row is in `plain`
-                r["efficiency"] = (plain * fw + head_s * extra_rows) / r["trace_cpu"]
+                reduce_s = 0.0 if r["row_reduction"] is None else plain_reduction_row_s(lm, r["row_reduction"])
+                r["efficiency"] = (plain * fw + (head_s + reduce_s) * extra_rows) / r["trace_cpu"]
                 print(json.dumps({"path": f"{r['chapter']} {r['measurement']}", "efficiency": round(r["efficiency"], 3),
                                   "forwards": round(fw, 2), "plain_forward_s": float(f"{plain:.4g}"),  # 4 digits:
                                   "head_rows": round(extra_rows, 2), "plain_head_row_s": float(f"{head_s:.4g}"),
+                                  "plain_reduction_row_s": float(f"{reduce_s:.4g}"),
                                   "trace_cpu_s": float(f"{r['trace_cpu']:.4g}")}))  # a tiny model's ms too
+        if "04" in chapters:
+            print(json.dumps(tuned_lens_step_ceiling(lm, args.repeats)))
     load1 = os.getloadavg()
     print(f"all equal within {args.tol:g} (largest difference {max(r['diff'] for r in rows):.1e}); "
           f"{time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU; load average at end "

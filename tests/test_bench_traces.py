@@ -55,21 +55,41 @@ def test_the_bench_times_chapter_07s_traces_on_its_own_scratch_run(tiny_dirs):
 
 def test_the_ceiling_counts_a_traces_work_in_plain_forwards(tiny_dirs, capsys):
     """``--ceiling``: the residual-metrics trace of one problem is exactly one plain forward's work (every layer once
-    over its tokens); the lens trace too, and its head's rows are counted beside; each line carries its efficiency."""
+    over its tokens); the lens trace too, and its head's rows are counted beside, each with the lens' reduction of
+    its logits; the tuned lens' training step is a line of its own; each line carries its efficiency."""
     import json
 
     rows = bench().main(["--model", str(tiny_dirs["llama"]), "--chapters", "01-02,04", "--repeats", "1", "--ceiling"])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
-    assert [x["path"] for x in lines] == [f"{r['chapter']} {r['measurement']}" for r in rows]
-    assert all(x["forwards"] == 1.0 and x["plain_forward_s"] > 0 and x["efficiency"] > 0 for x in lines)
-    assert lines[0]["efficiency"] == pytest.approx(rows[0]["efficiency"], abs=1e-3)
-    assert rows[0]["efficiency"] == pytest.approx(lines[0]["plain_forward_s"] / rows[0]["trace_cpu"], rel=1e-3)
+    *traced, step = lines
+    assert [x["path"] for x in traced] == [f"{r['chapter']} {r['measurement']}" for r in rows]
+    assert all(x["forwards"] == 1.0 and x["plain_forward_s"] > 0 and x["efficiency"] > 0 for x in traced)
+    assert traced[0]["efficiency"] == pytest.approx(rows[0]["efficiency"], abs=1e-3)
+    assert rows[0]["efficiency"] == pytest.approx(traced[0]["plain_forward_s"] / rows[0]["trace_cpu"], rel=1e-3)
     # the head's rows beyond a forward's one: none for the residual metrics; the lens unembeds its P positions at
     # every layer and the last residual (P (L + 1) + 1: its self-check's row too), the tuned lens L more times P
     n_layers = len(load_model(str(tiny_dirs["llama"])).adapter.layers)
-    logit, tuned = lines[1]["head_rows"], lines[2]["head_rows"]
-    assert lines[0]["head_rows"] == 0 and lines[0]["plain_head_row_s"] > 0
+    logit, tuned = traced[1]["head_rows"], traced[2]["head_rows"]
+    assert traced[0]["head_rows"] == 0 and traced[0]["plain_head_row_s"] > 0
+    assert traced[0]["plain_reduction_row_s"] == 0 and traced[1]["plain_reduction_row_s"] > 0
     p = (logit - 1) / (n_layers + 1)
     assert p == int(p) > 0 and tuned == p * (2 * n_layers + 1) + 1, (logit, tuned, n_layers)
-    head = lines[1]["plain_forward_s"] + lines[1]["plain_head_row_s"] * logit
-    assert lines[1]["efficiency"] == pytest.approx(head / rows[1]["trace_cpu"], rel=1e-2)
+    row_s = traced[1]["plain_head_row_s"] + traced[1]["plain_reduction_row_s"]
+    assert traced[1]["efficiency"] == pytest.approx((traced[1]["plain_forward_s"] + row_s * logit)
+                                                    / rows[1]["trace_cpu"], rel=1e-2)
+    assert step["path"] == "04 tuned lens: a training step" and step["candidates"] > 0
+    assert step["efficiency"] == pytest.approx(step["plain_work_s"] / step["trace_cpu_s"], rel=1e-2)
+
+
+def test_the_ceilings_plain_lens_reduction_computes_what_the_lens_does():
+    """The work the lens' ceiling counts per row is the lens' own: both KLs and the top-k overlap equal
+    :func:`lmdepth.kernels.lens_kernels.lens_block` against the same output distribution."""
+    from lmdepth.kernels.lens_kernels import lens_block
+
+    z = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    plain = bench().plain_lens_reduction(z, k=5)()
+    final_logp = torch.log_softmax(z[:1], -1).expand_as(z).contiguous()
+    bufs = [torch.empty(6, 50) for _ in range(3)]
+    kernel = lens_block(z, final_logp, final_logp.exp(), z[:1].topk(5, -1).indices.expand(6, 5), *bufs)
+    assert torch.allclose(plain, kernel, atol=1e-5)
+    assert plain[0, 0].abs() < 1e-5 and plain[2, 0] == 1 and (plain[0, 1:] > 1e-3).all()  # row 0 is the final

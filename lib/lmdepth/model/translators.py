@@ -184,6 +184,25 @@ def _batch_kl(tr: Translators, unembed: Unembedding, h: torch.Tensor, lse_final:
     return sampled_kl(z_lens, z_final, lse_final, log_w)
 
 
+def optimizer(tr: Translators, lr: float) -> torch.optim.Adam:
+    """The translators' Adam. Fused: one kernel for the whole update, 7 instead of 56 ms a step for SmolLM2's
+    30 × 576² parameters on one CPU thread (measured 2026-12-04); what it trains equals the default's to 1e-9."""
+    return torch.optim.Adam(tr.parameters(), lr=lr, fused=True)
+
+
+def training_step(tr: Translators, opt: torch.optim.Optimizer, unembed: Unembedding, h: torch.Tensor,
+                  lse_final: torch.Tensor, cand: torch.Tensor, log_w: torch.Tensor, lr: float) -> torch.Tensor:
+    """One Adam step of every layer's translator on a batch (h: [tokens, layers + 1, d], lse_final: [tokens],
+    cand / log_w: [|S|]) at learning rate ``lr`` → [layers] the batch's mean sampled KL per layer (detached)."""
+    per_layer = _batch_kl(tr, unembed, h, lse_final, cand, log_w).mean(0)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad()
+    per_layer.sum().backward()  # translators are independent: the sum trains each on its own loss
+    opt.step()
+    return per_layer.detach()
+
+
 def train_translators(
     lm: LoadedModel,
     train_h: torch.Tensor,
@@ -220,7 +239,7 @@ def train_translators(
 
     scale = train_h[:, :n_layers].pow(2).mean(-1).sqrt().mean(0)  # [layers] mean RMS of h_l
     tr = Translators(n_layers, lm.adapter.d_model, scale)
-    opt = torch.optim.Adam(tr.parameters(), lr=cfg.lr)
+    opt = optimizer(tr, cfg.lr)
     steps_per_epoch = math.ceil(len(train_h) / cfg.batch_tokens)
     total = cfg.epochs * steps_per_epoch
     rows: list[dict[str, Any]] = []
@@ -249,14 +268,10 @@ def train_translators(
             if (step - 1) % steps_per_epoch == 0:
                 order = torch.randperm(len(train_h), generator=gen)
             pick = order[((step - 1) % steps_per_epoch) * cfg.batch_tokens :][: cfg.batch_tokens]
-            kl = _batch_kl(tr, unembed, train_h[pick], lse_tr[pick], *sample_candidates(head, tail, n_neg, gen))
-            per_layer = kl.mean(0)
-            for g in opt.param_groups:
-                g["lr"] = cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / total))
-            opt.zero_grad()
-            per_layer.sum().backward()  # translators are independent: the sum trains each on its own loss
-            opt.step()
-            acc, n_acc = acc + per_layer.detach(), n_acc + 1
+            lr = cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / total))
+            per_layer = training_step(tr, opt, unembed, train_h[pick], lse_tr[pick],
+                                      *sample_candidates(head, tail, n_neg, gen), lr)
+            acc, n_acc = acc + per_layer, n_acc + 1
             if step % log_every == 0 or step == total:
                 log("train", step, acc / n_acc)
                 acc, n_acc = torch.zeros(n_layers), 0
