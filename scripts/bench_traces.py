@@ -400,8 +400,15 @@ def tuned_lens_step_ceiling(lm: LoadedModel, repeats: int, steps: int = 8) -> di
     and its gradient ([64 L, |S|]), and one fused Adam update of the translators. The final norm, the gather of the
     candidates' rows and the importance weights are not counted, so the figure is conservative."""
     from lmdepth.hooks.lens_hooks import collect_residuals_hooked
-    from lmdepth.model.translators import (Translators, TunedLensRecipe, final_targets, frozen, optimizer,
-                                           sample_candidates, training_step)
+    from lmdepth.model.translators import (
+        Translators,
+        TunedLensRecipe,
+        final_targets,
+        frozen,
+        optimizer,
+        sample_candidates,
+        training_step,
+    )
 
     cfg = TunedLensRecipe()
     B, L, d = cfg.batch_tokens, lm.n_layers, lm.adapter.d_model
