@@ -408,6 +408,7 @@ def tuned_lens_step_ceiling(lm: LoadedModel, repeats: int, steps: int = 8) -> di
         optimizer,
         sample_candidates,
         training_step,
+        vocabulary_split,
     )
 
     cfg = TunedLensRecipe()
@@ -416,13 +417,10 @@ def tuned_lens_step_ceiling(lm: LoadedModel, repeats: int, steps: int = 8) -> di
     h = collect_residuals_hooked(lm, exs, B * (steps + 1))  # [tokens, L + 1, d]
     unembed = Unembedding.of(lm, "float32", traced=False)
     lse, top = final_targets(unembed, h[:, -1], cfg.head_k)
-    head = torch.unique(top.flatten())
-    is_tail = torch.ones(unembed.vocab, dtype=torch.bool)
-    is_tail[head] = False
-    tail = is_tail.nonzero().squeeze(1)
+    head, tail = vocabulary_split(top, unembed.vocab)
     gen = torch.Generator().manual_seed(SEED)
     cands = [sample_candidates(head, tail, min(cfg.n_negatives, len(tail)), gen) for _ in range(steps + 1)]
-    tr = Translators(L, d, h[:, :L].pow(2).mean(-1).sqrt().mean(0))
+    tr = Translators(L, d)  # the residuals' scale changes the numbers, not the work
     opt = optimizer(tr, cfg.lr)
 
     def step(i: int) -> None:
@@ -560,11 +558,15 @@ def bench(args: argparse.Namespace, chapters: list[str]) -> list[dict[str, Any]]
               f"{r['ref_wall']:10.2f} {r['trace_wall']:12.2f} {r['runs']:4} {str(r['ref_fw']) + '/' + str(r['trace_fw']):>18}")
     if plain is not None:
         per_forward = ref_ids.shape[1] * lm.n_layers  # token rows of one plain forward of the first problem
+        reduce_row_s: dict[Callable, float] = {}
         for r in rows:
             if r["trace_rows"]:  # chapter 07's traces run on its own scratch model, not this one
                 fw = r["trace_rows"] / per_forward
                 extra_rows = max(0.0, r["head_rows"] - fw)  # each plain forward's own one row is in `plain`
-                reduce_s = 0.0 if r["row_reduction"] is None else plain_reduction_row_s(lm, r["row_reduction"])
+                reduction = r["row_reduction"]
+                if reduction is not None and reduction not in reduce_row_s:  # timed once per reduction
+                    reduce_row_s[reduction] = plain_reduction_row_s(lm, reduction)
+                reduce_s = 0.0 if reduction is None else reduce_row_s[reduction]
                 r["efficiency"] = (plain * fw + (head_s + reduce_s) * extra_rows) / r["trace_cpu"]
                 print(json.dumps({"path": f"{r['chapter']} {r['measurement']}", "efficiency": round(r["efficiency"], 3),
                                   "forwards": round(fw, 2), "plain_forward_s": float(f"{plain:.4g}"),  # 4 digits:

@@ -163,6 +163,15 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
             p.requires_grad_(flag)
 
 
+def vocabulary_split(top: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled softmax's vocabulary: the head (every token in ``top`` [tokens, k], the final top-k of the
+    training tokens, always included) and the tail (the rest, sampled) → ([|head|], [vocab − |head|]) token ids."""
+    head = torch.unique(top.flatten())
+    is_tail = torch.ones(vocab, dtype=torch.bool)
+    is_tail[head] = False
+    return head, is_tail.nonzero().squeeze(1)
+
+
 def sample_candidates(
     head: torch.Tensor, tail: torch.Tensor, n: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,10 +238,7 @@ def train_translators(
     n_layers, vocab = lm.n_layers, unembed.weight.shape[0]
     lse_tr, top_tr = final_targets(unembed, train_h[:, -1], cfg.head_k)
     lse_val, _ = final_targets(unembed, val_h[:, -1], cfg.head_k)
-    head = torch.unique(top_tr.flatten())
-    is_tail = torch.ones(vocab, dtype=torch.bool)
-    is_tail[head] = False
-    tail = is_tail.nonzero().squeeze(1)
+    head, tail = vocabulary_split(top_tr, vocab)
     n_neg = min(cfg.n_negatives, len(tail))
     gen = torch.Generator().manual_seed(cfg.seed)
     val_cand = sample_candidates(head, tail, n_neg, torch.Generator().manual_seed(cfg.seed + 1))  # fixed: comparable points
