@@ -126,9 +126,10 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
 # was timed, and the wall time of the executions that finished the runs (from each run's sidecar: the one cost known
 # for a run without units, such as chapter 03's benchmark, or without unit timings; a lower bound where a run was
 # resumed from checkpoints). Choose sizes for your hardware from the seconds per unit; a fresh machine also converts
-# the packaged models once (about 2.5 min on 2 cores). Norms and cosine share their runs. Chapter 07 is not in the
-# table: a build analyses its committed trained runs (the page's wall time above) and trains nothing; what training
-# them cost, and the command to retrain, is on its own page.
+# the packaged models once (about 2.5 min on 2 cores). Norms and cosine share their runs. Chapter 07's rows are its
+# depth runs: each trained, untrained and positive-control model's depth on the problem sample, and the fine-tuned
+# SmolLM2 runs' evaluation and depth (hours each). Its training is not a run of the record: a build trains nothing,
+# and what training cost, with the command to retrain, is on its own page.
 
 # %% tags=["hide-input"]
 show_table(cost_table(results_dir, profile), caption="Compute time per chapter and model, from the runs' own timings")

@@ -81,6 +81,49 @@ def test_the_build_cost_prefers_the_units_cpu_time(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_run_without_units_counts_its_cpu_time_only_when_one_execution_computed_it_whole(tmp_path, monkeypatch):
+    """The run template (analyses.run.execute, which chapter 07's depth runs go through) records a run without
+    timed units in the chapter's book record with its execution's CPU seconds; build_cost counts them when that
+    execution read no checkpoint, and otherwise the wall time, as a lower bound."""
+    import time
+
+    import numpy as np
+
+    from lmdepth.analyses.run import execute
+    from lmdepth.results import BOOK_RECORD_ENV, RunStore
+
+    def busy(seconds):
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+
+    def compute(store, interrupt=False):
+        if store.load_item("half") is None:
+            busy(0.2)
+            store.save_item("half", {"x": np.zeros(1)})
+            if interrupt:
+                raise KeyboardInterrupt
+        time.sleep(0.6)  # wall time only: not counted when the CPU time is known
+        busy(0.2)
+        return pd.DataFrame({"x": [1]}), {"run": store.dir.parent.name}
+
+    monkeypatch.setenv(BOOK_RECORD_ENV, str(tmp_path / "book" / "default" / "moeut"))
+    whole = execute(RunStore(tmp_path, "dm_math_depth", "whole", {"k": 1}), compute, {"analysis": "dm_math_depth"})
+    assert whole.meta["resumed_items"] == 0 and 0.35 <= whole.meta["cpu_time_s"] < whole.meta["wall_time_s"] - 0.3
+    resumed = RunStore(tmp_path, "dm_math_depth", "resumed", {"k": 1})
+    with pytest.raises(KeyboardInterrupt):
+        execute(resumed, lambda st: compute(st, interrupt=True), {"analysis": "dm_math_depth"})
+    resumed = execute(RunStore(tmp_path, "dm_math_depth", "resumed", {"k": 1}), compute, {"analysis": "dm_math_depth"})
+    assert resumed.meta["resumed_items"] == 1
+    assert whole.meta["environment"]["cpu_threads"] >= 1 and whole.meta["analysis"] == "dm_math_depth"
+    cost = build_cost(tmp_path)
+    expected = (whole.meta["cpu_time_s"] + resumed.meta["wall_time_s"]) / 60
+    assert cost.minutes == {"moeut": pytest.approx(expected)} and cost.lower_bound == ("moeut",)
+    assert 0 < cost.cpu_share < 1
+    assert execute(RunStore(tmp_path, "dm_math_depth", "whole", {"k": 1}), compute, {}).from_cache  # served
+
+
+@pytest.mark.unit
 def test_a_unit_keeps_its_wall_and_cpu_seconds_and_the_sidecar_sums_them():
     import time
 

@@ -219,6 +219,7 @@ class RunStore:
         self._kept_partial: Path | None = None  # the shared checkpoints while recomputing (begin_recompute)
         self.unit_seconds: list[float | None] = []  # per unit of this execution: its compute seconds (None: unknown)
         self.unit_cpu_seconds: list[float | None] = []  # … and its CPU seconds (None: computed before they were kept)
+        self.items_read = 0  # checkpoints this execution read: none, and it computed the whole run
         if self.dir.parent.is_dir():  # a swap of this run that a killed process left half done: complete it
             for journal in sorted(self.dir.parent.glob(f"{SWAP_PREFIX}{self.key}-*.json")):
                 finish_swap(journal)
@@ -261,7 +262,9 @@ class RunStore:
             return None
         try:
             with np.load(p) as z:
-                return {k: z[k] for k in z.files}
+                item = {k: z[k] for k in z.files}
+            self.items_read += 1
+            return item
         except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
             print(f"lmdepth: discarding the unreadable checkpoint {p} ({type(e).__name__}); recomputing it",
                   file=sys.stderr, flush=True)
@@ -580,6 +583,8 @@ class RecordedCost:
         wall_s: the wall time of the execution that finished the run (NaN where not recorded).
         cpu_timed, cpu_seconds: how many units have their CPU seconds (every thread of the process), and those
             seconds (runs computed before CPU time was kept have none).
+        whole_cpu_s: for a run without timed units, the CPU seconds of the execution that finished it when that
+            execution read no checkpoint (so computed the whole run); NaN otherwise.
     """
 
     units: float
@@ -588,6 +593,7 @@ class RecordedCost:
     wall_s: float
     cpu_timed: int = 0
     cpu_seconds: float = 0.0
+    whole_cpu_s: float = float("nan")
 
     @classmethod
     def read(cls, run_dir: str | Path) -> RecordedCost | None:
@@ -599,7 +605,8 @@ class RecordedCost:
         cost = meta.get("unit_compute_s") or {}
         return cls(units=float(cost.get("units", float("nan"))), timed=int(cost.get("timed", 0)),
                    seconds=float(cost.get("total", 0.0)), wall_s=float(meta.get("wall_time_s", float("nan"))),
-                   cpu_timed=int(cost.get("cpu_timed", 0)), cpu_seconds=float(cost.get("cpu_total", 0.0)))
+                   cpu_timed=int(cost.get("cpu_timed", 0)), cpu_seconds=float(cost.get("cpu_total", 0.0)),
+                   whole_cpu_s=float(meta["cpu_time_s"]) if meta.get("resumed_items") == 0 else float("nan"))
 
 
 def check_recorded(record_root: str | Path, chapters: Iterable[str] | None = None) -> None:

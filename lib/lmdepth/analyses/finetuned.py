@@ -8,12 +8,13 @@ The book never fine-tunes: a run takes hours on a CPU; the chapter reads what is
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from lmdepth.analyses.run import execute, per_unit
 from lmdepth.analyses.scratch import (
     SAMPLE_DATA_KEYS,
     announce_missing,
@@ -25,10 +26,12 @@ from lmdepth.analyses.scratch import (
 from lmdepth.claims.scratch_claims import FINETUNED_RUN
 from lmdepth.data.dm_math import MathData
 from lmdepth.results import RunStore
-from lmdepth.runtime import progress as progress_bar
 from lmdepth.scratch.evaluate import evaluate
 from lmdepth.scratch.finetune import FinetuneConfig, finetune_configs, finetune_dir, load_finetuned
 from lmdepth.scratch.training import readable, safe_load
+
+#: The results folder of the fine-tuned runs' evaluations and depths (:func:`finetuned_depths`).
+FT_DEPTH_RUNS = "dm_math_ft_depth"
 
 
 def finetune_states(checkpoint_dir: str | Path, configs: list[FinetuneConfig] | None = None) -> pd.DataFrame:
@@ -60,7 +63,7 @@ def finetuned_depths(checkpoint_dir: str | Path, data: MathData, n_per_operation
     tables when no run is finished."""
     sample = depth_sample(data, n_per_operations, seed)
     finished = [(cfg, finetune_dir(cfg, checkpoint_dir) / "adapter.pt") for cfg in configs or finetune_configs()]
-    stores = {path: RunStore(results_dir, "dm_math_ft_depth", path.parent.name,
+    stores = {path: RunStore(results_dir, FT_DEPTH_RUNS, path.parent.name,
                                  {"n_per_operations": n_per_operations, "seed": seed, "weights": path.parent.name,
                                   "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS}, "n_sample": len(sample)})
               for cfg, path in finished if path.is_file()}
@@ -69,13 +72,12 @@ def finetuned_depths(checkpoint_dir: str | Path, data: MathData, n_per_operation
     for cfg, path in finished:
         if path not in stores:
             continue
-        store = stores[path]
-        done = store.load_verified()
-        if done is None:
-            t0 = time.time()
+
+        def compute(store: RunStore, cfg=cfg, path=path) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame]:
             ev, table = _evaluate_and_depths(store, cfg, path, data, sample)
-            done = store.finalize(table, {"run": path.parent.name, "wall_time_s": round(time.time() - t0, 1)},
-                                  units=ev)
+            return table, {"run": path.parent.name}, ev
+
+        done = execute(stores[path], compute, {"analysis": FT_DEPTH_RUNS})
         ev = done.units.assign(run=FINETUNED_RUN, arch="smollm2", objective="answer_only", lr=cfg.lr,
                                train_seed=cfg.seed, path=str(path))
         correct = ev.groupby(["split", "question"]).correct.first()
@@ -102,22 +104,20 @@ def _evaluate_and_depths(store: RunStore, cfg: FinetuneConfig, path: Path, data:
     one resumes from its last problem). :func:`problem_depths` treats each problem on its own, so a table put
     together from checkpoints is the table of one uninterrupted call."""
     model, tok, _ = load_finetuned(path, cfg)
-    evals = []
-    for split in ("interpolate", "extrapolate"):
-        got = store.load_item(f"evaluation {split}")
-        if got is None:
-            got = _as_arrays(evaluate(model, tok, data.split(split)))
-            store.save_item(f"evaluation {split}", got)
-        evals.append(pd.DataFrame(got).assign(split=split))
+    splits = ("interpolate", "extrapolate")
+    evals = per_unit(store, [(f"evaluation {split}", split) for split in splits],
+                     lambda _, split: _as_arrays(evaluate(model, tok, data.split(split))), "evaluation")
     mu = reference_mean(model, tok)
-    rows = []
-    for i, example in enumerate(progress_bar(sample, f"depth of {path.parent.name}")):
-        got = store.load_item(f"problem {i}")
-        if got is None:
-            got = _as_arrays(problem_depths(model, tok, [example], mu))
-            store.save_item(f"problem {i}", got)
-        rows.append(pd.DataFrame(got).assign(unit=i))
-    return pd.concat(evals, ignore_index=True), pd.concat(rows, ignore_index=True)
+    rows = per_unit(store, [(f"problem {i}", example) for i, example in enumerate(sample)],
+                    lambda _, example: _as_arrays(problem_depths(model, tok, [example], mu)),
+                    f"depth of {path.parent.name}")
+    return (pd.concat([_table(got).assign(split=split) for got, split in zip(evals, splits)], ignore_index=True),
+            pd.concat([_table(got).assign(unit=i) for i, got in enumerate(rows)], ignore_index=True))
+
+
+def _table(item: dict[str, np.ndarray]) -> pd.DataFrame:
+    """A checkpointed table's columns, without the unit's recorded seconds (:func:`~lmdepth.analyses.run.per_unit`)."""
+    return pd.DataFrame({k: v for k, v in item.items() if not k.startswith("_")})
 
 
 def over_training(checkpoint_dir: str | Path, configs: list[FinetuneConfig] | None = None) -> pd.DataFrame:

@@ -326,7 +326,7 @@ def run(params: MapsParams | ModelRef | str | None = None, **kwargs: Any) -> Run
 def _compute(p: MapsParams, refs: dict[str, ModelRef], specs: list[MapSpec], models: list[str], key: dict[str, Any],
              store: RunStore) -> tuple[pd.DataFrame, dict[str, Any]]:
     timings: dict[str, float] = {}
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0 = time.perf_counter()
     load_before = load_average()
     # The corpus is planned with the tokenizers alone; then one model at a time is loaded, its residuals collected
     # and the model released, so peak memory is one model plus the residuals (the paper profile maps 1.5B ↔ 14B).
@@ -387,7 +387,6 @@ def _compute(p: MapsParams, refs: dict[str, ModelRef], specs: list[MapSpec], mod
             tables.append(map_table(fits[label], label, spec.kind, s, t, n_layers[s], n_layers[t]))
     table = pd.concat(tables, ignore_index=True)
     timings["total"] = time.perf_counter() - t0
-    cpu_total = time.process_time() - cpu0
     meta = {
         "analysis": ANALYSIS,
         "parameters": {"model_name": p.model_name, **key, "device": p.device,
@@ -401,8 +400,6 @@ def _compute(p: MapsParams, refs: dict[str, ModelRef], specs: list[MapSpec], mod
                       for s in specs for label in s.labels},
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
         "wall_time_s": round(timings["total"], 2),
-        # CPU time of this process (all threads): fairer than wall time on a shared machine
-        "cpu_time_s": round(cpu_total, 2),
         # 1-minute load average of the machine before and after: wall times on a busy machine are not comparable
         "load_average": [load_before, load_average()],
     }

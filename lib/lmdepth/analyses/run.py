@@ -115,31 +115,46 @@ class Job:
         :meth:`~lmdepth.results.RunStore.finalize`).
         """
         weights = self.weights()
-        store = self.store(weights)
-        if self.params.use_cache:
-            cached = store.load_verified()  # a damaged run is moved aside (and said so) and computed again
-            if cached is not None:
-                if self.record:
-                    record_run(cached)
-                return cached
-        else:  # the previous finished run and its checkpoints stay untouched until the new run replaces them
-            store.begin_recompute()
-        finished = False
-        try:
-            t0 = time.time()
-            table, meta, *more = compute(store)
-            units, artifacts = (*more, None, None)[:2]
-            meta = {"analysis": self.analysis, **meta, "weights": weights, "environment": environment(),
-                    "wall_time_s": round(time.time() - t0, 2)}
-            if store.unit_seconds:  # the units' own cost, whether computed now or read from checkpoints
-                meta["unit_compute_s"] = unit_cost(store.unit_seconds, store.unit_cpu_seconds)
-            result = store.finalize(table, meta, units, replace=not self.params.use_cache, artifacts=artifacts)
-            finished = True
-        finally:
-            store.end_recompute(finished)
-        if self.record:
-            record_run(result)
-        return result
+        return execute(self.store(weights), compute, {"analysis": self.analysis, "weights": weights},
+                       use_cache=self.params.use_cache, record=self.record)
+
+
+def execute(store: RunStore, compute: Callable[[RunStore], tuple[Any, ...]], stamp: dict[str, Any],
+            use_cache: bool = True, record: bool = True) -> RunResult:
+    """:meth:`Job.execute` on a store of one's own: serve ``store``'s finished run, or compute it and finish it
+    with ``stamp`` (the analysis name, the weights …), the environment and what it cost. ``compute`` returns
+    ``(table, meta[, units[, artifacts]])``.
+
+    The cost: the units' own seconds where ``compute`` went through :func:`per_unit`; otherwise this execution's
+    CPU seconds (``cpu_time_s``) beside how many checkpointed items it read (``resumed_items``): with none read,
+    this execution is the whole run and its CPU time the run's cost.
+    """
+    if use_cache:
+        cached = store.load_verified()  # a damaged run is moved aside (and said so) and computed again
+        if cached is not None:
+            if record:
+                record_run(cached)
+            return cached
+    else:  # the previous finished run and its checkpoints stay untouched until the new run replaces them
+        store.begin_recompute()
+    finished = False
+    try:
+        clock = UnitClock()
+        table, meta, *more = compute(store)
+        units, artifacts = (*more, None, None)[:2]
+        wall, cpu = clock.elapsed()
+        meta = {**meta, **stamp, "environment": environment(), "wall_time_s": round(wall, 2)}
+        if store.unit_seconds:  # the units' own cost, whether computed now or read from checkpoints
+            meta["unit_compute_s"] = unit_cost(store.unit_seconds, store.unit_cpu_seconds)
+        else:
+            meta |= {"cpu_time_s": round(cpu, 2), "resumed_items": store.items_read}
+        result = store.finalize(table, meta, units, replace=not use_cache, artifacts=artifacts)
+        finished = True
+    finally:
+        store.end_recompute(finished)
+    if record:
+        record_run(result)
+    return result
 
 
 def resolved(cls: type[P], params: P | ModelRef | str | None, kwargs: dict[str, Any]) -> tuple[P, ModelRef]:

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lmdepth.analyses.run import execute
 from lmdepth.claims.scratch_claims import UNTRAINED
 from lmdepth.data.dm_math import ERASURE_REFERENCE, PROBES, MathData, MathExample
 from lmdepth.data.dm_tokens import CharTokenizer
@@ -553,6 +554,15 @@ def announce_missing(stores: list[RunStore], what: str, n_sample: int) -> None:
           "is stored as it finishes", file=sys.stderr, flush=True)
 
 
+#: The results folder of chapter 07's depth runs (:func:`comparison_depths`, :func:`untrained_depths`).
+DEPTH_RUNS = "dm_math_depth"
+
+
+def sample_depths(model: ScratchLM, tok: CharTokenizer, sample: list[MathExample], device: str = "cpu") -> pd.DataFrame:
+    """:func:`problem_depths` of every problem of ``sample``, against the model's own reference mean."""
+    return problem_depths(model, tok, sample, reference_mean(model, tok, device=device), device=device)
+
+
 def comparison_depths(runs: dict[str, TrainedRun], data: MathData, per_example: pd.DataFrame, n_per_operations: int,
                       seed: int, results_dir: str | Path, device: str = "cpu", progress: bool = True) -> pd.DataFrame:
     """:func:`problem_depths` of every run on one :func:`depth_sample`, with whether the run solves each problem.
@@ -569,9 +579,8 @@ def comparison_depths(runs: dict[str, TrainedRun], data: MathData, per_example: 
         :data:`DEPTH_COLUMNS` plus ``run, arch, objective, train_seed, lr, path, solved``, one row per (run, problem).
     """
     sample = depth_sample(data, n_per_operations, seed)
-    ref_ids = {}
     correct = per_example.groupby(["path", "split", "question"]).correct.first()  # a question may repeat in a split
-    stores = {name: RunStore(results_dir, "dm_math_depth", r.path.parent.name,
+    stores = {name: RunStore(results_dir, DEPTH_RUNS, r.path.parent.name,
                              {"n_per_operations": n_per_operations, "seed": seed, "weights": r.path.parent.name,
                               "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS}, "n_sample": len(sample)})
               for name, r in runs.items()}
@@ -579,14 +588,8 @@ def comparison_depths(runs: dict[str, TrainedRun], data: MathData, per_example: 
     frames = []
     for name, r in progress_bar(list(runs.items()), "depth per problem") if progress else runs.items():
         cfg = r.meta.get("train_config", {})
-        store = stores[name]
-        done = store.load_verified()
-        if done is None:
-            if r.path not in ref_ids:
-                ref_ids[r.path] = reference_mean(r.model, r.tok, device=device)
-            t0 = time.time()
-            table = problem_depths(r.model, r.tok, sample, ref_ids[r.path], device=device)
-            done = store.finalize(table, {"run": name, "wall_time_s": round(time.time() - t0, 1)})
+        done = execute(stores[name], lambda _, r=r, name=name: (sample_depths(r.model, r.tok, sample, device),
+                                                               {"run": name}), {"analysis": DEPTH_RUNS})
         t = done.table
         t["solved"] = [bool(correct.get((str(r.path), s, q), False)) for s, q in zip(t.split, t.question)]
         frames.append(t.assign(run=r.name, arch=r.arch, objective=r.objective, train_seed=cfg.get("seed", -1),
@@ -615,7 +618,7 @@ def untrained_depths(data: MathData, n_per_operations: int, seed: int, results_d
     tok = CharTokenizer()
     recipe = {(c.arch, c.seed): c for c in matched_configs(profile)}  # either objective: the same initialisation
     twins = [(arch, sd, recipe[arch, sd]) for arch in ARCHS for sd in seeds if (arch, sd) in recipe]
-    stores = {(arch, sd): RunStore(results_dir, "dm_math_depth", f"{arch}-untrained-seed{sd}",
+    stores = {(arch, sd): RunStore(results_dir, DEPTH_RUNS, f"{arch}-untrained-seed{sd}",
                                    {"n_per_operations": n_per_operations, "seed": seed, "model": cfg.model,
                                     "init_seed": sd, "data": {k: data.meta.get(k) for k in SAMPLE_DATA_KEYS},
                                     "n_sample": len(sample)})
@@ -624,12 +627,12 @@ def untrained_depths(data: MathData, n_per_operations: int, seed: int, results_d
     frames = []
     for arch, sd, cfg in progress_bar(twins, "untrained twins") if progress else twins:
         store = stores[arch, sd]
-        done = store.load_verified()
-        if done is None:
+
+        def compute(_: RunStore, cfg=cfg, sd=sd) -> tuple[pd.DataFrame, dict[str, Any]]:
             model = build_model(cfg.model_config(tok.vocab_size), seed=sd).to(device).eval()
-            t0 = time.time()
-            table = problem_depths(model, tok, sample, reference_mean(model, tok, device=device), device=device)
-            done = store.finalize(table, {"run": INIT_RUNS[arch], "wall_time_s": round(time.time() - t0, 1)})
+            return sample_depths(model, tok, sample, device), {"run": INIT_RUNS[arch]}
+
+        done = execute(store, compute, {"analysis": DEPTH_RUNS})
         frames.append(done.table.assign(solved=False, run=INIT_RUNS[arch], arch=arch, objective="untrained",
                                         train_seed=sd, lr=cfg.lr, path=str(store.dir)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

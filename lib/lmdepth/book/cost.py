@@ -3,10 +3,12 @@
 Every run's sidecar keeps its units' own compute seconds (``unit_compute_s``: total, units, timed — see
 :func:`lmdepth.analyses.run.per_unit`), whether the units were computed in that execution or read from their
 checkpoints, and, for runs computed since 2026-12-02, their CPU seconds (``cpu_total``, ``cpu_timed``): the cost
-free of whatever else the machine ran, which :func:`build_cost` prefers. A unit computed before the timing existed
+free of whatever else the machine ran, which :func:`build_cost` prefers. A run without units (chapter 07's depth
+runs, the maps) keeps the CPU seconds of the execution that finished it and how many checkpoints that execution read
+(:func:`lmdepth.analyses.run.execute`): with none, that is the run's cost. A unit computed before the timing existed
 is untimed; the table then says how many are. Every sidecar also keeps ``wall_time_s``, the wall time of the
-execution that finished the run: the one cost known for runs without units (a benchmark) or without unit timings,
-but only a lower bound for a run resumed from checkpoints.
+execution that finished the run: the one cost known for older runs without unit timings, but only a lower bound for
+a run resumed from checkpoints.
 """
 
 from __future__ import annotations
@@ -123,6 +125,8 @@ def _run_minutes(run: Path) -> tuple[float, bool, bool] | None:
         return cost.cpu_seconds / 60, True, True
     if cost.units > 0 and cost.timed == cost.units:
         return cost.seconds / 60, True, False
+    if math.isfinite(cost.whole_cpu_s):  # no units, computed in one execution: its CPU time is the run's
+        return cost.whole_cpu_s / 60, True, True
     return (cost.wall_s / 60, False, False) if math.isfinite(cost.wall_s) else None
 
 
@@ -140,9 +144,10 @@ def _machine(env: Mapping[str, Any]) -> str | None:
 def build_cost(results_dir: str | Path, profile: str = "default") -> BuildCost:
     """The cost of computing ``profile``'s recorded runs (``results_dir/book/<profile>``) from scratch: per run, its
     units' CPU seconds where every unit has them, else their compute (wall) seconds where every unit was timed, else
-    the wall time of the execution that finished it. The one
-    source of the README's cold-build figure, the chapters' announcements (:func:`chapter_minutes`) and the
-    Reproducibility page. Chapter 07's training is not a run of the record (its page and scripts time it)."""
+    the CPU seconds of one execution that computed the whole run, else the wall time of the execution that finished
+    it. The one source of the README's cold-build figure, the chapters' announcements (:func:`chapter_minutes`) and
+    the Reproducibility page. Chapter 07's depth runs are in the record; its training is not (its page and scripts
+    time it)."""
     record = Path(results_dir) / "book" / Path(profile).stem
     minutes: dict[str, float] = {}
     per_run: dict[Path, float] = {}
