@@ -99,6 +99,56 @@ def test_sampled_kl_is_exact_on_the_full_vocabulary_and_unbiased_on_a_sample():
 
 
 @pytest.mark.unit
+def test_sampled_kl_and_its_hand_written_gradient_equal_autograd_of_the_formula():
+    """sampled_kl's lens terms have a hand-written backward (fewer passes over the logits): its values and its
+    gradient in the lens logits equal autograd of the plain formula; it refuses to differentiate the final logits,
+    and a second backward through the same graph raises instead of reading a reused buffer."""
+    g = torch.Generator().manual_seed(3)
+    zl, zf = torch.randn(4, 3, 50, generator=g) * 3, torch.randn(4, 50, generator=g) * 3
+    lse_f = torch.logsumexp(zf, -1) + 0.5
+    log_w = torch.cat([torch.zeros(10), torch.full((40,), 1.7)])
+    up = torch.randn(4, 3, generator=g)
+
+    def formula(z):
+        logp_f = zf - lse_f[:, None]
+        wp = (logp_f + log_w).exp()
+        return (wp * logp_f).sum(-1, keepdim=True) - torch.einsum("ts,tls->tl", wp, z) + \
+            torch.logsumexp(z + log_w, -1)
+
+    ref_z, z = zl.clone().requires_grad_(), zl.clone().requires_grad_()
+    ref = formula(ref_z)
+    (ref * up).sum().backward()
+    got = sampled_kl(z, zf, lse_f, log_w)
+    (got * up).sum().backward(retain_graph=True)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(z.grad, ref_z.grad, rtol=1e-5, atol=1e-7)
+    with pytest.raises(RuntimeError):
+        got.sum().backward()
+    with pytest.raises(ValueError, match="lens logits only"):
+        sampled_kl(zl, zf.clone().requires_grad_(), lse_f, log_w)
+
+
+@pytest.mark.unit
+def test_translators_of_all_layers_equal_the_per_layer_map_and_its_gradient():
+    """The all-layer translation (one batched product laid out so A's gradient needs no copy) is h + A_l h + s_l b_l
+    of every layer, for any leading shape, and its gradient in A equals that of the per-layer form."""
+    g = torch.Generator().manual_seed(4)
+    L, d = 3, 8
+    tr = Translators(L, d, scale=torch.rand(L, generator=g) + 0.5)
+    with torch.no_grad():
+        tr.A.copy_(torch.randn(L, d, d, generator=g))
+        tr.b.copy_(torch.randn(L, d, generator=g))
+    h = torch.randn(2, 5, L, d, generator=g)
+    up = torch.randn(2, 5, L, d, generator=g)
+    (tr(h) * up).sum().backward()
+    grad, tr.A.grad = tr.A.grad.clone(), None
+    per_layer = torch.stack([tr(h[..., l, :], layer=l) for l in range(L)], -2)
+    (per_layer * up).sum().backward()
+    torch.testing.assert_close(tr(h), per_layer, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, tr.A.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.unit
 def test_sample_positions_is_seeded_and_respects_bos():
     a = lens.sample_positions(100, 10, "0:ex")
     assert torch.equal(a, lens.sample_positions(100, 10, "0:ex")) and len(a) == 10 and torch.all(a[1:] > a[:-1])

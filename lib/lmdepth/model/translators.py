@@ -82,7 +82,11 @@ class Translators(nn.Module):
         h = h.float()
         if layer is not None:
             return h + h @ self.A[layer].T + self.scale[layer] * self.b[layer]
-        return h + torch.einsum("...ld,led->...le", h, self.A) + self.scale[:, None] * self.b
+        x = h.reshape(-1, *h.shape[-2:])  # [n, layers, d]
+        # A_l x_l as [layers, d, n]: its gradient for A is then [layers, d, d] in A's own layout (an einsum's was a
+        # transposed copy, 22 of a step's ~230 ms for SmolLM2 on one thread); the same numbers, bit for bit
+        ax = torch.bmm(self.A, x.permute(1, 2, 0)).permute(2, 0, 1)
+        return (x + ax + self.scale[:, None] * self.b).reshape(h.shape)
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         return {k: v.detach().cpu().numpy() for k, v in self.state_dict().items()}
@@ -187,9 +191,10 @@ def _batch_kl(tr: Translators, unembed: Unembedding, h: torch.Tensor, lse_final:
 
     h: [tokens, layers + 1, d] residuals; lse_final: [tokens] → [tokens, layers].
     """
+    on_s = unembed.rows(cand)  # the candidates' rows, gathered once for both readings
     with torch.no_grad():
-        z_final = unembed.logits_of_normed(unembed.norm(h[:, -1]), cand)
-    z_lens = unembed.logits_of_normed(unembed.norm(tr(h[:, :-1])), cand)
+        z_final = on_s.logits_of_normed(on_s.norm(h[:, -1]))
+    z_lens = on_s.logits_of_normed(on_s.norm(tr(h[:, :-1])))
     return sampled_kl(z_lens, z_final, lse_final, log_w)
 
 

@@ -8,7 +8,7 @@ lens builds one in its lens dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -76,6 +76,13 @@ class Unembedding:
     @property
     def dtype(self) -> torch.dtype:
         return torch.float32 if self.weight is None else self.weight.dtype
+
+    def rows(self, rows: torch.Tensor) -> "Unembedding":
+        """This unembedding restricted to the vocabulary ``rows`` [n] (their weight and bias gathered once, for
+        several readings on one subset: the tuned lens' sampled softmax). Local models only."""
+        if self.weight is None:
+            raise ValueError("a remote model's unembedding has no weight to take rows of")
+        return replace(self, weight=self.weight[rows], bias=None if self.bias is None else self.bias[rows])
 
     def logits_of_normed(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of already-normed residuals (differentiable). x: [..., d]; ``rows``: optional vocabulary subset
