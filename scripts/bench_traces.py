@@ -47,11 +47,13 @@ trace's decoder layers did, counted by hooks on every layer as token rows (batch
 calls) and expressed in plain forwards of the first problem (its tokens × the layers), ``plain_forward_s`` that
 forward's median CPU seconds (``logits_to_keep=1``), measured in the same process just before, and
 the rows the trace's head (the unembedding) multiplied beyond one per forward, counted by a hook on the head
-(``head_rows``), and that head's median CPU seconds a row (``plain_head_row_s``, timed on 256 random rows at a time),
-``efficiency = (plain_forward_s × forwards + plain_head_row_s × head_rows) / the trace's median CPU seconds``. The
-attention over a reused prefix and the V-wide work on the logits (log-softmax, the lens' KLs and top-k, a skip's
-distances) are not counted — the lens spends ~0.6 s of a 3 s trace on them for SmolLM2 —, so the figure is
-conservative: a path that reduces many logits scores below what its matrix products alone would.
+(``head_rows``), with that head's median CPU seconds a row (``plain_head_row_s``, timed on 256 random rows at a
+time) plus the plain cost a row of the path's reduction of those logits (``plain_reduction_row_s``: the lens' KLs
+and top-k, :func:`plain_lens_reduction`; 0 where not counted), and ``plain_extra_s``, the arithmetic a path must do
+beyond the forward, timed in plain torch on residuals captured before (the residual metrics of every layer and
+token, layer by layer; 0 elsewhere): ``efficiency = (plain_forward_s × forwards + (plain_head_row_s +
+plain_reduction_row_s) × head_rows + plain_extra_s) / the trace's median CPU seconds``. The attention over a reused
+prefix and a skip's distances are not counted, so those figures are conservative.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from lmdepth.data.difficulty import analysis_input, answer_start, difficulty_exa
 from lmdepth.hooks.lens_hooks import prompt_lens
 from lmdepth.hooks.skip_hooks import PARTS, draw_cuts, prompt_effects
 from lmdepth.hooks.stack import AdapterStack, boundary_residuals, erasure_map, mean_residuals
+from lmdepth.kernels.residual_kernels import token_metrics
 from lmdepth.metrics.residual_stats import residual_token_metrics
 from lmdepth.model.generate import generate_greedy, teacher_forced_correct
 from lmdepth.model.registry import LoadedModel, load_model
@@ -161,6 +164,12 @@ def plain_lens_reduction(z: torch.Tensor, k: int = TOP_K) -> Callable[[], torch.
     return work
 
 
+def plain_work_s(work: Callable[[], Any], repeats: int = 5) -> float:
+    """Median CPU seconds of ``work()`` (warmed up once)."""
+    work()
+    return statistics.median(timed(work)[1] for _ in range(repeats))
+
+
 def plain_forward_s(lm: LoadedModel, ids: torch.Tensor, repeats: int = 5) -> float:
     """Median CPU seconds of a plain forward of ``ids`` [1, T] (the last position's logits only)."""
     with torch.no_grad():
@@ -182,6 +191,10 @@ class Pair:
     #: → the work to time): counted in its ceiling at the CPU seconds it takes plainly (:func:`plain_reduction_row_s`);
     #: None: not counted (the skip sessions' distances: their figure is then conservative).
     row_reduction: Callable[[torch.Tensor], Callable[[], Any]] | None = None
+    #: what the path must compute from the residuals beyond the forward, in plain torch on tensors captured before
+    #: (the residual metrics of every layer and token): counted in its ceiling at the CPU seconds it takes
+    #: (``plain_extra_s``); None: nothing beyond the forward.
+    plain_extra: Callable[[], Any] | None = None
 
 
 def _max_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
@@ -213,7 +226,14 @@ def residual_pairs(lm: LoadedModel, n: int) -> list[Pair]:
                                                             r["resid_post"][l]) for l in range(adapter.n_layers)]))
         return out
 
-    return [Pair("01-02", "residual metrics", trace, reference, _max_diff)]
+    taps = [hooked_residuals(adapter, ids, logits_to_keep=1) for _, ids in problems]
+
+    def metrics() -> list[torch.Tensor]:  # the 11 metrics of every layer and token, from captured residuals
+        # layer by layer: one call over all layers is 3x slower (its intermediates leave the cache)
+        return [token_metrics(r["resid_pre"][l], r["attn_out"][l], r["mlp_out"][l], r["resid_post"][l])
+                for r in taps for l in range(adapter.n_layers)]
+
+    return [Pair("01-02", "residual metrics", trace, reference, _max_diff, plain_extra=metrics)]
 
 
 def _skip_pair(lm: LoadedModel, chapter: str, name: str, inputs: list[tuple[torch.Tensor, list[int]]],
@@ -503,7 +523,8 @@ def measure(pair: Pair, repeats: int, tol: float, forwards: list[int], budget_s:
             "trace_cpu": med["trace"], "ratio": med["trace"] / med["reference"],
             "ref_wall": statistics.median(wall["reference"]), "trace_wall": statistics.median(wall["trace"]),
             "runs": len(cpu["trace"]), "ref_fw": fw["reference"], "trace_fw": fw["trace"], "diff": worst,
-            "trace_rows": rows, "head_rows": head_rows, "row_reduction": pair.row_reduction}
+            "trace_rows": rows, "head_rows": head_rows, "row_reduction": pair.row_reduction,
+            "plain_extra": pair.plain_extra}
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -567,11 +588,13 @@ def bench(args: argparse.Namespace, chapters: list[str]) -> list[dict[str, Any]]
                 if reduction is not None and reduction not in reduce_row_s:  # timed once per reduction
                     reduce_row_s[reduction] = plain_reduction_row_s(lm, reduction)
                 reduce_s = 0.0 if reduction is None else reduce_row_s[reduction]
-                r["efficiency"] = (plain * fw + (head_s + reduce_s) * extra_rows) / r["trace_cpu"]
+                extra_s = 0.0 if r["plain_extra"] is None else plain_work_s(r["plain_extra"])
+                r["efficiency"] = (plain * fw + (head_s + reduce_s) * extra_rows + extra_s) / r["trace_cpu"]
                 print(json.dumps({"path": f"{r['chapter']} {r['measurement']}", "efficiency": round(r["efficiency"], 3),
                                   "forwards": round(fw, 2), "plain_forward_s": float(f"{plain:.4g}"),  # 4 digits:
                                   "head_rows": round(extra_rows, 2), "plain_head_row_s": float(f"{head_s:.4g}"),
                                   "plain_reduction_row_s": float(f"{reduce_s:.4g}"),
+                                  "plain_extra_s": float(f"{extra_s:.4g}"),
                                   "trace_cpu_s": float(f"{r['trace_cpu']:.4g}")}))  # a tiny model's ms too
         if "04" in chapters:
             print(json.dumps(tuned_lens_step_ceiling(lm, args.repeats)))
