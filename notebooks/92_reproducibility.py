@@ -123,9 +123,10 @@ md(f"{len(record)} pages; the times of their last executions add up to {known.su
 # Per chapter and model, from the runs this profile's build recorded: the units (problems or items — each
 # analysis's own), how many of them carry their compute time (units computed before the timing existed do not),
 # the seconds per timed unit on the machine in the versions table below, and the profile's total where every unit
-# was timed, and the wall time of the executions that finished the runs (from each run's sidecar: the one cost known
-# for a run without units, such as chapter 03's benchmark, or without unit timings; a lower bound where a run was
-# resumed from checkpoints). Choose sizes for your hardware from the seconds per unit; a fresh machine also converts
+# was timed, and the wall time of the executions that finished the runs (from each run's sidecar). A run without
+# units computed in one execution (chapter 03's benchmark, chapter 07's depth runs) is counted by that execution's
+# CPU time once its sidecar keeps it; older sidecars keep only the wall time, a lower bound where a run may have
+# resumed from checkpoints. Choose sizes for your hardware from the seconds per unit; a fresh machine also converts
 # the packaged models once (about 2.5 min on 2 cores). Norms and cosine share their runs. Chapter 07's rows are its
 # depth runs: each trained, untrained and positive-control model's depth on the problem sample, and the fine-tuned
 # SmolLM2 runs' evaluation and depth (hours each). Its training is not a run of the record: a build trains nothing,

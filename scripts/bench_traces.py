@@ -226,9 +226,11 @@ def residual_pairs(lm: LoadedModel, n: int) -> list[Pair]:
                                                             r["resid_post"][l]) for l in range(adapter.n_layers)]))
         return out
 
-    taps = [hooked_residuals(adapter, ids, logits_to_keep=1) for _, ids in problems]
+    taps: list[dict[str, torch.Tensor]] = []  # captured on the first call: only --ceiling times the metrics
 
     def metrics() -> list[torch.Tensor]:  # the 11 metrics of every layer and token, from captured residuals
+        if not taps:
+            taps.extend(hooked_residuals(adapter, ids, logits_to_keep=1) for _, ids in problems)
         # layer by layer: one call over all layers is 3x slower (its intermediates leave the cache)
         return [token_metrics(r["resid_pre"][l], r["attn_out"][l], r["mlp_out"][l], r["resid_post"][l])
                 for r in taps for l in range(adapter.n_layers)]

@@ -249,6 +249,44 @@ def test_an_interrupted_fine_tuned_depth_run_resumes_from_its_last_problem(tmp_p
     pd.testing.assert_frame_equal(ev, ev2)
     assert list(table["unit"]) == [0, 1, 2, 3] and list(ev["split"]) == ["interpolate"] * 2 + ["extrapolate"] * 2
     assert list(ev["question"]) == ["interpolate a", "interpolate b", "extrapolate a", "extrapolate b"]
+    assert len(fresh.unit_seconds) == len(fresh.unit_cpu_seconds) == 6  # 2 evaluations + 4 problems, each timed
+    assert None not in fresh.unit_cpu_seconds and "_seconds" not in table and "_cpu_seconds" not in ev
+
+
+@pytest.mark.unit
+def test_a_fine_tuned_depth_run_is_finished_by_the_run_template_and_recorded_in_the_book(tmp_path, monkeypatch):
+    """finetuned_depths finishes each run through analyses.run.execute: the depth table and the evaluation (the
+    units) land in one store, the sidecar is stamped with its analysis and environment, and the run is noted in
+    the chapter's book record (so build_cost counts it); a second call reads it and computes nothing."""
+    import json
+    from pathlib import Path
+
+    from lmdepth.analyses import finetuned
+    from lmdepth.results import BOOK_RECORD_ENV, recorded_runs
+
+    calls = []
+    cfg = type("Cfg", (), {"name": "run-a", "lr": 1e-4, "seed": 3})()
+    (tmp_path / "ckpt" / "run-a").mkdir(parents=True)
+    (tmp_path / "ckpt" / "run-a" / "adapter.pt").write_bytes(b"x")
+
+    def fake(store, cfg, path, data, sample):
+        calls.append(path)
+        return (pd.DataFrame({"split": ["interpolate"], "question": ["q0"], "correct": [True], "answer_nll": [0.1]}),
+                pd.DataFrame({"unit": [0], "split": ["interpolate"], "n_operations": [1], "question": ["q0"],
+                              "depth_layer": [0.5], "depth_answer": [0.4], "erasure_depth": [0.3]}))
+
+    monkeypatch.setattr(finetuned, "finetune_dir", lambda cfg, d: Path(d) / cfg.name)
+    monkeypatch.setattr(finetuned, "depth_sample", lambda data, n, seed: ["q0"])
+    monkeypatch.setattr(finetuned, "_evaluate_and_depths", fake)
+    monkeypatch.setenv(BOOK_RECORD_ENV, str(tmp_path / "results" / "book" / "default" / "moeut"))
+    data = type("Data", (), {"meta": {}})()
+    for _ in range(2):
+        ev, depths = finetuned.finetuned_depths(tmp_path / "ckpt", data, 1, 0, tmp_path / "results", configs=[cfg])
+    assert len(calls) == 1 and list(depths["solved"]) == [True] and list(ev["train_seed"]) == [3]
+    (run,) = recorded_runs(tmp_path / "results" / "book" / "default", "moeut")
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["analysis"] == finetuned.FT_DEPTH_RUNS and meta["run"] == "run-a" and meta["resumed_items"] == 0
+    assert meta["environment"]["cpu_threads"] >= 1 and (run / "units.csv").is_file()
 
 
 @pytest.mark.unit

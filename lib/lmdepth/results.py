@@ -573,7 +573,7 @@ def recorded_runs(record_root: str | Path, chapter: str = "*") -> set[Path]:
 
 @dataclass(frozen=True)
 class RecordedCost:
-    """What a finished run's sidecar says it cost (written by :class:`lmdepth.analyses.run.Job`).
+    """What a finished run's sidecar says it cost (written by :func:`lmdepth.analyses.run.execute`).
 
     Attributes:
         units: the run's units (problems, items); NaN for a run older than the units' timing.
@@ -583,7 +583,7 @@ class RecordedCost:
         wall_s: the wall time of the execution that finished the run (NaN where not recorded).
         cpu_timed, cpu_seconds: how many units have their CPU seconds (every thread of the process), and those
             seconds (runs computed before CPU time was kept have none).
-        whole_cpu_s: for a run without timed units, the CPU seconds of the execution that finished it when that
+        whole_cpu_s: for a run without per-unit timings (no ``unit_compute_s``), the CPU seconds of the execution that finished it when that
             execution read no checkpoint (so computed the whole run); NaN otherwise.
     """
 

@@ -10,7 +10,7 @@ one atomic step::
         return job.execute(lambda store: compute(p, ref, store))   # compute loads load_model(ref, ...)
 
 ``compute`` returns ``(table, meta)`` or ``(table, meta, units)`` (a per-unit table for claim verdicts); the template
-adds the analysis name, the weights, the environment and the wall time to the sidecar. :func:`per_unit` is the
+adds the analysis name, the weights, the environment, the wall time and the cost (:func:`execute`) to the sidecar. :func:`per_unit` is the
 checkpointed loop over problems (or items, prompts, runs). The model name is resolved once per run
 (:class:`~lmdepth.model.registry.ModelRef`): the cache key, the checkpoints and the load read that one resolution.
 

@@ -628,7 +628,7 @@ def untrained_depths(data: MathData, n_per_operations: int, seed: int, results_d
     for arch, sd, cfg in progress_bar(twins, "untrained twins") if progress else twins:
         store = stores[arch, sd]
 
-        def compute(_: RunStore, cfg=cfg, sd=sd) -> tuple[pd.DataFrame, dict[str, Any]]:
+        def compute(_: RunStore, arch=arch, cfg=cfg, sd=sd) -> tuple[pd.DataFrame, dict[str, Any]]:
             model = build_model(cfg.model_config(tok.vocab_size), seed=sd).to(device).eval()
             return sample_depths(model, tok, sample, device), {"run": INIT_RUNS[arch]}
 

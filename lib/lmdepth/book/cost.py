@@ -3,8 +3,8 @@
 Every run's sidecar keeps its units' own compute seconds (``unit_compute_s``: total, units, timed — see
 :func:`lmdepth.analyses.run.per_unit`), whether the units were computed in that execution or read from their
 checkpoints, and, for runs computed since 2026-12-02, their CPU seconds (``cpu_total``, ``cpu_timed``): the cost
-free of whatever else the machine ran, which :func:`build_cost` prefers. A run without units (chapter 07's depth
-runs, the maps) keeps the CPU seconds of the execution that finished it and how many checkpoints that execution read
+free of whatever else the machine ran, which :func:`build_cost` prefers. A run without units (chapter 07's
+comparison and untrained depth runs, the maps) keeps the CPU seconds of the execution that finished it and how many checkpoints that execution read
 (:func:`lmdepth.analyses.run.execute`): with none, that is the run's cost. A unit computed before the timing existed
 is untimed; the table then says how many are. Every sidecar also keeps ``wall_time_s``, the wall time of the
 execution that finished the run: the one cost known for older runs without unit timings, but only a lower bound for
@@ -106,7 +106,7 @@ class BuildCost:
     def sentence(self) -> str:
         """The cost in one sentence, as the README and the Reproducibility page give it."""
         bound = (f"; a lower bound for {', '.join(self.lower_bound)} (some of their runs kept only the wall time of "
-                 "a resumed execution)" if self.lower_bound else "")
+                 "an execution that may have resumed from checkpoints)" if self.lower_bound else "")
         when = f", computed between {self.measured[0]} and {self.measured[1]}" if self.measured else ""
         basis = (" (CPU time)" if self.cpu_share >= 0.995 else " (wall time)" if self.cpu_share <= 0.005 else
                  f" ({self.cpu_share:.0%} of it CPU time, the rest wall time)")

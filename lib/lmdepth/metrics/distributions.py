@@ -125,8 +125,8 @@ class _LensTerms(torch.autograd.Function):
     def forward(ctx, z: torch.Tensor, wp_f: torch.Tensor, log_w: torch.Tensor) -> torch.Tensor:
         if any(ctx.needs_input_grad[1:]):
             raise ValueError("sampled_kl is differentiable in the lens logits only, not the final ones")
-        cross = torch.einsum("ts,tls->tl", wp_f, z)  # before z's buffer is reused below
-        e = z + log_w
+        cross = torch.einsum("ts,tls->tl", wp_f, z)
+        e = z + log_w  # a new buffer, reused in place from here on
         m = e.amax(-1, keepdim=True)
         e.sub_(m).exp_()  # unnormalised softmax of z + log w
         total = e.sum(-1, keepdim=True)
