@@ -35,4 +35,9 @@ def test_runs_match_by_parameters_and_differences_are_reported(tmp_path):
     write(tmp_path / "new", "k3", [5.0, 6.1], {"n": 3})
     write(tmp_path / "new", "k4", [0.0], {"n": 99})
     _, failures = ct.compare(tmp_path / "base", tmp_path / "new", atol=1e-6)
-    assert any("1.00e-01 > 1e-06" in f for f in failures) and any("no baseline" in f for f in failures)
+    assert any("1.00e-01, 1 value(s) beyond 1e-06" in f for f in failures) and any("no baseline" in f for f in failures)
+    # a relative tolerance: 6.1 against 6.0 is within 2 % of the baseline, not within 1 %
+    _, failures = ct.compare(tmp_path / "base", tmp_path / "new", atol=1e-6, rtol=0.02)
+    assert not any("k3" in f for f in failures)
+    _, failures = ct.compare(tmp_path / "base", tmp_path / "new", atol=1e-6, rtol=0.01)
+    assert any("k3" in f for f in failures)
