@@ -1,7 +1,7 @@
 """Shared fixtures, and the test tiers (TransformerLens style; registered in pyproject.toml). Every test carries
 exactly one tier marker, at module level (``pytestmark``) or per test where a module mixes tiers:
 
-* ``unit``: no model at all (pure functions, data, parameters, CLI parsing); ``-m unit`` runs in about 90 s on two
+* ``unit``: no model at all (pure functions, data, parameters, CLI parsing); ``-m unit`` runs in 60–90 s on two
   workers (2 cores);
 * ``integration``: tiny random-init models (``lmdepth.testing``, ``tiny_dirs``), scratch models, tiny training runs;
 * ``packaged``: loads a real packaged model or its tokenizer (SmolLM2 & co.);
